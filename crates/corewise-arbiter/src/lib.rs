@@ -1,0 +1,1 @@
+//! Core arbiter: protocol, client and daemon (work in progress).

@@ -1,0 +1,2 @@
+//! corewise-bench (under construction).
+fn main() {}

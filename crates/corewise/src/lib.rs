@@ -1,0 +1,1 @@
+//! corewise: core-aware user-level threads (under construction).
