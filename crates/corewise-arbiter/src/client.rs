@@ -1,0 +1,387 @@
+//! Client library: what a thread library (the corewise runtime, or any other)
+//! links to talk to the daemon.
+//!
+//! Why this shape (Arachne's): one control socket per application for core
+//! requests, one socket per kernel thread so that a thread without a core can
+//! sleep in `read` on it, and a read-only shared page so that
+//! [`CoreThread::must_release_core`] is a memory load.
+//!
+//! ```no_run
+//! use corewise_arbiter::client::Client;
+//! let client = Client::connect("/run/corewise-arbiter.sock")?;
+//! client.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+//! let worker = client.clone();
+//! std::thread::spawn(move || -> Result<(), corewise_arbiter::client::ClientError> {
+//!     let mut me = worker.thread()?; // on the kernel thread that will run
+//!     loop {
+//!         let core = me.block_until_core_available()?;
+//!         // ... confined to `core`: run the dispatcher ...
+//!         while !me.must_release_core() { std::hint::spin_loop(); }
+//!         let _ = core;
+//!     }
+//! });
+//! # Ok::<(), corewise_arbiter::client::ClientError>(())
+//! ```
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+use thiserror::Error;
+
+use crate::protocol::{
+    decode_response, encode_request, DecodeError, Request, Response, StatusEntry,
+    PRIORITY_LEVELS,
+};
+use crate::shm::{SharedPageReader, ShmError};
+use crate::topology::CoreId;
+
+/// Errors seen by clients.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// Could not connect to the daemon's socket.
+    #[error("cannot connect to the core arbiter at {path}: {source}")]
+    Connect {
+        /// Socket path.
+        path: PathBuf,
+        /// OS error.
+        source: io::Error,
+    },
+    /// The daemon closed the connection: it exited, restarted, or dropped us.
+    #[error("the core arbiter is gone (connection closed)")]
+    DaemonGone,
+    /// Socket I/O failed.
+    #[error("core arbiter socket: {0}")]
+    Io(#[from] io::Error),
+    /// The daemon sent bytes we could not decode.
+    #[error("core arbiter protocol: {0}")]
+    Protocol(#[from] DecodeError),
+    /// The daemon sent a valid message that makes no sense here.
+    #[error("unexpected message from the core arbiter: {0}")]
+    Unexpected(String),
+    /// The shared page could not be used.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+}
+
+fn is_gone(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
+/// A framed connection to the daemon.
+struct Conn {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    fn open(path: &Path) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
+    fn send(&mut self, req: &Request) -> Result<(), ClientError> {
+        self.stream.write_all(&encode_request(req)).map_err(|e| {
+            if is_gone(&e) {
+                ClientError::DaemonGone
+            } else {
+                ClientError::Io(e)
+            }
+        })
+    }
+
+    fn take_frame(&mut self) -> Result<Option<Response>, ClientError> {
+        match decode_response(&self.buf)? {
+            Some((msg, used)) => {
+                self.buf.drain(..used);
+                Ok(Some(msg))
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn recv(&mut self) -> Result<Response, ClientError> {
+        loop {
+            if let Some(m) = self.take_frame()? {
+                return Ok(m);
+            }
+            let mut chunk = [0u8; 4096];
+            let n = match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(ClientError::DaemonGone),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if is_gone(&e) => return Err(ClientError::DaemonGone),
+                Err(e) => return Err(e.into()),
+            };
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Receives a frame that carries a file descriptor (the shared page).
+    fn recv_with_fd(&mut self) -> Result<(Response, Option<OwnedFd>), ClientError> {
+        let mut fd = None;
+        loop {
+            if let Some(m) = self.take_frame()? {
+                return Ok((m, fd));
+            }
+            let mut chunk = [0u8; 256];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut anc = RecvAncillaryBuffer::new(&mut space);
+            let r = rustix::net::recvmsg(
+                &self.stream,
+                &mut [IoSliceMut::new(&mut chunk)],
+                &mut anc,
+                RecvFlags::CMSG_CLOEXEC,
+            );
+            let n = match r {
+                Ok(r) if r.bytes == 0 => return Err(ClientError::DaemonGone),
+                Ok(r) => r.bytes,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(io::Error::from(e).into()),
+            };
+            for msg in anc.drain() {
+                if let RecvAncillaryMessage::ScmRights(fds) = msg {
+                    for f in fds {
+                        fd.get_or_insert(f);
+                    }
+                }
+            }
+            self.buf.extend_from_slice(&chunk[..n.min(chunk.len())]);
+        }
+    }
+}
+
+struct Inner {
+    path: PathBuf,
+    control: Mutex<Conn>,
+    token: u64,
+    shm: SharedPageReader,
+}
+
+/// A connection of one application to the daemon. Cheap to clone; share it
+/// with every kernel thread.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+/// The daemon's answer to [`Client::set_requested_cores`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestAck {
+    /// The request as applied, after the user's limits.
+    pub effective: [u32; PRIORITY_LEVELS],
+    /// Whether the request was clipped.
+    pub clipped: bool,
+}
+
+/// Connects to the daemon at `socket_path` (same as [`Client::connect`]).
+///
+/// ```no_run
+/// let c = corewise_arbiter::connect("/run/corewise-arbiter.sock")?;
+/// # Ok::<(), corewise_arbiter::client::ClientError>(())
+/// ```
+pub fn connect(socket_path: impl AsRef<Path>) -> Result<Client, ClientError> {
+    Client::connect(socket_path)
+}
+
+impl Client {
+    /// Registers a new application with the daemon.
+    pub fn connect(socket_path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let path = socket_path.as_ref().to_path_buf();
+        let mut control = Conn::open(&path)?;
+        control.send(&Request::HelloApp)?;
+        let (msg, fd) = control.recv_with_fd()?;
+        let Response::Welcome { app_token } = msg else {
+            return Err(ClientError::Unexpected(format!("{msg:?} instead of Welcome")));
+        };
+        let fd = fd.ok_or_else(|| ClientError::Unexpected("Welcome without shared page".into()))?;
+        let shm = SharedPageReader::map(std::os::fd::AsFd::as_fd(&fd))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                control: Mutex::new(control),
+                token: app_token,
+                shm,
+            }),
+        })
+    }
+
+    /// Sets how many cores the application wants at each priority level
+    /// (index 0 is the highest priority). Returns the request as the daemon
+    /// applies it; `clipped` says the user's limits cut it.
+    pub fn set_requested_cores(
+        &self,
+        counts: [u32; PRIORITY_LEVELS],
+    ) -> Result<RequestAck, ClientError> {
+        let mut c = self
+            .inner
+            .control
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        c.send(&Request::SetRequestedCores { counts })?;
+        match c.recv()? {
+            Response::RequestAck { effective, clipped } => Ok(RequestAck { effective, clipped }),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Opens the per-kernel-thread socket. Call it on the kernel thread that
+    /// will later call [`CoreThread::block_until_core_available`]: the daemon
+    /// confines the calling thread's id.
+    pub fn thread(&self) -> Result<CoreThread, ClientError> {
+        let mut conn = Conn::open(&self.inner.path)?;
+        let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+        conn.send(&Request::AttachThread {
+            app_token: self.inner.token,
+            tid,
+        })?;
+        match conn.recv()? {
+            Response::Attached => {}
+            other => return Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+        Ok(CoreThread {
+            client: self.clone(),
+            conn,
+            tid,
+            core: None,
+            preempted: 0,
+        })
+    }
+
+    /// Cores currently granted to this application (read from shared memory).
+    pub fn owned_cores(&self) -> Vec<CoreId> {
+        self.inner.shm.granted_cores()
+    }
+
+    /// A core the daemon wants back, if any.
+    pub fn core_to_release(&self) -> Option<CoreId> {
+        self.inner.shm.core_to_release()
+    }
+
+    /// Number of cores the daemon wants back.
+    pub fn release_count(&self) -> u32 {
+        self.inner.shm.release_count()
+    }
+
+    /// How many times a core was taken from this application by force.
+    pub fn preempted_count(&self) -> u32 {
+        self.inner.shm.preempted()
+    }
+
+    /// Whether the daemon announced it is exiting.
+    pub fn daemon_shutting_down(&self) -> bool {
+        self.inner.shm.shutdown()
+    }
+}
+
+/// One kernel thread's connection: it sleeps here while it has no core.
+pub struct CoreThread {
+    client: Client,
+    conn: Conn,
+    tid: u32,
+    core: Option<CoreId>,
+    preempted: u32,
+}
+
+impl CoreThread {
+    /// Gives back the core this thread holds (if any) and sleeps until the
+    /// daemon grants one; returns with the thread confined to that core.
+    pub fn block_until_core_available(&mut self) -> Result<CoreId, ClientError> {
+        self.core = None;
+        self.conn.send(&Request::BlockUntilCoreAvailable)?;
+        loop {
+            match self.conn.recv()? {
+                Response::Granted { core } => {
+                    self.core = Some(core);
+                    return Ok(core);
+                }
+                // A forced reclaim that happened while we ran: note it and
+                // keep waiting for the answer to our request.
+                Response::Preempted { .. } => self.preempted += 1,
+                other => return Err(ClientError::Unexpected(format!("{other:?}"))),
+            }
+        }
+    }
+
+    /// Whether this thread must give its core back (a shared-memory read, no
+    /// system call). Also true when the daemon is shutting down.
+    #[inline]
+    pub fn must_release_core(&self) -> bool {
+        match self.core {
+            Some(c) => self.client.inner.shm.must_release(c),
+            None => false,
+        }
+    }
+
+    /// Core held since the last grant, as far as this thread knows (a forced
+    /// reclaim is only noticed at the next [`Self::block_until_core_available`]
+    /// or through [`Client::preempted_count`]).
+    pub fn core(&self) -> Option<CoreId> {
+        self.core
+    }
+
+    /// Linux thread id registered with the daemon.
+    pub fn tid(&self) -> u32 {
+        self.tid
+    }
+
+    /// Forced reclaims this thread has been told about.
+    pub fn preempted(&self) -> u32 {
+        self.preempted
+    }
+
+    /// The application this thread belongs to.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+/// Asks the daemon for its status table.
+///
+/// ```no_run
+/// for e in corewise_arbiter::client::status("/run/corewise-arbiter.sock")? {
+///     println!("{} {:?}", e.pid, e.granted);
+/// }
+/// # Ok::<(), corewise_arbiter::client::ClientError>(())
+/// ```
+pub fn status(socket_path: impl AsRef<Path>) -> Result<Vec<StatusEntry>, ClientError> {
+    let mut c = Conn::open(socket_path.as_ref())?;
+    c.send(&Request::StatusQuery)?;
+    match c.recv()? {
+        Response::Status { entries } => Ok(entries),
+        other => Err(ClientError::Unexpected(format!("{other:?}"))),
+    }
+}
+
+/// Sends raw bytes on a new connection (diagnostics and tests of the daemon's
+/// validation); returns whether the daemon closed the connection afterwards.
+pub fn send_raw(socket_path: impl AsRef<Path>, bytes: &[u8]) -> Result<bool, ClientError> {
+    let mut c = Conn::open(socket_path.as_ref())?;
+    let _ = c.stream.write_vectored(&[IoSlice::new(bytes)]);
+    let mut b = [0u8; 64];
+    loop {
+        match c.stream.read(&mut b) {
+            Ok(0) => return Ok(true),
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if is_gone(&e) => return Ok(true),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

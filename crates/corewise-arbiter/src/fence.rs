@@ -1,0 +1,525 @@
+//! Core fencing backends: how a granted core is made exclusive.
+//!
+//! Why several: the arbiter's guarantee ("only this kernel thread runs on this
+//! core") needs the kernel's help. cgroup v1 cpusets (Arachne's mechanism) and
+//! cgroup v2 cpusets in a threaded subtree both confine *every* task: the
+//! unmanaged set, holding everything else, loses the core while it is granted.
+//! Where neither is writable the affinity backend only pins the client threads
+//! with `sched_setaffinity`; other processes may still run on a granted core,
+//! so it is weaker and documented as such.
+//!
+//! Every backend keeps files open for the hot path (moving a thread, changing
+//! the unmanaged set) so a grant costs two `pwrite`s.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::topology::{CoreId, CpuList};
+
+/// A fencing failure.
+#[derive(Debug, Error)]
+pub enum FenceError {
+    /// A cgroup file operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// OS error.
+        source: io::Error,
+    },
+    /// The thread no longer exists.
+    #[error("thread {0} is gone")]
+    NoSuchThread(u32),
+    /// A system call failed.
+    #[error("{op}: {source}")]
+    Sys {
+        /// What was being done.
+        op: &'static str,
+        /// OS error.
+        source: rustix::io::Errno,
+    },
+    /// The backend cannot be used here.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The operations the daemon needs from a backend.
+pub trait Fence: Send {
+    /// Short name for logs.
+    fn name(&self) -> &'static str;
+    /// Called once per attached kernel thread before it is ever confined.
+    fn adopt(&mut self, _pid: u32, _tid: u32) -> Result<(), FenceError> {
+        Ok(())
+    }
+    /// Sets the CPUs of the unmanaged set.
+    fn set_unmanaged(&mut self, cpus: &CpuList) -> Result<(), FenceError>;
+    /// Confines `tid` to `core` (the core must already be out of the unmanaged set).
+    fn confine(&mut self, tid: u32, core: CoreId) -> Result<(), FenceError>;
+    /// Moves `tid` back to the unmanaged set.
+    fn unconfine(&mut self, tid: u32) -> Result<(), FenceError>;
+    /// Threads currently confined to `core`, as the kernel sees it.
+    fn members(&self, core: CoreId) -> Vec<u32>;
+    /// Moves everything back where it came from and removes what was created.
+    fn teardown(&mut self) -> Result<(), FenceError>;
+}
+
+/// Which cgroup flavour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    /// cgroup v1 cpuset hierarchy.
+    V1,
+    /// cgroup v2 with a threaded subtree.
+    V2,
+}
+
+impl CgroupVersion {
+    fn threads_file(self) -> &'static str {
+        match self {
+            CgroupVersion::V1 => "tasks",
+            CgroupVersion::V2 => "cgroup.threads",
+        }
+    }
+}
+
+/// Name of the unmanaged cgroup under the root.
+pub const UNMANAGED_DIR: &str = "corewise-unmanaged";
+
+/// Name of the cgroup for one managed core.
+///
+/// ```
+/// assert_eq!(corewise_arbiter::fence::core_dir_name(3), "corewise-core3");
+/// ```
+pub fn core_dir_name(core: CoreId) -> String {
+    format!("corewise-core{core}")
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> FenceError + 'a {
+    move |source| FenceError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), FenceError> {
+    std::fs::write(path, text).map_err(io_err("write", path))
+}
+
+fn read_file(path: &Path) -> Result<String, FenceError> {
+    std::fs::read_to_string(path).map_err(io_err("read", path))
+}
+
+fn open_w(path: &Path) -> Result<File, FenceError> {
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err("open", path))
+}
+
+/// Parses a tasks/threads/procs file into ids.
+pub fn read_ids(path: &Path) -> Vec<u32> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn write_tid(f: &File, path: &Path, tid: u32) -> Result<(), FenceError> {
+    match f.write_at(tid.to_string().as_bytes(), 0) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Err(FenceError::NoSuchThread(tid)),
+        Err(source) => Err(FenceError::Io {
+            op: "move thread",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Removes a cgroup directory, retrying while exiting tasks drain out.
+pub fn rmdir_retry(path: &Path) -> io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match std::fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if Instant::now() < deadline && e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+struct CoreSet {
+    core: CoreId,
+    dir: PathBuf,
+    threads_path: PathBuf,
+    threads: File,
+}
+
+/// cgroup (v1 or v2) cpuset backend.
+pub struct CgroupFence {
+    version: CgroupVersion,
+    root: PathBuf,
+    unmanaged: PathBuf,
+    unmanaged_cpus_file: File,
+    unmanaged_threads: File,
+    unmanaged_threads_path: PathBuf,
+    cores: Vec<CoreSet>,
+    current_unmanaged: String,
+}
+
+impl CgroupFence {
+    /// Builds the unmanaged set (with every CPU in `all`) and one set per
+    /// managed core under `root`, and moves `root`'s tasks into the unmanaged
+    /// set. Leftovers of a previous daemon that died are adopted.
+    pub fn new(
+        version: CgroupVersion,
+        root: &Path,
+        all: &CpuList,
+        managed: &[CoreId],
+    ) -> Result<Self, FenceError> {
+        let root = root.to_path_buf();
+        let check = match version {
+            CgroupVersion::V1 => root.join("cpuset.cpus"),
+            CgroupVersion::V2 => root.join("cgroup.controllers"),
+        };
+        if !check.exists() {
+            return Err(FenceError::Unavailable(format!(
+                "{} does not exist",
+                check.display()
+            )));
+        }
+        let unmanaged = root.join(UNMANAGED_DIR);
+        let mk = |dir: &Path| -> Result<(), FenceError> {
+            match std::fs::create_dir(dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+                Err(e) => Err(FenceError::Io {
+                    op: "mkdir",
+                    path: dir.to_path_buf(),
+                    source: e,
+                }),
+            }
+        };
+        let all_text = all.to_string();
+        match version {
+            CgroupVersion::V1 => {
+                let mems = read_file(&root.join("cpuset.mems"))?;
+                let init = |dir: &Path, cpus: &str| -> Result<(), FenceError> {
+                    mk(dir)?;
+                    write_file(&dir.join("cpuset.mems"), mems.trim())?;
+                    // Widen before narrowing: a leftover set may hold other CPUs.
+                    write_file(&dir.join("cpuset.cpus"), cpus)?;
+                    // Load balancing is decided by the root's flag; turning it
+                    // off here avoids a sched-domain rebuild on every change.
+                    let _ = std::fs::write(dir.join("cpuset.sched_load_balance"), "0");
+                    Ok(())
+                };
+                init(&unmanaged, &all_text)?;
+                for &c in managed {
+                    init(&root.join(core_dir_name(c)), &c.to_string())?;
+                }
+            }
+            CgroupVersion::V2 => {
+                mk(&unmanaged)?;
+                write_file(&unmanaged.join("cgroup.type"), "threaded")?;
+                // The root becomes a threaded domain; its processes move to
+                // the unmanaged set before controllers are enabled.
+                for pid in read_ids(&root.join("cgroup.procs")) {
+                    let _ = std::fs::write(unmanaged.join("cgroup.procs"), pid.to_string());
+                }
+                write_file(&root.join("cgroup.subtree_control"), "+cpuset")?;
+                write_file(&unmanaged.join("cpuset.cpus"), &all_text)?;
+                for &c in managed {
+                    let dir = root.join(core_dir_name(c));
+                    mk(&dir)?;
+                    write_file(&dir.join("cgroup.type"), "threaded")?;
+                    write_file(&dir.join("cpuset.cpus"), &c.to_string())?;
+                }
+            }
+        }
+        let tf = version.threads_file();
+        let unmanaged_threads_path = unmanaged.join(tf);
+        let unmanaged_threads = open_w(&unmanaged_threads_path)?;
+        let mut cores = Vec::new();
+        for &c in managed {
+            let dir = root.join(core_dir_name(c));
+            let threads_path = dir.join(tf);
+            let threads = open_w(&threads_path)?;
+            // Adopt leftovers of a crashed daemon: nobody holds cores yet.
+            for tid in read_ids(&threads_path) {
+                let _ = write_tid(&unmanaged_threads, &unmanaged_threads_path, tid);
+            }
+            cores.push(CoreSet {
+                core: c,
+                dir,
+                threads_path,
+                threads,
+            });
+        }
+        if version == CgroupVersion::V1 {
+            // Existing tasks of the root move to the unmanaged set. Some
+            // (per-CPU kernel threads) cannot move; that is expected.
+            for tid in read_ids(&root.join("tasks")) {
+                if let Err(e) = write_tid(&unmanaged_threads, &unmanaged_threads_path, tid) {
+                    tracing::debug!(tid, error = %e, "could not move task to unmanaged set");
+                }
+            }
+        }
+        let cpus_path = unmanaged.join("cpuset.cpus");
+        let unmanaged_cpus_file = open_w(&cpus_path)?;
+        Ok(Self {
+            version,
+            root,
+            unmanaged,
+            unmanaged_cpus_file,
+            unmanaged_threads,
+            unmanaged_threads_path,
+            cores,
+            current_unmanaged: all_text,
+        })
+    }
+
+    /// The unmanaged cgroup directory.
+    pub fn unmanaged_dir(&self) -> &Path {
+        &self.unmanaged
+    }
+
+    fn core(&self, core: CoreId) -> Option<&CoreSet> {
+        self.cores.iter().find(|c| c.core == core)
+    }
+}
+
+impl Fence for CgroupFence {
+    fn name(&self) -> &'static str {
+        match self.version {
+            CgroupVersion::V1 => "cgroup-v1",
+            CgroupVersion::V2 => "cgroup-v2",
+        }
+    }
+
+    fn adopt(&mut self, pid: u32, _tid: u32) -> Result<(), FenceError> {
+        if self.version == CgroupVersion::V2 {
+            // Threads can only move within their process's threaded domain,
+            // so the whole process joins the unmanaged set first.
+            let p = self.unmanaged.join("cgroup.procs");
+            let already = read_ids(&p).contains(&pid);
+            if !already {
+                write_file(&p, &pid.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn set_unmanaged(&mut self, cpus: &CpuList) -> Result<(), FenceError> {
+        let text = cpus.to_string();
+        if text == self.current_unmanaged {
+            return Ok(());
+        }
+        self.unmanaged_cpus_file
+            .write_at(text.as_bytes(), 0)
+            .map_err(io_err("write", &self.unmanaged.join("cpuset.cpus")))?;
+        self.current_unmanaged = text;
+        Ok(())
+    }
+
+    fn confine(&mut self, tid: u32, core: CoreId) -> Result<(), FenceError> {
+        let set = self
+            .core(core)
+            .ok_or_else(|| FenceError::Unavailable(format!("core {core} is not managed")))?;
+        write_tid(&set.threads, &set.threads_path, tid)
+    }
+
+    fn unconfine(&mut self, tid: u32) -> Result<(), FenceError> {
+        write_tid(&self.unmanaged_threads, &self.unmanaged_threads_path, tid)
+    }
+
+    fn members(&self, core: CoreId) -> Vec<u32> {
+        self.core(core)
+            .map(|c| read_ids(&c.threads_path))
+            .unwrap_or_default()
+    }
+
+    fn teardown(&mut self) -> Result<(), FenceError> {
+        let mut first_err = None;
+        let dirs: Vec<PathBuf> = self
+            .cores
+            .iter()
+            .map(|c| c.dir.clone())
+            .chain(std::iter::once(self.unmanaged.clone()))
+            .collect();
+        // Give the unmanaged set every CPU back before emptying it.
+        let _ = std::fs::write(
+            self.unmanaged.join("cpuset.cpus"),
+            read_file(&self.root.join("cpuset.cpus"))
+                .unwrap_or_default()
+                .trim(),
+        );
+        for dir in &dirs {
+            match self.version {
+                CgroupVersion::V1 => {
+                    if let Ok(dst) = open_w(&self.root.join("tasks")) {
+                        for tid in read_ids(&dir.join("tasks")) {
+                            let _ = write_tid(&dst, &self.root.join("tasks"), tid);
+                        }
+                    }
+                }
+                CgroupVersion::V2 => {
+                    for pid in read_ids(&dir.join("cgroup.procs")) {
+                        let _ = std::fs::write(self.root.join("cgroup.procs"), pid.to_string());
+                    }
+                }
+            }
+        }
+        for dir in &dirs {
+            if let Err(e) = rmdir_retry(dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove cgroup");
+                first_err.get_or_insert(FenceError::Io {
+                    op: "rmdir",
+                    path: dir.clone(),
+                    source: e,
+                });
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+/// Affinity-only backend (weaker: only client threads are pinned).
+///
+/// A granted thread is pinned to its core with `sched_setaffinity`, and
+/// threads returned to the unmanaged set are pinned to the unmanaged CPUs;
+/// other processes on the machine are not kept off granted cores.
+pub struct AffinityFence {
+    unmanaged: CpuList,
+    all: CpuList,
+    /// Threads we pinned to the unmanaged CPUs (re-pinned when the set changes).
+    parked: Vec<u32>,
+    confined: Vec<(u32, CoreId)>,
+}
+
+impl AffinityFence {
+    /// A backend managing `all` CPUs.
+    pub fn new(all: &CpuList) -> Self {
+        Self {
+            unmanaged: all.clone(),
+            all: all.clone(),
+            parked: Vec::new(),
+            confined: Vec::new(),
+        }
+    }
+
+    fn pin(tid: u32, cpus: impl Iterator<Item = CoreId>) -> Result<(), FenceError> {
+        let mut set = rustix::thread::CpuSet::new();
+        for c in cpus {
+            set.set(c as usize);
+        }
+        let pid = rustix::process::Pid::from_raw(tid as i32).ok_or(FenceError::NoSuchThread(tid))?;
+        rustix::thread::sched_setaffinity(Some(pid), &set).map_err(|e| {
+            if e == rustix::io::Errno::SRCH {
+                FenceError::NoSuchThread(tid)
+            } else {
+                FenceError::Sys {
+                    op: "sched_setaffinity",
+                    source: e,
+                }
+            }
+        })
+    }
+}
+
+impl Fence for AffinityFence {
+    fn name(&self) -> &'static str {
+        "affinity"
+    }
+
+    fn set_unmanaged(&mut self, cpus: &CpuList) -> Result<(), FenceError> {
+        if *cpus == self.unmanaged {
+            return Ok(());
+        }
+        self.unmanaged = cpus.clone();
+        let parked = std::mem::take(&mut self.parked);
+        for tid in parked {
+            if Self::pin(tid, self.unmanaged.iter()).is_ok() {
+                self.parked.push(tid);
+            }
+        }
+        Ok(())
+    }
+
+    fn confine(&mut self, tid: u32, core: CoreId) -> Result<(), FenceError> {
+        Self::pin(tid, std::iter::once(core))?;
+        self.parked.retain(|&t| t != tid);
+        self.confined.retain(|&(t, _)| t != tid);
+        self.confined.push((tid, core));
+        Ok(())
+    }
+
+    fn unconfine(&mut self, tid: u32) -> Result<(), FenceError> {
+        self.confined.retain(|&(t, _)| t != tid);
+        Self::pin(tid, self.unmanaged.iter())?;
+        if !self.parked.contains(&tid) {
+            self.parked.push(tid);
+        }
+        Ok(())
+    }
+
+    fn members(&self, core: CoreId) -> Vec<u32> {
+        self.confined
+            .iter()
+            .filter(|&&(_, c)| c == core)
+            .map(|&(t, _)| t)
+            .collect()
+    }
+
+    fn teardown(&mut self) -> Result<(), FenceError> {
+        let tids: Vec<u32> = self
+            .parked
+            .drain(..)
+            .chain(self.confined.drain(..).map(|(t, _)| t))
+            .collect();
+        for tid in tids {
+            let _ = Self::pin(tid, self.all.iter());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_pins_and_unpins_a_real_thread() {
+        let all = crate::topology::online_cpus();
+        let Some(core) = all.iter().last() else {
+            return;
+        };
+        let mut f = AffinityFence::new(&all);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            tx.send(rustix::thread::gettid().as_raw_nonzero().get() as u32)
+                .unwrap();
+            go_rx.recv().unwrap();
+            rustix::thread::sched_getcpu() as u32
+        });
+        let tid = rx.recv().unwrap();
+        f.confine(tid, core).unwrap();
+        assert_eq!(f.members(core), vec![tid]);
+        go_tx.send(()).unwrap();
+        assert_eq!(h.join().unwrap(), core);
+        assert!(matches!(f.unconfine(tid), Err(FenceError::NoSuchThread(_)) | Ok(())));
+        f.teardown().unwrap();
+    }
+}

@@ -1,0 +1,135 @@
+//! `corewise-arbiter`: run the core arbiter daemon, or query it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use corewise_arbiter::config::Config;
+use corewise_arbiter::daemon::{self, Backend, Options, DEFAULT_SOCKET};
+use corewise_arbiter::topology::CpuList;
+
+#[derive(Parser)]
+#[command(name = "corewise-arbiter", version, about = "Core arbiter: grants whole cores to applications")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendArg {
+    Auto,
+    CgroupV1,
+    CgroupV2,
+    Affinity,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the daemon in the foreground (structured logs on stderr).
+    Run {
+        /// Listening socket.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Fencing backend.
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendArg,
+        /// cgroup directory to confine all cgroup work to.
+        #[arg(long)]
+        cgroup_root: Option<PathBuf>,
+        /// CPUs to manage (kernel list format, e.g. 0-3); default: all online.
+        #[arg(long)]
+        cpus: Option<CpuList>,
+        /// Number of CPUs kept unmanaged (at least 1).
+        #[arg(long, default_value_t = 1)]
+        unmanaged: usize,
+        /// Release timeout before a core is reclaimed by force, in milliseconds.
+        #[arg(long, default_value_t = 10.0)]
+        reclaim_timeout_ms: f64,
+        /// TOML file with per-user limits.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Emit logs as JSON.
+        #[arg(long)]
+        json_logs: bool,
+    },
+    /// Print who holds which core.
+    Status {
+        /// Daemon socket.
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Run {
+            socket,
+            backend,
+            cgroup_root,
+            cpus,
+            unmanaged,
+            reclaim_timeout_ms,
+            config,
+            json_logs,
+        } => {
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            let sub = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr);
+            if json_logs {
+                sub.json().init();
+            } else {
+                sub.init();
+            }
+            let config = match config {
+                Some(p) => match Config::load(&p) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("corewise-arbiter: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+                None => Config::default(),
+            };
+            if !(reclaim_timeout_ms.is_finite() && reclaim_timeout_ms >= 0.0) {
+                eprintln!("corewise-arbiter: invalid --reclaim-timeout-ms");
+                return ExitCode::from(2);
+            }
+            let opts = Options {
+                socket,
+                backend: match backend {
+                    BackendArg::Auto => Backend::Auto,
+                    BackendArg::CgroupV1 => Backend::CgroupV1,
+                    BackendArg::CgroupV2 => Backend::CgroupV2,
+                    BackendArg::Affinity => Backend::Affinity,
+                },
+                cgroup_root,
+                cpus,
+                unmanaged,
+                reclaim_timeout: Duration::from_secs_f64(reclaim_timeout_ms / 1000.0),
+                config,
+                ..Options::default()
+            };
+            match daemon::run(opts) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, "core arbiter failed");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Cmd::Status { socket } => match corewise_arbiter::client::status(&socket) {
+            Ok(entries) => {
+                print!("{}", corewise_arbiter::status::format_table(&entries));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("corewise-arbiter: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -1,0 +1,247 @@
+//! Allocation policy: how many cores each application gets, and which ones.
+//!
+//! Why a separate, pure module: the policy is the part most worth testing
+//! exhaustively (many cores, hyperthreads, sockets), and this machine only has
+//! one managed core. Nothing here touches the OS.
+//!
+//! Counts: priority levels are served from 0 (highest) to 7; inside a level
+//! the remaining cores are split equally (water-filling one core at a time);
+//! when cores do not divide evenly, applications that already hold cores keep
+//! them (no churn), then older applications win. Placement: keep what an
+//! application holds, then prefer a hyperthread sibling of one of its cores,
+//! then its package, then a physical core that is entirely free.
+
+use crate::protocol::PRIORITY_LEVELS;
+use crate::topology::{CoreId, Topology};
+
+/// What one application asks for, as the policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Demand {
+    /// Requested cores per level, after limits.
+    pub requested: [u32; PRIORITY_LEVELS],
+    /// Most cores it can use at all (its kernel threads, its limit).
+    pub cap: u32,
+    /// Cores it holds now.
+    pub held: u32,
+}
+
+/// Target core count per application, in the order of `demands` (which is
+/// also the age order: earlier entries are older applications).
+///
+/// ```
+/// use corewise_arbiter::policy::{targets, Demand};
+/// let d = |lvl: usize, n: u32| {
+///     let mut r = [0; 8];
+///     r[lvl] = n;
+///     Demand { requested: r, cap: 100, held: 0 }
+/// };
+/// // 6 cores: the high-priority app takes 4, the two low ones split 2.
+/// assert_eq!(targets(&[d(0, 4), d(3, 5), d(3, 5)], 6), vec![4, 1, 1]);
+/// ```
+pub fn targets(demands: &[Demand], cores: u32) -> Vec<u32> {
+    let mut given = vec![0u32; demands.len()];
+    let mut remaining = cores;
+    for level in 0..PRIORITY_LEVELS {
+        // What each app still wants at this level (cumulative requests so far
+        // minus what it already got, bounded by its cap).
+        let mut want: Vec<u32> = demands
+            .iter()
+            .zip(&given)
+            .map(|(d, &g)| {
+                let upto: u32 = d.requested[..=level]
+                    .iter()
+                    .fold(0u32, |a, &b| a.saturating_add(b));
+                upto.min(d.cap).saturating_sub(g)
+            })
+            .collect();
+        while remaining > 0 {
+            let active: Vec<usize> = (0..demands.len()).filter(|&i| want[i] > 0).collect();
+            if active.is_empty() {
+                break;
+            }
+            if (active.len() as u32) <= remaining {
+                for &i in &active {
+                    want[i] -= 1;
+                    given[i] += 1;
+                    remaining -= 1;
+                }
+            } else {
+                // Fewer cores than contenders: incumbents first, then age.
+                let mut order = active;
+                order.sort_by_key(|&i| (demands[i].held <= given[i], i));
+                for &i in order.iter().take(remaining as usize) {
+                    want[i] -= 1;
+                    given[i] += 1;
+                }
+                remaining = 0;
+            }
+        }
+    }
+    given
+}
+
+/// Picks the best free core for an application holding `mine`.
+///
+/// ```
+/// use corewise_arbiter::policy::choose_core;
+/// use corewise_arbiter::topology::Topology;
+/// let t = Topology::synthetic(2, 2, 2); // cpus 0-3 on package 0, 4-7 on 1
+/// // Holding cpu 4, the sibling 5 wins over anything else.
+/// assert_eq!(choose_core(&[0, 2, 5, 6], &[4], &t), Some(5));
+/// // Holding nothing, a whole free physical core wins over a half-used one.
+/// assert_eq!(choose_core(&[1, 2, 3], &[], &t), Some(2));
+/// ```
+pub fn choose_core(free: &[CoreId], mine: &[CoreId], topo: &Topology) -> Option<CoreId> {
+    let score = |c: CoreId| -> u32 {
+        let mut s = 0;
+        if mine.iter().any(|&m| topo.are_siblings(m, c)) {
+            s += 8;
+        }
+        let pkg = topo.package_of(c);
+        if pkg.is_some() && mine.iter().any(|&m| topo.package_of(m) == pkg) {
+            s += 4;
+        }
+        if topo
+            .siblings(c)
+            .iter()
+            .all(|sib| *sib == c || free.contains(sib))
+        {
+            s += 2;
+        }
+        if mine.is_empty() {
+            // Start on the package with the most free CPUs.
+            let free_on_pkg = free
+                .iter()
+                .filter(|&&f| topo.package_of(f) == pkg)
+                .count() as u32;
+            s += free_on_pkg.min(1 << 20) * 16;
+        }
+        s
+    };
+    free.iter()
+        .copied()
+        .max_by_key(|&c| (score(c), std::cmp::Reverse(c)))
+}
+
+/// Picks which of an application's cores to give back: the one whose loss
+/// splits the fewest sibling pairs and packages.
+///
+/// ```
+/// use corewise_arbiter::policy::choose_victim;
+/// use corewise_arbiter::topology::Topology;
+/// let t = Topology::synthetic(1, 2, 2); // (0,1) and (2,3) are sibling pairs
+/// // Holding 0, 1 and 2: releasing 2 keeps the pair (0,1) whole.
+/// assert_eq!(choose_victim(&[0, 1, 2], &t), Some(2));
+/// ```
+pub fn choose_victim(held: &[CoreId], topo: &Topology) -> Option<CoreId> {
+    let score = |c: CoreId| -> u32 {
+        let sibs = held.iter().filter(|&&h| topo.are_siblings(h, c)).count() as u32;
+        let pkg = topo.package_of(c);
+        let same_pkg = held
+            .iter()
+            .filter(|&&h| h != c && topo.package_of(h) == pkg)
+            .count() as u32;
+        sibs * 1024 + same_pkg.min(1023)
+    };
+    held.iter().copied().min_by_key(|&c| (score(c), std::cmp::Reverse(c)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(req: [u32; 8], held: u32) -> Demand {
+        Demand {
+            requested: req,
+            cap: 1000,
+            held,
+        }
+    }
+
+    #[test]
+    fn priority_first() {
+        let t = targets(
+            &[d([0, 0, 0, 0, 0, 0, 0, 3], 3), d([2, 0, 0, 0, 0, 0, 0, 0], 0)],
+            3,
+        );
+        assert_eq!(t, vec![1, 2]);
+        // Low priority gets nothing when the high one wants everything.
+        let t = targets(&[d([0, 0, 0, 0, 0, 0, 0, 1], 1), d([5, 0, 0, 0, 0, 0, 0, 0], 0)], 4);
+        assert_eq!(t, vec![0, 4]);
+    }
+
+    #[test]
+    fn equal_split_and_remainders() {
+        let r = [4, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(targets(&[d(r, 0), d(r, 0), d(r, 0)], 6), vec![2, 2, 2]);
+        assert_eq!(targets(&[d(r, 0), d(r, 0), d(r, 0)], 7), vec![3, 2, 2]);
+        // Incumbent keeps the odd core.
+        assert_eq!(targets(&[d(r, 0), d(r, 0), d(r, 3)], 7), vec![2, 2, 3]);
+        // One core, two equal apps: the holder keeps it.
+        let one = [1, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(targets(&[d(one, 0), d(one, 1)], 1), vec![0, 1]);
+        assert_eq!(targets(&[d(one, 0), d(one, 0)], 1), vec![1, 0]);
+        // Small demands are satisfied, the rest goes to the big one.
+        assert_eq!(
+            targets(&[d([1, 0, 0, 0, 0, 0, 0, 0], 0), d([9, 0, 0, 0, 0, 0, 0, 0], 0)], 6),
+            vec![1, 5]
+        );
+    }
+
+    #[test]
+    fn lower_level_adds_to_higher() {
+        // An app asking 1 at level 0 and 2 more at level 3 can get 3.
+        let t = targets(
+            &[d([1, 0, 0, 2, 0, 0, 0, 0], 0), d([0, 0, 0, 0, 0, 0, 0, 9], 0)],
+            5,
+        );
+        assert_eq!(t, vec![3, 2]);
+    }
+
+    #[test]
+    fn cap_limits() {
+        let mut x = d([10, 0, 0, 0, 0, 0, 0, 0], 0);
+        x.cap = 2;
+        assert_eq!(targets(&[x, d([10, 0, 0, 0, 0, 0, 0, 0], 0)], 8), vec![2, 6]);
+        assert_eq!(targets(&[], 8), Vec::<u32>::new());
+        assert_eq!(targets(&[d([10; 8], 0)], 0), vec![0]);
+    }
+
+    #[test]
+    fn never_more_than_available() {
+        for cores in 0..10 {
+            for a in 0..5 {
+                for b in 0..5 {
+                    let t = targets(
+                        &[d([a, 0, b, 0, 0, 0, 0, 0], 0), d([b, a, 0, 0, 0, 0, 0, 1], 0)],
+                        cores,
+                    );
+                    assert!(t.iter().sum::<u32>() <= cores);
+                    assert!(t[0] <= a + b);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn placement_keeps_siblings_and_packages() {
+        let t = Topology::synthetic(2, 2, 2);
+        // Building an app up core by core from nothing keeps it on one package
+        // and in sibling pairs.
+        let mut free: Vec<CoreId> = (0..8).collect();
+        let mut mine = Vec::new();
+        for _ in 0..4 {
+            let c = choose_core(&free, &mine, &t).unwrap();
+            free.retain(|&f| f != c);
+            mine.push(c);
+        }
+        mine.sort();
+        let pkgs: Vec<_> = mine.iter().map(|&c| t.package_of(c)).collect();
+        assert!(pkgs.windows(2).all(|w| w[0] == w[1]), "{mine:?}");
+        assert_eq!(choose_core(&[], &mine, &t), None);
+        // Without hyperthreads nothing breaks.
+        let flat = Topology::synthetic(1, 4, 1);
+        assert_eq!(choose_core(&[3, 1], &[0], &flat), Some(1));
+        assert_eq!(choose_victim(&[0, 2], &flat), Some(2));
+    }
+}

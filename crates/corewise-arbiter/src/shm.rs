@@ -1,0 +1,330 @@
+//! The shared page: written only by the daemon, read by the application.
+//!
+//! Why shared memory: the runtime checks "must I give this core back?" on
+//! every pass of its dispatcher, so that check must be a plain memory load, not
+//! a system call. The daemon creates one sealed memfd per application, maps it
+//! read-write itself and passes it with SCM_RIGHTS; the seal
+//! `F_SEAL_FUTURE_WRITE` means the client can only ever map it read-only.
+//!
+//! Layout (one page, all fields atomics, little-endian native):
+//! magic, version, shutdown flag, preempted count, granted count, release
+//! count, a change sequence number, then a bitmask of granted cores and a
+//! bitmask of cores the application is asked to release (up to [`MAX_CPUS`]).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+use thiserror::Error;
+
+/// Largest CPU number + 1 the shared page can describe.
+pub const MAX_CPUS: usize = 1024;
+const WORDS: usize = MAX_CPUS / 64;
+/// Magic value in the first word of a valid page.
+pub const PAGE_MAGIC: u32 = 0x4357_5348; // "CWSH"
+/// Layout version of the page.
+pub const PAGE_VERSION: u32 = 1;
+const PAGE_LEN: usize = 4096;
+
+#[repr(C)]
+struct Layout {
+    magic: AtomicU32,
+    version: AtomicU32,
+    shutdown: AtomicU32,
+    preempted: AtomicU32,
+    granted_count: AtomicU32,
+    release_count: AtomicU32,
+    seq: AtomicU64,
+    granted: [AtomicU64; WORDS],
+    release: [AtomicU64; WORDS],
+}
+
+const _: () = assert!(std::mem::size_of::<Layout>() <= PAGE_LEN);
+
+/// Errors creating or mapping the shared page.
+#[derive(Debug, Error)]
+pub enum ShmError {
+    /// A system call failed.
+    #[error("shared page: {op}: {source}")]
+    Sys {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        source: rustix::io::Errno,
+    },
+    /// The page does not carry the expected magic/version.
+    #[error("shared page has wrong magic or version")]
+    BadPage,
+}
+
+fn sys(op: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
+    move |source| ShmError::Sys { op, source }
+}
+
+/// A mapping of the page; unmapped on drop.
+struct Mapping {
+    ptr: NonNull<Layout>,
+}
+
+// SAFETY: the mapping is only accessed through atomics, which are safe to
+// share between threads; the pointer stays valid until drop.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; all access is through `&AtomicXX`.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(fd: BorrowedFd<'_>, prot: ProtFlags) -> Result<Self, ShmError> {
+        // SAFETY: we map a fresh region chosen by the kernel (null hint), so
+        // no existing Rust object is overwritten; the fd is a memfd at least
+        // PAGE_LEN long (checked by the callers via ftruncate / fstat).
+        let p = unsafe {
+            mmap(
+                std::ptr::null_mut(),
+                PAGE_LEN,
+                prot,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }
+        .map_err(sys("mmap"))?;
+        let ptr = NonNull::new(p.cast::<Layout>()).ok_or(ShmError::BadPage)?;
+        Ok(Self { ptr })
+    }
+
+    fn layout(&self) -> &Layout {
+        // SAFETY: the mapping is PAGE_LEN bytes, page aligned, at least the
+        // size of Layout (static assertion above), lives as long as self, and
+        // every field is an atomic so shared references are sound even though
+        // another process writes concurrently.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what mmap returned; no references into
+        // the mapping outlive self (they borrow self).
+        let _ = unsafe { munmap(self.ptr.as_ptr().cast(), PAGE_LEN) };
+    }
+}
+
+fn set_bit(words: &[AtomicU64; WORDS], cpu: u32, on: bool) {
+    let (w, b) = ((cpu as usize) / 64, cpu % 64);
+    if let Some(word) = words.get(w) {
+        if on {
+            word.fetch_or(1 << b, Ordering::Release);
+        } else {
+            word.fetch_and(!(1 << b), Ordering::Release);
+        }
+    }
+}
+
+fn get_bit(words: &[AtomicU64; WORDS], cpu: u32) -> bool {
+    let (w, b) = ((cpu as usize) / 64, cpu % 64);
+    words
+        .get(w)
+        .is_some_and(|word| word.load(Ordering::Acquire) & (1 << b) != 0)
+}
+
+fn bits(words: &[AtomicU64; WORDS]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        let mut v = w.load(Ordering::Acquire);
+        while v != 0 {
+            let b = v.trailing_zeros();
+            out.push(i as u32 * 64 + b);
+            v &= v - 1;
+        }
+    }
+    out
+}
+
+/// The daemon's writable view of one application's page.
+///
+/// ```
+/// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+/// let w = SharedPageWriter::create().unwrap();
+/// w.set_granted(3, true);
+/// w.set_release(3, true);
+/// let r = SharedPageReader::map(w.fd()).unwrap();
+/// assert_eq!(r.granted_cores(), vec![3]);
+/// assert!(r.must_release(3));
+/// assert_eq!(r.core_to_release(), Some(3));
+/// ```
+pub struct SharedPageWriter {
+    fd: OwnedFd,
+    map: Mapping,
+}
+
+impl SharedPageWriter {
+    /// Creates a sealed memfd, maps it read-write and initialises it.
+    pub fn create() -> Result<Self, ShmError> {
+        let fd = memfd_create(
+            "corewise-arbiter",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(sys("memfd_create"))?;
+        ftruncate(&fd, PAGE_LEN as u64).map_err(sys("ftruncate"))?;
+        let map = Mapping::new(fd.as_fd(), ProtFlags::READ | ProtFlags::WRITE)?;
+        // After this only read-only mappings can be made (our own writable
+        // one stays), and the size is fixed so a client can't SIGBUS us.
+        fcntl_add_seals(
+            &fd,
+            SealFlags::FUTURE_WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+        )
+        .map_err(sys("fcntl(F_ADD_SEALS)"))?;
+        let l = map.layout();
+        l.version.store(PAGE_VERSION, Ordering::Relaxed);
+        l.magic.store(PAGE_MAGIC, Ordering::Release);
+        Ok(Self { fd, map })
+    }
+
+    /// The memfd, to pass to the client.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn bump(&self) {
+        self.map.layout().seq.fetch_add(1, Ordering::Release);
+    }
+
+    /// Marks `cpu` as granted (or not) to this application.
+    pub fn set_granted(&self, cpu: u32, on: bool) {
+        let l = self.map.layout();
+        set_bit(&l.granted, cpu, on);
+        l.granted_count
+            .store(bits(&l.granted).len() as u32, Ordering::Release);
+        self.bump();
+    }
+
+    /// Asks the application to release `cpu` (or withdraws the request).
+    pub fn set_release(&self, cpu: u32, on: bool) {
+        let l = self.map.layout();
+        set_bit(&l.release, cpu, on);
+        l.release_count
+            .store(bits(&l.release).len() as u32, Ordering::Release);
+        self.bump();
+    }
+
+    /// Records one more forced preemption.
+    pub fn add_preempted(&self) {
+        self.map.layout().preempted.fetch_add(1, Ordering::Release);
+        self.bump();
+    }
+
+    /// Tells every kernel thread to give its core back: the daemon is exiting.
+    pub fn set_shutdown(&self) {
+        self.map.layout().shutdown.store(1, Ordering::Release);
+        self.bump();
+    }
+}
+
+/// The application's read-only view of its page.
+pub struct SharedPageReader {
+    map: Mapping,
+}
+
+impl SharedPageReader {
+    /// Maps the page read-only and checks its magic and version.
+    pub fn map(fd: BorrowedFd<'_>) -> Result<Self, ShmError> {
+        let st = rustix::fs::fstat(fd).map_err(sys("fstat"))?;
+        if (st.st_size as usize) < PAGE_LEN {
+            return Err(ShmError::BadPage);
+        }
+        let map = Mapping::new(fd, ProtFlags::READ)?;
+        let l = map.layout();
+        if l.magic.load(Ordering::Acquire) != PAGE_MAGIC
+            || l.version.load(Ordering::Relaxed) != PAGE_VERSION
+        {
+            return Err(ShmError::BadPage);
+        }
+        Ok(Self { map })
+    }
+
+    /// Whether the daemon asks for `cpu` back (or is shutting down).
+    #[inline]
+    pub fn must_release(&self, cpu: u32) -> bool {
+        let l = self.map.layout();
+        get_bit(&l.release, cpu) || l.shutdown.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether the daemon announced it is shutting down.
+    pub fn shutdown(&self) -> bool {
+        self.map.layout().shutdown.load(Ordering::Acquire) != 0
+    }
+
+    /// One core the application is asked to release, if any.
+    pub fn core_to_release(&self) -> Option<u32> {
+        bits(&self.map.layout().release).first().copied()
+    }
+
+    /// Cores currently granted to the application.
+    pub fn granted_cores(&self) -> Vec<u32> {
+        bits(&self.map.layout().granted)
+    }
+
+    /// Number of cores granted.
+    pub fn granted_count(&self) -> u32 {
+        self.map.layout().granted_count.load(Ordering::Acquire)
+    }
+
+    /// Number of cores the application is asked to release.
+    pub fn release_count(&self) -> u32 {
+        self.map.layout().release_count.load(Ordering::Acquire)
+    }
+
+    /// Number of forced preemptions so far.
+    pub fn preempted(&self) -> u32 {
+        self.map.layout().preempted.load(Ordering::Acquire)
+    }
+
+    /// Change counter, incremented on every daemon update.
+    pub fn seq(&self) -> u64 {
+        self.map.layout().seq.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_cannot_map_writable() {
+        let w = SharedPageWriter::create().unwrap();
+        // SAFETY: fresh kernel-chosen address; we only check the error.
+        let r = unsafe {
+            mmap(
+                std::ptr::null_mut(),
+                PAGE_LEN,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                w.fd(),
+                0,
+            )
+        };
+        assert!(r.is_err(), "sealed page must not be mappable for writing");
+    }
+
+    #[test]
+    fn counts_follow_bits() {
+        let w = SharedPageWriter::create().unwrap();
+        let r = SharedPageReader::map(w.fd()).unwrap();
+        w.set_granted(1, true);
+        w.set_granted(700, true);
+        assert_eq!(r.granted_count(), 2);
+        assert_eq!(r.granted_cores(), vec![1, 700]);
+        w.set_granted(1, false);
+        assert_eq!(r.granted_cores(), vec![700]);
+        assert!(!r.must_release(700));
+        w.set_shutdown();
+        assert!(r.must_release(700));
+        w.add_preempted();
+        assert_eq!(r.preempted(), 1);
+        // Out-of-range CPUs are ignored, not a panic.
+        w.set_granted(5000, true);
+        assert!(!r.must_release(5000) || r.shutdown());
+    }
+}

@@ -1,0 +1,282 @@
+//! CPU lists and machine topology.
+//!
+//! Why: the policy keeps hyperthread siblings and sockets together, so it needs
+//! to know which CPUs share a physical core and a package. That comes from
+//! `/sys/devices/system/cpu/cpu*/topology`; on machines (or containers) where
+//! those files are missing every CPU is treated as its own core on package 0,
+//! which is correct without hyperthreads.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::Path;
+
+use thiserror::Error;
+
+/// A CPU (core) number as the kernel numbers it.
+pub type CoreId = u32;
+
+/// A malformed CPU list such as `"0-3,x"`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("invalid CPU list {0:?}")]
+pub struct CpuListError(pub String);
+
+/// A set of CPUs in the kernel's list format (`0-3,8,10-11`).
+///
+/// ```
+/// use corewise_arbiter::topology::CpuList;
+/// let l: CpuList = "0-2,5".parse().unwrap();
+/// assert_eq!(l.iter().collect::<Vec<_>>(), vec![0, 1, 2, 5]);
+/// assert_eq!(l.to_string(), "0-2,5");
+/// assert!("3-1".parse::<CpuList>().is_err());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CpuList(BTreeSet<CoreId>);
+
+/// Highest CPU number accepted in a list.
+pub const MAX_CPU_NUMBER: CoreId = 1023;
+
+impl CpuList {
+    /// The empty list.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Iterates in increasing order.
+    pub fn iter(&self) -> impl Iterator<Item = CoreId> + '_ {
+        self.0.iter().copied()
+    }
+    /// Adds a CPU.
+    pub fn insert(&mut self, c: CoreId) {
+        self.0.insert(c);
+    }
+    /// Removes a CPU.
+    pub fn remove(&mut self, c: CoreId) {
+        self.0.remove(&c);
+    }
+    /// Membership.
+    pub fn contains(&self, c: CoreId) -> bool {
+        self.0.contains(&c)
+    }
+    /// Number of CPUs.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromIterator<CoreId> for CpuList {
+    fn from_iter<I: IntoIterator<Item = CoreId>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+impl std::str::FromStr for CpuList {
+    type Err = CpuListError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || CpuListError(s.to_string());
+        let mut set = BTreeSet::new();
+        let t = s.trim();
+        if t.is_empty() {
+            return Ok(Self(set));
+        }
+        for part in t.split(',') {
+            let part = part.trim();
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (a, b),
+                None => (part, part),
+            };
+            let a: CoreId = a.trim().parse().map_err(|_| err())?;
+            let b: CoreId = b.trim().parse().map_err(|_| err())?;
+            if a > b || b > MAX_CPU_NUMBER {
+                return Err(err());
+            }
+            set.extend(a..=b);
+        }
+        Ok(Self(set))
+    }
+}
+
+impl fmt::Display for CpuList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        let mut it = self.0.iter().copied().peekable();
+        while let Some(start) = it.next() {
+            let mut end = start;
+            while it.peek() == Some(&(end + 1)) {
+                end += 1;
+                it.next();
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            if start == end {
+                write!(f, "{start}")?;
+            } else {
+                write!(f, "{start}-{end}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where one CPU sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuPlace {
+    /// The CPU.
+    pub cpu: CoreId,
+    /// Physical core id (shared by hyperthread siblings).
+    pub core: u32,
+    /// Package (socket) id.
+    pub package: u32,
+}
+
+/// The topology of the CPUs the daemon manages.
+///
+/// ```
+/// use corewise_arbiter::topology::Topology;
+/// // Two packages, two cores each, two hyperthreads per core.
+/// let t = Topology::synthetic(2, 2, 2);
+/// assert_eq!(t.siblings(0), vec![0, 1]);
+/// assert_eq!(t.package_of(5), Some(1));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Topology {
+    places: Vec<CpuPlace>,
+}
+
+impl Topology {
+    /// Reads the topology of `cpus` from sysfs (`/sys/devices/system/cpu`).
+    pub fn read(cpus: &CpuList) -> Self {
+        Self::read_from(Path::new("/sys/devices/system/cpu"), cpus)
+    }
+
+    /// Reads from another sysfs-like directory (for tests).
+    pub fn read_from(base: &Path, cpus: &CpuList) -> Self {
+        let read_num = |cpu: CoreId, file: &str| -> Option<u32> {
+            let p = base.join(format!("cpu{cpu}/topology/{file}"));
+            std::fs::read_to_string(p).ok()?.trim().parse::<i64>().ok().map(|v| v.max(0) as u32)
+        };
+        let places = cpus
+            .iter()
+            .map(|cpu| CpuPlace {
+                cpu,
+                // Without topology files each CPU is its own physical core.
+                core: read_num(cpu, "core_id").map_or(cpu, |c| c),
+                package: read_num(cpu, "physical_package_id").unwrap_or(0),
+            })
+            .collect::<Vec<_>>();
+        // If core_id came from sysfs for some CPUs but not others, keys could
+        // collide with CPU numbers; that only makes grouping coarser, never wrong.
+        Self { places }
+    }
+
+    /// A regular machine: CPUs numbered package-major, core, then thread.
+    pub fn synthetic(packages: u32, cores_per_package: u32, threads_per_core: u32) -> Self {
+        let mut places = Vec::new();
+        let mut cpu = 0;
+        for p in 0..packages {
+            for c in 0..cores_per_package {
+                for _ in 0..threads_per_core {
+                    places.push(CpuPlace {
+                        cpu,
+                        core: p * cores_per_package + c,
+                        package: p,
+                    });
+                    cpu += 1;
+                }
+            }
+        }
+        Self { places }
+    }
+
+    /// Every CPU described.
+    pub fn places(&self) -> &[CpuPlace] {
+        &self.places
+    }
+
+    fn place(&self, cpu: CoreId) -> Option<&CpuPlace> {
+        self.places.iter().find(|p| p.cpu == cpu)
+    }
+
+    /// CPUs sharing a physical core with `cpu` (including `cpu`).
+    pub fn siblings(&self, cpu: CoreId) -> Vec<CoreId> {
+        match self.place(cpu) {
+            Some(me) => self
+                .places
+                .iter()
+                .filter(|p| p.core == me.core && p.package == me.package)
+                .map(|p| p.cpu)
+                .collect(),
+            None => vec![cpu],
+        }
+    }
+
+    /// Package of `cpu`, if known.
+    pub fn package_of(&self, cpu: CoreId) -> Option<u32> {
+        self.place(cpu).map(|p| p.package)
+    }
+
+    /// Whether two CPUs are hyperthreads of one physical core.
+    pub fn are_siblings(&self, a: CoreId, b: CoreId) -> bool {
+        match (self.place(a), self.place(b)) {
+            (Some(x), Some(y)) => a != b && x.core == y.core && x.package == y.package,
+            _ => false,
+        }
+    }
+}
+
+/// CPUs online on this machine (`/sys/devices/system/cpu/online`), falling
+/// back to the calling thread's affinity.
+pub fn online_cpus() -> CpuList {
+    if let Ok(s) = std::fs::read_to_string("/sys/devices/system/cpu/online") {
+        if let Ok(l) = s.parse::<CpuList>() {
+            if !l.is_empty() {
+                return l;
+            }
+        }
+    }
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..=MAX_CPU_NUMBER)
+            .filter(|&c| set.is_set(c as usize))
+            .collect(),
+        Err(_) => std::iter::once(0).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists() {
+        for s in ["", "0", "0-3", "0,2,4-6", "1023"] {
+            let l: CpuList = s.parse().unwrap();
+            assert_eq!(l.to_string(), s);
+        }
+        for s in ["-1", "a", "1-", "2-1", "1024", "0,,1"] {
+            assert!(s.parse::<CpuList>().is_err(), "{s}");
+        }
+        assert_eq!("0-1\n".parse::<CpuList>().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn real_topology_is_consistent() {
+        let cpus = online_cpus();
+        let t = Topology::read(&cpus);
+        assert_eq!(t.places().len(), cpus.len());
+        for c in cpus.iter() {
+            assert!(t.siblings(c).contains(&c));
+        }
+    }
+
+    #[test]
+    fn missing_sysfs_means_no_siblings() {
+        let cpus: CpuList = "0-3".parse().unwrap();
+        let t = Topology::read_from(Path::new("/nonexistent"), &cpus);
+        assert_eq!(t.siblings(2), vec![2]);
+        assert!(!t.are_siblings(0, 1));
+    }
+}
