@@ -1,1 +1,54 @@
-//! corewise: core-aware user-level threads (under construction).
+//! corewise: core-aware user-level threads for Linux.
+//!
+//! User threads are created in about the time of a cache-line transfer on
+//! another core and scheduled without ready queues (Arachne); a thread
+//! blocks without blocking its core, and an idle core sleeps in the kernel
+//! instead of spinning (Fred/libfibre). Cores come from an arbiter, in
+//! process by default.
+//!
+//! ```
+//! let rt = corewise::Runtime::new().unwrap();
+//! let h = rt.spawn(|| {
+//!     let child = corewise::spawn(|| 20).unwrap();
+//!     child.join().unwrap() + 22
+//! }).unwrap();
+//! assert_eq!(h.join().unwrap(), 42);
+//! ```
+//!
+//! The map of the crate is `DESIGN.md` in the repository's shared folder;
+//! each module's documentation says why it is built the way it is.
+
+// `core` is also the name of the Rust core library: this crate always says
+// `std::` for the library, so `crate::core` is unambiguous.
+mod core;
+mod error;
+mod idle;
+pub mod policy;
+mod shim;
+pub mod sync;
+
+#[cfg(not(loom))]
+pub mod arbiter;
+#[cfg(not(loom))]
+mod clock;
+#[cfg(not(loom))]
+mod context;
+#[cfg(not(loom))]
+mod dispatch;
+#[cfg(not(loom))]
+mod runtime;
+#[cfg(not(loom))]
+mod spawn;
+#[cfg(not(loom))]
+pub mod thread;
+
+pub use error::{BuildError, JoinError, PanicPayload, SpawnError, Timeout};
+pub use policy::{CoreMask, CorePolicy, CoreView, DefaultPolicy, ThreadClass, PRIORITIES};
+
+#[cfg(not(loom))]
+pub use runtime::{Builder, CoreStats, RunError, Runtime, DEFAULT_IDLE_SPIN, DEFAULT_STACK_SIZE};
+#[cfg(not(loom))]
+pub use thread::{
+    block, block_until, current, current_core, signal, sleep, spawn, spawn_wait, spawn_with,
+    yield_now, JoinHandle, ThreadId,
+};

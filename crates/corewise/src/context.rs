@@ -1,0 +1,291 @@
+//! Execution contexts: a guard-paged stack per slot and the switch between
+//! the dispatcher and a user thread.
+//!
+//! corosensei does the switch (a few instructions, no system call); it stays
+//! behind this small API so it can be replaced. Each slot gets its stack the
+//! first time a thread starts there and keeps it for the runtime's life, so
+//! the 56 slots of a core are that core's stack pool and creating a thread
+//! never allocates a stack. The slot's coroutine runs a loop: take the
+//! function from the slot's first cache line, run it, free the slot, switch
+//! out, and wait to be resumed for the next thread.
+//!
+//! A stack overflow hits the guard page below the stack. A SIGSEGV handler,
+//! on the kernel thread's alternate signal stack, finds the slot whose guard
+//! page was hit and prints which user thread overflowed before aborting, as
+//! std does for OS threads; faults elsewhere go to the previous handler.
+
+use crate::core::ThreadContext;
+use corosensei::stack::{DefaultStack, Stack};
+use corosensei::{Coroutine, CoroutineResult, Yielder};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::Once;
+
+/// What the dispatcher tells a slot's coroutine when it resumes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resume {
+    /// Run (or continue) the slot's thread.
+    Run,
+    /// The runtime is shutting down: leave the slot loop.
+    Exit,
+}
+
+/// The handle a running user thread uses to switch back to the dispatcher.
+pub(crate) type SlotYielder = Yielder<Resume, ()>;
+
+/// A slot's coroutine and stack.
+pub(crate) struct Context {
+    coroutine: Coroutine<Resume, (), (), DefaultStack>,
+    guard: GuardRegistration,
+}
+
+impl Context {
+    /// Creates the coroutine of `slot` on a new stack of `stack_size` bytes
+    /// (plus a guard page).
+    pub(crate) fn new(stack_size: usize, slot: &'static ThreadContext) -> std::io::Result<Self> {
+        install_overflow_handler();
+        let stack = DefaultStack::new(stack_size)?;
+        let page = rustix::param::page_size();
+        let limit = stack.limit().get();
+        let guard = GuardRegistration::new(limit - page, limit, slot, stack.base().get() - limit);
+        let coroutine = Coroutine::with_stack(stack, move |yielder: &SlotYielder, first| {
+            slot.yielder.set(yielder as *const SlotYielder);
+            let mut cmd = first;
+            while cmd == Resume::Run {
+                // A stale signal can make a free slot look runnable while a
+                // spawner is still writing its function: run only what the
+                // spawner has published.
+                if slot.invocation.take_ready() {
+                    crate::thread::run_slot_thread(slot);
+                }
+                cmd = yielder.suspend(());
+            }
+        });
+        Ok(Self { coroutine, guard })
+    }
+
+    /// Runs the slot's thread until it switches out or exits.
+    #[inline]
+    pub(crate) fn resume(&mut self) {
+        match self.coroutine.resume(Resume::Run) {
+            CoroutineResult::Yield(()) => {}
+            CoroutineResult::Return(()) => {}
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if self.coroutine.started() && !self.coroutine.done() {
+            // Leave the slot loop normally so nothing needs a forced unwind.
+            let _ = self.coroutine.resume(Resume::Exit);
+        }
+        self.guard.clear();
+    }
+}
+
+/// Switches from the running user thread back to its dispatcher.
+///
+/// # Safety
+/// `slot` is the slot of the calling user thread, whose coroutine set
+/// `yielder` and is running now.
+#[inline]
+pub(crate) unsafe fn switch_out(slot: &ThreadContext) {
+    // SAFETY: the yielder lives on the running coroutine's stack for as long
+    // as the coroutine does, and we are that coroutine (caller's contract).
+    let yielder = unsafe { &*slot.yielder.get() };
+    let _ = yielder.suspend(());
+}
+
+// ---- stack-overflow detection -------------------------------------------
+
+const GUARD_ENTRIES: usize = 8192;
+
+struct GuardEntry {
+    lo: AtomicUsize,
+    hi: AtomicUsize,
+    stack_size: AtomicUsize,
+    slot: AtomicPtr<ThreadContext>,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY_ENTRY: GuardEntry = GuardEntry {
+    lo: AtomicUsize::new(0),
+    hi: AtomicUsize::new(0),
+    stack_size: AtomicUsize::new(0),
+    slot: AtomicPtr::new(std::ptr::null_mut()),
+};
+
+/// Guard pages of live slot stacks, searched by the SIGSEGV handler (which
+/// may not lock or allocate, hence a fixed table of atomics).
+static GUARDS: [GuardEntry; GUARD_ENTRIES] = [EMPTY_ENTRY; GUARD_ENTRIES];
+
+struct GuardRegistration(Option<usize>);
+
+impl GuardRegistration {
+    fn new(lo: usize, hi: usize, slot: &'static ThreadContext, stack_size: usize) -> Self {
+        for (i, e) in GUARDS.iter().enumerate() {
+            if e.lo
+                .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                e.hi.store(hi, Ordering::Relaxed);
+                e.stack_size.store(stack_size, Ordering::Relaxed);
+                e.slot
+                    .store(slot as *const ThreadContext as *mut _, Ordering::Relaxed);
+                e.lo.store(lo, Ordering::Release);
+                return Self(Some(i));
+            }
+        }
+        // Table full: the stack still has its guard page, only the message
+        // naming the thread is lost.
+        Self(None)
+    }
+
+    fn clear(&mut self) {
+        if let Some(i) = self.0.take() {
+            GUARDS[i].lo.store(usize::MAX, Ordering::Release);
+            GUARDS[i].slot.store(std::ptr::null_mut(), Ordering::Relaxed);
+            GUARDS[i].lo.store(0, Ordering::Release);
+        }
+    }
+}
+
+static INSTALL: Once = Once::new();
+static PREVIOUS_SEGV: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+static PREVIOUS_BUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+
+fn install_overflow_handler() {
+    INSTALL.call_once(|| {
+        for (sig, prev) in [(libc::SIGSEGV, &PREVIOUS_SEGV), (libc::SIGBUS, &PREVIOUS_BUS)] {
+            // SAFETY: a zeroed sigaction is a valid "no handler" value; we
+            // fill in handler, flags and mask before installing it, and the
+            // old action is written into memory we own (leaked, static).
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = overflow_handler as *const () as usize;
+                action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut action.sa_mask);
+                let old: &'static mut libc::sigaction = Box::leak(Box::new(std::mem::zeroed()));
+                if libc::sigaction(sig, &action, old) == 0 {
+                    prev.store(old, Ordering::Release);
+                }
+            }
+        }
+    });
+}
+
+/// Gives the calling kernel thread an alternate signal stack if it has none,
+/// so the overflow handler can run when a user-thread stack is exhausted.
+pub(crate) fn ensure_signal_stack() {
+    const SIZE: usize = 64 * 1024;
+    // SAFETY: sigaltstack with a null new stack only reads the current one
+    // into `old`; the new stack is a fresh private mapping we never unmap
+    // while the thread may use it (it is leaked with the thread).
+    unsafe {
+        let mut old: libc::stack_t = std::mem::zeroed();
+        if libc::sigaltstack(std::ptr::null(), &mut old) != 0 || old.ss_flags & libc::SS_DISABLE == 0 {
+            return;
+        }
+        let mem = libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if mem == libc::MAP_FAILED {
+            return;
+        }
+        let st = libc::stack_t {
+            ss_sp: mem,
+            ss_flags: 0,
+            ss_size: SIZE,
+        };
+        libc::sigaltstack(&st, std::ptr::null_mut());
+    }
+}
+
+/// A `fmt::Write` into a fixed buffer: the handler must not allocate.
+struct StackBuf {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl std::fmt::Write for StackBuf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let n = s.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+extern "C" fn overflow_handler(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    for e in GUARDS.iter() {
+        let lo = e.lo.load(Ordering::Acquire);
+        if lo == 0 || lo == usize::MAX || addr < lo || addr >= e.hi.load(Ordering::Relaxed) {
+            continue;
+        }
+        let slot = e.slot.load(Ordering::Relaxed);
+        let mut out = StackBuf { buf: [0; 512], len: 0 };
+        use std::fmt::Write;
+        let _ = write!(out, "\ncorewise: user thread ");
+        if !slot.is_null() {
+            // SAFETY: slots live as long as their runtime (leaked), and the
+            // entry is cleared before a stack is freed.
+            let slot = unsafe { &*slot };
+            let core = slot.core();
+            let _ = match slot.name() {
+                Some(name) => write!(out, "'{name}' "),
+                None => write!(out, "<unnamed> "),
+            };
+            let _ = write!(
+                out,
+                "(core {}, slot {}, generation {}) ",
+                core.index,
+                slot.index,
+                slot.generation.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "has overflowed its stack of {} KiB; raise it with Builder::stack_size",
+            e.stack_size.load(Ordering::Relaxed) / 1024
+        );
+        let _ = writeln!(out, "fatal runtime error: stack overflow, aborting");
+        // SAFETY: write(2) and abort(3) are async-signal-safe.
+        unsafe {
+            libc::write(2, out.buf.as_ptr().cast(), out.len);
+            libc::abort();
+        }
+    }
+    // Not ours: hand the fault to whoever was installed before us.
+    let prev = if sig == libc::SIGBUS { &PREVIOUS_BUS } else { &PREVIOUS_SEGV };
+    let prev = prev.load(Ordering::Acquire);
+    // SAFETY: `prev` is null or a leaked sigaction filled in by sigaction(2);
+    // calling its handler with our arguments is what the kernel would have
+    // done. For SIG_DFL/SIG_IGN we restore the default and return, so the
+    // faulting instruction runs again and the default action applies.
+    unsafe {
+        if !prev.is_null() {
+            let h = (*prev).sa_sigaction;
+            if h != libc::SIG_DFL && h != libc::SIG_IGN {
+                if (*prev).sa_flags & libc::SA_SIGINFO != 0 {
+                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                        std::mem::transmute(h);
+                    f(sig, info, uctx);
+                } else {
+                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+                    f(sig);
+                }
+                return;
+            }
+        }
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+    }
+}

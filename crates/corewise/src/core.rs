@@ -1,0 +1,487 @@
+//! One `Core` per CPU the runtime may use: 56 thread slots and the words that
+//! other cores touch to claim a slot, wake a thread or wake the core.
+//!
+//! The layout follows Arachne. A slot's first cache line holds the function
+//! of the thread that will start there, so creating a thread on another core
+//! costs the transfer of that line and of the slot's wakeup line, nothing
+//! more. The occupancy of all 56 slots and their count share one atomic word
+//! (`MaskAndCount`), so power-of-two-choices placement reads one word per
+//! candidate core and claims a slot with one compare-and-swap.
+
+use crate::shim::{AtomicU64, Ordering};
+
+/// Thread slots per core (56 occupancy bits + an 8-bit count fill one word).
+pub(crate) const SLOTS: usize = 56;
+const COUNT_ONE: u64 = 1 << SLOTS;
+const OCCUPANCY: u64 = COUNT_ONE - 1;
+
+/// `wakeup_time` of a thread that waits for a signal.
+pub(crate) const BLOCKED: u64 = u64::MAX;
+/// `wakeup_time` of a thread that may run now.
+pub(crate) const RUNNABLE: u64 = 0;
+
+/// A core's slot occupancy mask (low 56 bits) and occupied-slot count (high 8).
+#[derive(Debug)]
+pub(crate) struct MaskAndCount(AtomicU64);
+
+impl MaskAndCount {
+    /// All slots free.
+    pub(crate) fn new() -> Self {
+        Self(AtomicU64::new(0))
+    }
+
+    /// The occupancy mask.
+    #[inline]
+    pub(crate) fn occupied(&self) -> u64 {
+        self.0.load(Ordering::Acquire) & OCCUPANCY
+    }
+
+    /// The number of occupied slots.
+    #[inline]
+    pub(crate) fn count(&self) -> u32 {
+        (self.0.load(Ordering::Relaxed) >> SLOTS) as u32
+    }
+
+    /// Claims the lowest free slot, or `None` when all 56 are taken. Acquire:
+    /// what the slot's previous thread wrote is visible to the new owner.
+    #[inline]
+    pub(crate) fn claim(&self) -> Option<usize> {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            let free = !cur & OCCUPANCY;
+            if free == 0 {
+                return None;
+            }
+            let slot = free.trailing_zeros() as usize;
+            let new = (cur | (1 << slot)) + COUNT_ONE;
+            match self
+                .0
+                .compare_exchange_weak(cur, new, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(slot),
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Frees `slot`, which the caller owns. Release: pairs with `claim`.
+    #[inline]
+    pub(crate) fn release(&self, slot: usize) {
+        self.0.fetch_sub((1 << slot) + COUNT_ONE, Ordering::Release);
+    }
+}
+
+/// A slot's `wakeup_time`: [`RUNNABLE`], [`BLOCKED`] or a deadline in ticks.
+///
+/// Writers: the dispatcher (sets `BLOCKED` just before it runs the thread, so
+/// a signal that arrives while the thread runs is kept), the thread itself
+/// (deadline, or `RUNNABLE` when it yields), and any signaller (`RUNNABLE`).
+#[derive(Debug)]
+pub(crate) struct WakeupTime(AtomicU64);
+
+impl WakeupTime {
+    /// A free slot's word.
+    pub(crate) fn new() -> Self {
+        Self(AtomicU64::new(BLOCKED))
+    }
+
+    /// Makes the thread runnable. `SeqCst`, so that a following
+    /// [`IdleGate::wake`](crate::idle::IdleGate::wake) cannot miss a core
+    /// that is going to sleep; also a release of everything written before.
+    #[inline]
+    pub(crate) fn signal(&self) {
+        self.0.swap(RUNNABLE, Ordering::SeqCst);
+    }
+
+    /// Dispatcher: if the thread is due at `now`, marks it `BLOCKED` (it is
+    /// about to run) and returns true. `now` is read only for a deadline.
+    #[inline]
+    pub(crate) fn take_if_due(&self, now: &mut impl FnMut() -> u64) -> bool {
+        let w = self.0.load(Ordering::Acquire);
+        if w == BLOCKED || (w != RUNNABLE && w > now()) {
+            return false;
+        }
+        // Only a signal (RUNNABLE) can race with this swap; the thread runs
+        // either way, and the swap's acquire orders it after the signaller.
+        self.0.swap(BLOCKED, Ordering::AcqRel);
+        true
+    }
+
+    /// The value, read with `SeqCst` for the re-check before sleeping.
+    #[inline]
+    pub(crate) fn load_seqcst(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// The value, for a scan that only looks.
+    #[inline]
+    pub(crate) fn load(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Thread: be runnable again after switching out (`yield`).
+    #[inline]
+    pub(crate) fn set_runnable(&self) {
+        self.0.store(RUNNABLE, Ordering::Relaxed);
+    }
+
+    /// Thread: sleep until `deadline` (ticks) or a signal. Returns false when
+    /// a signal already arrived (it is consumed and the thread need not
+    /// switch out).
+    #[inline]
+    pub(crate) fn block_until(&self, deadline: u64) -> bool {
+        if deadline == BLOCKED {
+            return !self.consume_signal();
+        }
+        match self
+            .0
+            .compare_exchange(BLOCKED, deadline, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(_) => {
+                self.0.swap(BLOCKED, Ordering::AcqRel);
+                false
+            }
+        }
+    }
+
+    /// Thread: consumes a pending signal, if any.
+    #[inline]
+    pub(crate) fn consume_signal(&self) -> bool {
+        self.0
+            .compare_exchange(RUNNABLE, BLOCKED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Slot is being freed.
+    #[inline]
+    pub(crate) fn reset(&self) {
+        self.0.store(BLOCKED, Ordering::Relaxed);
+    }
+}
+
+#[cfg(not(loom))]
+pub(crate) use runtime_core::*;
+
+#[cfg(not(loom))]
+mod runtime_core {
+    use super::*;
+    use crate::context::Context;
+    use crate::idle::IdleGate;
+    use crate::runtime::Shared;
+    use crate::shim::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize};
+    use crossbeam_utils::CachePadded;
+    use std::cell::{Cell, UnsafeCell};
+    use std::mem::{align_of, size_of, MaybeUninit};
+    use std::sync::OnceLock;
+
+    /// Bytes of a thread's function that fit in the slot's first cache line.
+    const INLINE_BYTES: usize = 56;
+
+    /// The function of the thread that starts next in a slot: 56 bytes of
+    /// closure and the pointer that knows how to run it, one cache line.
+    #[repr(C, align(64))]
+    pub(crate) struct Invocation {
+        storage: UnsafeCell<MaybeUninit<[u64; INLINE_BYTES / 8]>>,
+        run: Cell<Option<unsafe fn(*mut u8)>>,
+        /// Set (release) by the spawner once `storage` and `run` are written.
+        ready: AtomicBool,
+    }
+
+    impl Invocation {
+        fn new() -> Self {
+            Self {
+                storage: UnsafeCell::new(MaybeUninit::uninit()),
+                run: Cell::new(None),
+                ready: AtomicBool::new(false),
+            }
+        }
+
+        /// Marks the stored function as complete; the slot may run it now.
+        pub(crate) fn publish(&self) {
+            self.ready.store(true, Ordering::Release);
+        }
+
+        /// Slot's own thread: whether a published function waits, taking
+        /// the mark.
+        pub(crate) fn take_ready(&self) -> bool {
+            self.ready.load(Ordering::Acquire) && {
+                self.ready.store(false, Ordering::Relaxed);
+                true
+            }
+        }
+
+        /// Stores `f`: inline when it fits, otherwise boxed.
+        ///
+        /// # Safety
+        /// The caller owns the slot (claimed it and has not yet made it
+        /// runnable), so nothing else reads or writes this line.
+        pub(crate) unsafe fn put<F: FnOnce() + Send + 'static>(&self, f: F) {
+            if size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= 8 {
+                // SAFETY: the storage is 56 bytes aligned to 64 and F fits.
+                unsafe { self.storage.get().cast::<F>().write(f) };
+                self.run.set(Some(run_inline::<F>));
+            } else {
+                let boxed: Box<F> = Box::new(f);
+                // SAFETY: a pointer fits in the storage.
+                unsafe { self.storage.get().cast::<*mut F>().write(Box::into_raw(boxed)) };
+                self.run.set(Some(run_boxed::<F>));
+            }
+        }
+
+        /// Runs the stored function, leaving the line empty.
+        ///
+        /// # Safety
+        /// Called only by the slot's own thread, after the spawner's `put`
+        /// was made visible by the wakeup word.
+        pub(crate) unsafe fn run(&self) {
+            if let Some(run) = self.run.take() {
+                // SAFETY: `run` matches what `put` wrote into the storage.
+                unsafe { run(self.storage.get().cast()) }
+            }
+        }
+    }
+
+    /// # Safety
+    /// `p` holds an `F` written by `Invocation::put`, read exactly once.
+    unsafe fn run_inline<F: FnOnce()>(p: *mut u8) {
+        // SAFETY: per the function's contract.
+        let f = unsafe { p.cast::<F>().read() };
+        f()
+    }
+
+    /// # Safety
+    /// `p` holds a `*mut F` from `Box::into_raw`, read exactly once.
+    unsafe fn run_boxed<F: FnOnce()>(p: *mut u8) {
+        // SAFETY: per the function's contract.
+        let f = unsafe { Box::from_raw(p.cast::<*mut F>().read()) };
+        f()
+    }
+
+    /// One thread slot.
+    #[repr(C, align(64))]
+    pub(crate) struct ThreadContext {
+        /// Line 0: the next function to run, written by the spawner.
+        pub(crate) invocation: Invocation,
+        /// Line 1: what other cores touch.
+        pub(crate) wakeup: WakeupTime,
+        /// Bumped when a thread leaves the slot, so stale `ThreadId`s are
+        /// recognised.
+        pub(crate) generation: AtomicU32,
+        /// `ThreadClass` of the thread in the slot (as u32).
+        pub(crate) class: AtomicU32,
+        /// The thread's name, if it has one (a leaked `Box<str>` while the
+        /// thread lives; read by the stack-overflow handler).
+        pub(crate) name_ptr: AtomicPtr<u8>,
+        pub(crate) name_len: AtomicUsize,
+        /// Line 2 on: owned by the core's kernel thread.
+        core: CachePadded<AtomicPtr<Core>>,
+        pub(crate) index: usize,
+        context: UnsafeCell<Option<Context>>,
+        /// Set by the slot's coroutine when it starts; valid while it lives.
+        pub(crate) yielder: Cell<*const crate::context::SlotYielder>,
+    }
+
+    // SAFETY: the `Cell`/`UnsafeCell` fields are touched only by the kernel
+    // thread that owns the slot's core (the dispatcher and the thread it runs),
+    // or by a spawner that owns the slot through `MaskAndCount::claim` before
+    // it publishes the slot with the (release) wakeup word.
+    unsafe impl Sync for ThreadContext {}
+    // SAFETY: as for `Sync`; a context is created on one thread and handed to
+    // the core's kernel thread before any use.
+    unsafe impl Send for ThreadContext {}
+
+    impl ThreadContext {
+        fn new(index: usize) -> Self {
+            Self {
+                invocation: Invocation::new(),
+                wakeup: WakeupTime::new(),
+                generation: AtomicU32::new(0),
+                class: AtomicU32::new(0),
+                name_ptr: AtomicPtr::new(std::ptr::null_mut()),
+                name_len: AtomicUsize::new(0),
+                core: CachePadded::new(AtomicPtr::new(std::ptr::null_mut())),
+                index,
+                context: UnsafeCell::new(None),
+                yielder: Cell::new(std::ptr::null()),
+            }
+        }
+
+        /// The core this slot belongs to.
+        #[inline]
+        pub(crate) fn core(&self) -> &'static Core {
+            // SAFETY: set once before the runtime starts; cores are leaked
+            // with their runtime, so the reference is 'static.
+            unsafe { &*self.core.load(Ordering::Relaxed) }
+        }
+
+        /// The slot's execution context, creating it on first use.
+        ///
+        /// # Safety
+        /// Only the owning core's kernel thread may call this, and not while
+        /// the context runs.
+        pub(crate) unsafe fn context(&'static self, stack_size: usize) -> std::io::Result<&'static mut Context> {
+            // SAFETY: per the contract, no other reference exists.
+            let slot = unsafe { &mut *self.context.get() };
+            if slot.is_none() {
+                *slot = Some(Context::new(stack_size, self)?);
+            }
+            Ok(slot.as_mut().expect("just created"))
+        }
+
+        /// Drops the slot's context (its stack), at runtime shutdown.
+        ///
+        /// # Safety
+        /// As for [`context`](Self::context), and the slot must be free.
+        pub(crate) unsafe fn drop_context(&self) {
+            // SAFETY: per the contract.
+            unsafe { *self.context.get() = None };
+        }
+
+        /// Sets the thread's name, freeing any old one.
+        pub(crate) fn set_name(&self, name: Option<Box<str>>) {
+            let (ptr, len) = match name {
+                Some(n) => {
+                    let len = n.len();
+                    (Box::into_raw(n).cast::<u8>(), len)
+                }
+                None => (std::ptr::null_mut(), 0),
+            };
+            let old_len = self.name_len.swap(len, Ordering::Relaxed);
+            let old = self.name_ptr.swap(ptr, Ordering::Release);
+            if !old.is_null() {
+                // SAFETY: `old`/`old_len` came from `Box::into_raw` of a
+                // `Box<str>` above, and the swap took them out exactly once.
+                drop(unsafe {
+                    Box::from_raw(std::ptr::slice_from_raw_parts_mut(old, old_len) as *mut str)
+                });
+            }
+        }
+
+        /// The thread's name, if any.
+        pub(crate) fn name(&self) -> Option<&str> {
+            let ptr = self.name_ptr.load(Ordering::Acquire);
+            if ptr.is_null() {
+                return None;
+            }
+            let len = self.name_len.load(Ordering::Relaxed);
+            // SAFETY: the name lives until the slot's thread exits; callers
+            // are that thread or the crash handler.
+            Some(unsafe { std::str::from_utf8_unchecked(std::slice::from_raw_parts(ptr, len)) })
+        }
+    }
+
+    /// Per-core counters.
+    #[derive(Debug, Default)]
+    pub(crate) struct CoreStats {
+        /// User-thread runs started by the dispatcher.
+        pub(crate) dispatches: AtomicU64,
+        /// Times the core went to sleep in the kernel.
+        pub(crate) sleeps: AtomicU64,
+    }
+
+    /// One core: slots, occupancy, idle gate, lifecycle flags, statistics.
+    pub(crate) struct Core {
+        pub(crate) mask: CachePadded<MaskAndCount>,
+        pub(crate) gate: CachePadded<IdleGate>,
+        /// Set while a kernel thread holds this core and runs its dispatcher.
+        pub(crate) active: CachePadded<AtomicBool>,
+        pub(crate) stats: CachePadded<CoreStats>,
+        pub(crate) slots: Box<[ThreadContext]>,
+        pub(crate) index: usize,
+        /// The CPU the core's kernel thread runs on while it holds the core.
+        pub(crate) cpu: AtomicUsize,
+        runtime: OnceLock<&'static Shared>,
+    }
+
+    impl Core {
+        /// A core with all slots free; `link` must be called once it has its
+        /// final ('static) address.
+        pub(crate) fn new(index: usize) -> Self {
+            Self {
+                mask: CachePadded::new(MaskAndCount::new()),
+                gate: CachePadded::new(IdleGate::new()),
+                active: CachePadded::new(AtomicBool::new(false)),
+                stats: CachePadded::new(CoreStats::default()),
+                slots: (0..SLOTS).map(ThreadContext::new).collect(),
+                index,
+                cpu: AtomicUsize::new(usize::MAX),
+                runtime: OnceLock::new(),
+            }
+        }
+
+        /// Points the slots back at their core and the core at its runtime.
+        pub(crate) fn link(&'static self, runtime: &'static Shared) {
+            for slot in self.slots.iter() {
+                slot.core
+                    .store(self as *const Core as *mut Core, Ordering::Relaxed);
+            }
+            let _ = self.runtime.set(runtime);
+        }
+
+        /// The runtime this core belongs to.
+        #[inline]
+        pub(crate) fn runtime(&self) -> &'static Shared {
+            self.runtime.get().expect("core linked at runtime start")
+        }
+
+        /// Whether a thread other than `me` could run now on this core.
+        #[inline]
+        pub(crate) fn other_runnable(&self, me: usize) -> bool {
+            let mut others = self.mask.occupied() & !(1u64 << me);
+            let mut now = None;
+            while others != 0 {
+                let i = others.trailing_zeros() as usize;
+                others &= others - 1;
+                let w = self.slots[i].wakeup.load();
+                if w == RUNNABLE
+                    || (w != BLOCKED && w <= *now.get_or_insert_with(crate::clock::now))
+                {
+                    return true;
+                }
+            }
+            false
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_fills_all_56_slots_then_fails() {
+        let m = MaskAndCount::new();
+        for i in 0..SLOTS {
+            assert_eq!(m.claim(), Some(i));
+            assert_eq!(m.count() as usize, i + 1);
+        }
+        assert_eq!(m.claim(), None);
+        m.release(7);
+        assert_eq!(m.count() as usize, SLOTS - 1);
+        assert_eq!(m.claim(), Some(7));
+    }
+
+    #[test]
+    fn wakeup_word_keeps_a_signal_that_arrives_while_running() {
+        let w = WakeupTime::new();
+        w.signal();
+        assert!(w.take_if_due(&mut || 0));
+        // The thread runs; a signal arrives; the thread then blocks.
+        w.signal();
+        assert!(!w.block_until(BLOCKED), "signal consumed, no switch");
+        assert!(w.block_until(BLOCKED));
+        assert!(!w.take_if_due(&mut || u64::MAX - 1));
+        w.signal();
+        assert!(w.take_if_due(&mut || 0));
+    }
+
+    #[test]
+    fn deadlines_are_due_only_when_reached() {
+        let w = WakeupTime::new();
+        assert!(w.block_until(100));
+        assert!(!w.take_if_due(&mut || 99));
+        assert!(w.take_if_due(&mut || 100));
+        assert_eq!(w.load(), BLOCKED);
+    }
+}

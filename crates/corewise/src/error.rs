@@ -1,0 +1,95 @@
+//! The runtime's error types.
+
+use thiserror::Error;
+
+/// Why a user thread could not be created.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SpawnError {
+    /// Every slot on every acceptable core is taken (56 per core).
+    #[error("no free thread slot: all {slots} slots on the acceptable cores are in use")]
+    Full {
+        /// Slots on the acceptable cores.
+        slots: usize,
+    },
+    /// The core policy names no core for this thread class right now (for
+    /// example every core is already held by an exclusive thread).
+    #[error("the core policy has no core for a {0:?} thread")]
+    NoCoreForClass(crate::policy::ThreadClass),
+    /// The requested core does not exist or is not held by the runtime now.
+    #[error("core {0} is not an active core of this runtime")]
+    CoreUnavailable(usize),
+    /// Called outside a user thread with no runtime to spawn into.
+    #[error("not inside a corewise user thread; use Runtime::spawn")]
+    NotInRuntime,
+    /// The runtime is shutting down.
+    #[error("the runtime is shutting down")]
+    ShuttingDown,
+    /// The slot's stack could not be allocated.
+    #[error("cannot allocate a thread stack: {0}")]
+    Stack(String),
+}
+
+/// Why a runtime could not be built.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// No CPU is left after intersecting the requested CPUs with the
+    /// process's affinity.
+    #[error("no usable CPU: requested {requested:?}, allowed {allowed:?}")]
+    NoCpus {
+        /// CPUs asked for in the builder (empty: all).
+        requested: Vec<usize>,
+        /// CPUs in the process's affinity mask.
+        allowed: Vec<usize>,
+    },
+    /// More CPUs than one runtime supports.
+    #[error("{0} CPUs requested; a runtime supports at most 64")]
+    TooManyCpus(usize),
+    /// A setting is out of range.
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+    /// A kernel thread or other OS resource could not be created.
+    #[error("system error: {0}")]
+    Os(#[from] std::io::Error),
+}
+
+/// A user thread ended by panicking; `join` returns its payload.
+#[derive(Debug, Error)]
+#[error("user thread panicked: {message}")]
+pub struct JoinError {
+    /// The panic message, when it was a string.
+    pub message: String,
+    /// The panic payload, for `std::panic::resume_unwind`.
+    pub payload: PanicPayload,
+}
+
+/// A panic payload (wrapped so `JoinError` can be `Debug`).
+pub struct PanicPayload(pub Box<dyn std::any::Any + Send + 'static>);
+
+impl std::fmt::Debug for PanicPayload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PanicPayload(..)")
+    }
+}
+
+impl JoinError {
+    pub(crate) fn from_panic(payload: Box<dyn std::any::Any + Send + 'static>) -> Self {
+        let message = if let Some(s) = payload.downcast_ref::<&str>() {
+            (*s).to_owned()
+        } else if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "<non-string panic payload>".to_owned()
+        };
+        Self {
+            message,
+            payload: PanicPayload(payload),
+        }
+    }
+}
+
+/// An operation gave up at its deadline.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+#[error("timed out")]
+pub struct Timeout;

@@ -1,0 +1,354 @@
+//! The runtime: its builder, its shared state, and its kernel threads.
+//!
+//! A runtime owns one [`Core`] per CPU it may use and one kernel thread per
+//! core. Each kernel thread asks the arbiter for its core, runs the
+//! dispatcher while it holds it, and gives it back when told (see
+//! [`crate::arbiter`]). The shared state is leaked on purpose: a
+//! [`ThreadId`](crate::ThreadId) is a pointer to a slot, and leaking the
+//! (small) core tables keeps every `ThreadId` safe to signal even after its
+//! runtime is gone. The stacks, the big part, are unmapped at shutdown.
+
+use crate::arbiter::{CoreArbiter, Local};
+use crate::core::Core;
+use crate::error::{BuildError, JoinError, SpawnError};
+use crate::policy::{CorePolicy, DefaultPolicy, ThreadClass};
+use crate::shim::{AtomicBool, AtomicU64, Ordering};
+use crate::thread::{Builder as ThreadBuilder, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// Default user-thread stack size.
+pub const DEFAULT_STACK_SIZE: usize = 256 * 1024;
+/// Default time a core with nothing to run spins before it sleeps.
+pub const DEFAULT_IDLE_SPIN: Duration = Duration::from_micros(50);
+
+pub(crate) struct Shared {
+    pub(crate) cores: Box<[Core]>,
+    pub(crate) cpus: Vec<usize>,
+    pub(crate) stack_size: usize,
+    pub(crate) idle_spin_ticks: u64,
+    pub(crate) policy: Box<dyn CorePolicy>,
+    pub(crate) arbiter: Box<dyn CoreArbiter>,
+    /// Cores whose kernel thread runs the dispatcher now.
+    pub(crate) active_mask: AtomicU64,
+    pub(crate) shutdown: AtomicBool,
+}
+
+/// Configures and starts a [`Runtime`].
+///
+/// ```
+/// use std::time::Duration;
+/// let rt = corewise::Runtime::builder()
+///     .stack_size(128 * 1024)
+///     .idle_spin(Duration::from_micros(20))
+///     .build()
+///     .unwrap();
+/// assert!(rt.cores() >= 1);
+/// ```
+pub struct Builder {
+    cpus: Option<Vec<usize>>,
+    stack_size: usize,
+    idle_spin: Duration,
+    policy: Option<Box<dyn CorePolicy>>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self {
+            cpus: None,
+            stack_size: DEFAULT_STACK_SIZE,
+            idle_spin: DEFAULT_IDLE_SPIN,
+            policy: None,
+        }
+    }
+}
+
+impl Builder {
+    /// Use only these CPUs (intersected with the process's affinity).
+    pub fn cpus(mut self, cpus: impl IntoIterator<Item = usize>) -> Self {
+        self.cpus = Some(cpus.into_iter().collect());
+        self
+    }
+
+    /// Stack size of every user thread (a guard page is added below it).
+    pub fn stack_size(mut self, bytes: usize) -> Self {
+        self.stack_size = bytes;
+        self
+    }
+
+    /// How long a core with nothing runnable spins before sleeping in the
+    /// kernel. Longer: lower wakeup latency after short idle gaps; shorter:
+    /// less CPU burnt while idle.
+    pub fn idle_spin(mut self, spin: Duration) -> Self {
+        self.idle_spin = spin;
+        self
+    }
+
+    /// The core policy (default: [`DefaultPolicy`]).
+    pub fn policy(mut self, policy: impl CorePolicy) -> Self {
+        self.policy = Some(Box::new(policy));
+        self
+    }
+
+    /// Starts the kernel threads and waits until they hold their cores.
+    pub fn build(self) -> Result<Runtime, BuildError> {
+        crate::clock::init();
+        if self.stack_size < 16 * 1024 || self.stack_size > (1 << 30) {
+            return Err(BuildError::Invalid(format!(
+                "stack size {} is outside 16 KiB..1 GiB",
+                self.stack_size
+            )));
+        }
+        let affinity = rustix::thread::sched_getaffinity(None).map_err(std::io::Error::from)?;
+        let allowed: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| affinity.is_set(c))
+            .collect();
+        let mut cpus: Vec<usize> = match &self.cpus {
+            Some(req) => req.iter().copied().filter(|c| allowed.contains(c)).collect(),
+            None => allowed.clone(),
+        };
+        cpus.sort_unstable();
+        cpus.dedup();
+        if cpus.is_empty() {
+            return Err(BuildError::NoCpus {
+                requested: self.cpus.unwrap_or_default(),
+                allowed,
+            });
+        }
+        if cpus.len() > 64 {
+            return Err(BuildError::TooManyCpus(cpus.len()));
+        }
+        let n = cpus.len();
+        let policy = self
+            .policy
+            .unwrap_or_else(|| Box::new(DefaultPolicy::new(n as u32)));
+        let shared: &'static Shared = Box::leak(Box::new(Shared {
+            cores: (0..n).map(Core::new).collect(),
+            cpus: cpus.clone(),
+            stack_size: self.stack_size,
+            idle_spin_ticks: crate::clock::duration_to_ticks(self.idle_spin),
+            policy,
+            arbiter: Box::new(Local::new(cpus)),
+            active_mask: AtomicU64::new(0),
+            shutdown: AtomicBool::new(false),
+        }));
+        for core in shared.cores.iter() {
+            core.link(shared);
+        }
+        let mut rt = Runtime {
+            shared,
+            kthreads: Vec::new(),
+        };
+        for k in 0..n {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let h = std::thread::Builder::new()
+                .name(format!("corewise-core-{k}"))
+                .spawn(move || kernel_thread(shared, k, tx))?;
+            rt.kthreads.push(h);
+            match rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(BuildError::Os(std::io::Error::other(
+                        "a kernel thread died during start-up",
+                    )))
+                }
+            }
+        }
+        let wanted = shared.policy.desired_cores();
+        shared.arbiter.set_requested_cores(wanted);
+        let expect = shared.arbiter.granted();
+        let start = Instant::now();
+        while (shared.active_mask.load(Ordering::Acquire).count_ones() as usize) < expect {
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err(BuildError::Os(std::io::Error::other(
+                    "kernel threads did not take their cores within 10 s",
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(rt)
+    }
+}
+
+/// A core-aware user-thread runtime.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let h = rt.spawn(|| 6 * 7).unwrap();
+/// assert_eq!(h.join().unwrap(), 42);
+/// ```
+///
+/// Dropping the runtime waits for its user threads to finish, then stops
+/// its kernel threads and frees the stacks.
+pub struct Runtime {
+    shared: &'static Shared,
+    kthreads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Runtime {
+    /// A runtime on every CPU of the process's affinity, default settings.
+    pub fn new() -> Result<Self, BuildError> {
+        Builder::default().build()
+    }
+
+    /// A builder for a runtime with other settings.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// Creates a `Normal` user thread.
+    pub fn spawn<F, T>(&self, f: F) -> Result<JoinHandle<T>, SpawnError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        ThreadBuilder::new().spawn_in(self, f)
+    }
+
+    /// Creates a user thread of `class`.
+    pub fn spawn_with<F, T>(&self, class: ThreadClass, f: F) -> Result<JoinHandle<T>, SpawnError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        ThreadBuilder::new().class(class).spawn_in(self, f)
+    }
+
+    /// Runs `f` in a user thread and waits for its result (from an OS thread).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// assert_eq!(rt.block_on(|| corewise::current().is_some()).unwrap(), true);
+    /// ```
+    pub fn block_on<F, T>(&self, f: F) -> Result<T, RunError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        Ok(ThreadBuilder::new().wait_for_slot(true).spawn_in(self, f)?.join()?)
+    }
+
+    /// Number of cores (kernel threads) the runtime may use.
+    pub fn cores(&self) -> usize {
+        self.shared.cores.len()
+    }
+
+    /// The CPUs behind the runtime's cores, by core index.
+    pub fn cpus(&self) -> &[usize] {
+        &self.shared.cpus
+    }
+
+    /// Statistics of each core.
+    pub fn core_stats(&self) -> Vec<CoreStats> {
+        self.shared
+            .cores
+            .iter()
+            .map(|c| CoreStats {
+                core: c.index,
+                cpu: c.cpu.load(Ordering::Relaxed),
+                active: c.active.load(Ordering::Relaxed),
+                threads: c.mask.count(),
+                dispatches: c.stats.dispatches.load(Ordering::Relaxed),
+                sleeps: c.stats.sleeps.load(Ordering::Relaxed),
+                sleeping: c.gate.is_sleeping(),
+            })
+            .collect()
+    }
+
+    pub(crate) fn shared(&self) -> &'static Shared {
+        self.shared
+    }
+}
+
+/// A user thread could not be created or panicked.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Creation failed.
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    /// The thread panicked.
+    #[error(transparent)]
+    Join(#[from] JoinError),
+}
+
+/// A snapshot of one core's counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Core index within the runtime.
+    pub core: usize,
+    /// CPU the core's kernel thread runs on (`usize::MAX` before its grant).
+    pub cpu: usize,
+    /// Whether the runtime holds this core now.
+    pub active: bool,
+    /// User threads on the core now.
+    pub threads: u32,
+    /// User-thread runs started by its dispatcher.
+    pub dispatches: u64,
+    /// Times its kernel thread went to sleep for lack of work.
+    pub sleeps: u64,
+    /// Whether it sleeps now.
+    pub sleeping: bool,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let shared = self.shared;
+        shared.shutdown.store(true, Ordering::SeqCst);
+        shared.arbiter.shutdown();
+        for c in shared.cores.iter() {
+            c.gate.wake();
+        }
+        let inside = crate::thread::current_slot()
+            .map(|s| std::ptr::eq(s.core().runtime(), shared))
+            .unwrap_or(false);
+        if inside {
+            // Joining our own kernel thread would deadlock; they exit on
+            // their own once their threads are done.
+            return;
+        }
+        for h in self.kthreads.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn kernel_thread(
+    shared: &'static Shared,
+    k: usize,
+    started: std::sync::mpsc::Sender<Result<(), BuildError>>,
+) {
+    crate::context::ensure_signal_stack();
+    let core = &shared.cores[k];
+    // Every slot gets its stack now: creating a thread never maps memory.
+    for slot in core.slots.iter() {
+        // SAFETY: this kernel thread owns the core; nothing runs yet.
+        if let Err(e) = unsafe { slot.context(shared.stack_size) } {
+            let _ = started.send(Err(BuildError::Os(e)));
+            return;
+        }
+    }
+    let _ = started.send(Ok(()));
+    loop {
+        let cpu = match shared.arbiter.block_until_core_available(k) {
+            Ok(Some(cpu)) => cpu,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::error!(core = k, error = %e, "core grant failed; kernel thread stops");
+                break;
+            }
+        };
+        core.cpu.store(cpu, Ordering::Relaxed);
+        core.active.store(true, Ordering::SeqCst);
+        shared.active_mask.fetch_or(1 << k, Ordering::AcqRel);
+        shared.policy.core_added(k);
+        crate::dispatch::run(core);
+        shared.active_mask.fetch_and(!(1 << k), Ordering::AcqRel);
+        core.active.store(false, Ordering::SeqCst);
+        shared.policy.core_removed(k);
+        shared.arbiter.core_released(k);
+    }
+    for slot in core.slots.iter() {
+        // SAFETY: the dispatcher has returned and the core has no threads.
+        unsafe { slot.drop_context() };
+    }
+}

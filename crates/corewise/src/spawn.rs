@@ -1,0 +1,147 @@
+//! Placement at creation time (Arachne): the policy names the acceptable
+//! cores for the thread's class; power of two choices picks the less loaded
+//! of two random candidates by their `MaskAndCount`; a compare-and-swap
+//! claims a free slot; the thread's function goes into the slot's first
+//! cache line; `wakeup_time = 0` makes it runnable; a sleeping core is woken.
+//! No queue is touched and no memory is allocated for small closures.
+
+use crate::core::{Core, ThreadContext, SLOTS};
+use crate::error::SpawnError;
+use crate::policy::{CoreMask, CoreView, ThreadClass};
+use crate::runtime::Shared;
+use crate::shim::Ordering;
+use crate::thread::ThreadId;
+use std::cell::Cell;
+use std::time::Duration;
+
+/// How a thread is to be created.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SpawnOptions {
+    pub(crate) class: ThreadClass,
+    pub(crate) core: Option<usize>,
+    pub(crate) name: Option<String>,
+    pub(crate) wait: bool,
+}
+
+/// Creates a user thread that runs `job` in `shared`'s runtime.
+pub(crate) fn spawn_job<F>(
+    shared: &'static Shared,
+    opts: SpawnOptions,
+    job: F,
+) -> Result<ThreadId, SpawnError>
+where
+    F: FnOnce() + Send + 'static,
+{
+    let (core, slot) = place(shared, &opts)?;
+    let ctx: &'static ThreadContext = &core.slots[slot];
+    ctx.class.store(opts.class.to_u32(), Ordering::Relaxed);
+    if let Some(name) = opts.name {
+        ctx.set_name(Some(name.into_boxed_str()));
+    }
+    // SAFETY: we own the slot (claimed it) and have not published it yet.
+    unsafe { ctx.invocation.put(job) };
+    ctx.invocation.publish();
+    let id = ThreadId::new(ctx);
+    ctx.wakeup.signal();
+    core.gate.wake();
+    Ok(id)
+}
+
+fn place(shared: &'static Shared, opts: &SpawnOptions) -> Result<(&'static Core, usize), SpawnError> {
+    loop {
+        if shared.shutdown.load(Ordering::Relaxed) {
+            return Err(SpawnError::ShuttingDown);
+        }
+        let active = CoreMask(shared.active_mask.load(Ordering::Acquire));
+        let candidates = match opts.core {
+            Some(c) if active.contains(c) => CoreMask::single(c),
+            Some(c) => return Err(SpawnError::CoreUnavailable(c)),
+            None => {
+                let counts = |c: usize| shared.cores.get(c).map_or(u32::MAX, |k| k.mask.count());
+                let view = CoreView {
+                    active,
+                    counts: &counts,
+                };
+                let m = CoreMask(shared.policy.cores_for(opts.class, &view).0 & active.0);
+                if m.is_empty() {
+                    return Err(SpawnError::NoCoreForClass(opts.class));
+                }
+                m
+            }
+        };
+        if let Some(found) = claim(shared, candidates) {
+            return Ok(found);
+        }
+        if opts.core.is_none() {
+            shared.policy.spawn_failed(opts.class, candidates);
+        }
+        if !opts.wait {
+            return Err(SpawnError::Full {
+                slots: candidates.len() * SLOTS,
+            });
+        }
+        // Wait for a slot to free up without holding a core.
+        crate::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+/// Claims a slot on one of `candidates`: the less loaded of two random
+/// choices first, then any.
+#[inline]
+fn claim(shared: &'static Shared, candidates: CoreMask) -> Option<(&'static Core, usize)> {
+    let cores = &shared.cores;
+    let n = candidates.len();
+    let (first, second) = if n == 1 {
+        (candidates.0.trailing_zeros() as usize, None)
+    } else {
+        let r = next_random();
+        let ia = (r as usize) % n;
+        let mut ib = ((r >> 32) as usize) % (n - 1);
+        if ib >= ia {
+            ib += 1;
+        }
+        let a = candidates.nth(ia)?;
+        let b = candidates.nth(ib)?;
+        if cores[a].mask.count() <= cores[b].mask.count() {
+            (a, Some(b))
+        } else {
+            (b, Some(a))
+        }
+    };
+    if let Some(s) = cores[first].mask.claim() {
+        return Some((&cores[first], s));
+    }
+    if let Some(b) = second {
+        if let Some(s) = cores[b].mask.claim() {
+            return Some((&cores[b], s));
+        }
+        for c in candidates.iter().filter(|&c| c != first && c != b) {
+            if let Some(s) = cores[c].mask.claim() {
+                return Some((&cores[c], s));
+            }
+        }
+    }
+    None
+}
+
+thread_local! {
+    static RNG: Cell<u64> = const { Cell::new(0) };
+}
+
+/// xorshift64*, seeded per OS thread. Not inlined: a user thread may move
+/// between kernel threads, so the thread-local's address is looked up anew
+/// on every call.
+#[inline(never)]
+fn next_random() -> u64 {
+    RNG.with(|s| {
+        let mut x = s.get();
+        if x == 0 {
+            x = crate::clock::now() | 1;
+        }
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    })
+}

@@ -1,0 +1,311 @@
+//! A bounded multi-producer, multi-consumer channel.
+//!
+//! A spin-locked ring buffer plus two wait queues (receivers waiting for an
+//! item, senders waiting for room). A waiter checks the buffer under its
+//! queue's lock before it blocks, and the other side notifies after
+//! changing the buffer, so a wakeup cannot fall between check and block.
+
+use super::spin::SpinLock;
+use super::wait_queue::{WaitOutcome, WaitQueue};
+use crate::shim::{AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+struct Chan<T> {
+    buf: SpinLock<VecDeque<T>>,
+    cap: usize,
+    senders: AtomicUsize,
+    receivers: AtomicUsize,
+    not_empty: WaitQueue,
+    not_full: WaitQueue,
+}
+
+/// The sending half; clone it for more producers.
+pub struct Sender<T> {
+    chan: Arc<Chan<T>>,
+}
+
+/// The receiving half; clone it for more consumers.
+pub struct Receiver<T> {
+    chan: Arc<Chan<T>>,
+}
+
+/// Every receiver is gone; the value comes back.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("sending on a channel with no receiver")]
+pub struct SendError<T>(pub T);
+
+/// Why `try_send` did not send.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum TrySendError<T> {
+    /// The channel is full.
+    #[error("channel full")]
+    Full(T),
+    /// Every receiver is gone.
+    #[error("no receiver")]
+    Disconnected(T),
+}
+
+/// Why `send_timeout` did not send.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SendTimeoutError<T> {
+    /// Still full at the deadline.
+    #[error("timed out")]
+    Timeout(T),
+    /// Every receiver is gone.
+    #[error("no receiver")]
+    Disconnected(T),
+}
+
+/// Every sender is gone and the channel is empty.
+#[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
+#[error("receiving on an empty channel with no sender")]
+pub struct RecvError;
+
+/// Why `try_recv` got nothing.
+#[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
+pub enum TryRecvError {
+    /// Nothing there now.
+    #[error("channel empty")]
+    Empty,
+    /// Empty and every sender is gone.
+    #[error("no sender")]
+    Disconnected,
+}
+
+/// Why `recv_timeout` got nothing.
+#[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
+pub enum RecvTimeoutError {
+    /// Still empty at the deadline.
+    #[error("timed out")]
+    Timeout,
+    /// Empty and every sender is gone.
+    #[error("no sender")]
+    Disconnected,
+}
+
+/// A channel holding at most `capacity` items (at least 1).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let (tx, rx) = corewise::sync::channel(4);
+/// let producer = rt.spawn(move || for i in 0..100 { tx.send(i).unwrap() }).unwrap();
+/// let consumer = rt.spawn(move || {
+///     let mut sum = 0;
+///     while let Ok(v) = rx.recv() { sum += v }
+///     sum
+/// }).unwrap();
+/// producer.join().unwrap();
+/// assert_eq!(consumer.join().unwrap(), 4950);
+/// ```
+pub fn channel<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+    let cap = capacity.max(1);
+    let chan = Arc::new(Chan {
+        buf: SpinLock::new(VecDeque::with_capacity(cap)),
+        cap,
+        senders: AtomicUsize::new(1),
+        receivers: AtomicUsize::new(1),
+        not_empty: WaitQueue::new(),
+        not_full: WaitQueue::new(),
+    });
+    (
+        Sender { chan: chan.clone() },
+        Receiver { chan },
+    )
+}
+
+impl<T> Sender<T> {
+    /// Sends, blocking while the channel is full.
+    pub fn send(&self, value: T) -> Result<(), SendError<T>> {
+        self.send_until(value, None).map_err(|e| match e {
+            SendTimeoutError::Timeout(v) | SendTimeoutError::Disconnected(v) => SendError(v),
+        })
+    }
+
+    /// Sends if there is room now.
+    pub fn try_send(&self, value: T) -> Result<(), TrySendError<T>> {
+        let c = &*self.chan;
+        let mut buf = c.buf.lock();
+        if c.receivers.load(Ordering::SeqCst) == 0 {
+            return Err(TrySendError::Disconnected(value));
+        }
+        if buf.len() >= c.cap {
+            return Err(TrySendError::Full(value));
+        }
+        buf.push_back(value);
+        drop(buf);
+        c.not_empty.notify_one();
+        Ok(())
+    }
+
+    /// Sends, giving up after `timeout`.
+    pub fn send_timeout(&self, value: T, timeout: Duration) -> Result<(), SendTimeoutError<T>> {
+        self.send_until(value, Some(Instant::now() + timeout))
+    }
+
+    fn send_until(&self, mut value: T, deadline: Option<Instant>) -> Result<(), SendTimeoutError<T>> {
+        let c = &*self.chan;
+        loop {
+            match self.try_send(value) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Disconnected(v)) => return Err(SendTimeoutError::Disconnected(v)),
+                Err(TrySendError::Full(v)) => value = v,
+            }
+            let outcome = c.not_full.wait(
+                deadline,
+                || c.buf.lock().len() >= c.cap && c.receivers.load(Ordering::SeqCst) > 0,
+                || {},
+            );
+            if outcome == WaitOutcome::TimedOut {
+                return match self.try_send(value) {
+                    Ok(()) => Ok(()),
+                    Err(TrySendError::Full(v)) => Err(SendTimeoutError::Timeout(v)),
+                    Err(TrySendError::Disconnected(v)) => Err(SendTimeoutError::Disconnected(v)),
+                };
+            }
+        }
+    }
+}
+
+impl<T> Receiver<T> {
+    /// Receives, blocking while the channel is empty; fails once it is empty
+    /// and every sender is gone.
+    pub fn recv(&self) -> Result<T, RecvError> {
+        self.recv_until(None).map_err(|_| RecvError)
+    }
+
+    /// Receives if an item is there now.
+    pub fn try_recv(&self) -> Result<T, TryRecvError> {
+        let c = &*self.chan;
+        let mut buf = c.buf.lock();
+        match buf.pop_front() {
+            Some(v) => {
+                drop(buf);
+                c.not_full.notify_one();
+                Ok(v)
+            }
+            None if c.senders.load(Ordering::SeqCst) == 0 => Err(TryRecvError::Disconnected),
+            None => Err(TryRecvError::Empty),
+        }
+    }
+
+    /// Receives, giving up after `timeout`.
+    ///
+    /// ```
+    /// use corewise::sync::{channel, RecvTimeoutError};
+    /// use std::time::Duration;
+    /// let (_tx, rx) = channel::<u8>(1);
+    /// assert_eq!(rx.recv_timeout(Duration::from_millis(1)), Err(RecvTimeoutError::Timeout));
+    /// ```
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
+        self.recv_until(Some(Instant::now() + timeout))
+    }
+
+    fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
+        let c = &*self.chan;
+        loop {
+            match self.try_recv() {
+                Ok(v) => return Ok(v),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) => {}
+            }
+            let outcome = c.not_empty.wait(
+                deadline,
+                || c.buf.lock().is_empty() && c.senders.load(Ordering::SeqCst) > 0,
+                || {},
+            );
+            if outcome == WaitOutcome::TimedOut {
+                return match self.try_recv() {
+                    Ok(v) => Ok(v),
+                    Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
+                    Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                };
+            }
+        }
+    }
+
+    /// Items waiting now.
+    pub fn len(&self) -> usize {
+        self.chan.buf.lock().len()
+    }
+
+    /// Whether no item waits now.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Self {
+        self.chan.senders.fetch_add(1, Ordering::SeqCst);
+        Self {
+            chan: self.chan.clone(),
+        }
+    }
+}
+
+impl<T> Clone for Receiver<T> {
+    fn clone(&self) -> Self {
+        self.chan.receivers.fetch_add(1, Ordering::SeqCst);
+        Self {
+            chan: self.chan.clone(),
+        }
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        if self.chan.senders.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Take the buffer lock so no receiver is between its check and
+            // its enqueue, then wake them all to see the disconnect.
+            drop(self.chan.buf.lock());
+            self.chan.not_empty.notify_all();
+        }
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        if self.chan.receivers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            drop(self.chan.buf.lock());
+            self.chan.not_full.notify_all();
+        }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+
+    #[test]
+    fn channel_delivers_in_order_with_blocking_both_ways() {
+        loom::model(|| {
+            let (tx, rx) = channel(1);
+            let t = loom::thread::spawn(move || {
+                tx.send(1).unwrap();
+                tx.send(2).unwrap();
+            });
+            assert_eq!(rx.recv(), Ok(1));
+            assert_eq!(rx.recv(), Ok(2));
+            assert_eq!(rx.recv(), Err(RecvError));
+            t.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn channel_two_producers() {
+        loom::model(|| {
+            let (tx, rx) = channel(1);
+            let tx2 = tx.clone();
+            let a = loom::thread::spawn(move || tx.send(1).unwrap());
+            let b = loom::thread::spawn(move || tx2.send(2).unwrap());
+            let x = rx.recv().unwrap();
+            let y = rx.recv().unwrap();
+            assert_eq!(x + y, 3);
+            a.join().unwrap();
+            b.join().unwrap();
+        });
+    }
+}

@@ -1,0 +1,444 @@
+//! The user-thread API: create, join, yield, sleep, and the low-level
+//! `block`/`signal` pair that every other way of waiting is built on.
+//!
+//! `block` and `signal` follow Arachne: a signal makes the thread runnable
+//! (its `wakeup_time` becomes 0); a signal that arrives while the thread
+//! still runs is kept, so the next `block` returns at once. Wakeups may be
+//! spurious (a signal meant for an earlier thread of the same slot, or one
+//! consumed late), so callers re-check their condition in a loop, exactly as
+//! with a condition variable.
+//!
+//! The running thread's slot is found through a thread-local that the
+//! dispatcher sets before each switch; it is read through a function that is
+//! never inlined, so its address is computed anew after every switch (a user
+//! thread may resume on another kernel thread once cores are released).
+
+use crate::context::switch_out;
+use crate::core::{ThreadContext, BLOCKED};
+use crate::error::{JoinError, SpawnError};
+use crate::policy::ThreadClass;
+use crate::runtime::Runtime;
+use crate::shim::Ordering;
+use crate::spawn::{spawn_job, SpawnOptions};
+use crate::sync::packet::Packet;
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+thread_local! {
+    static CURRENT: Cell<*const ThreadContext> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The slot of the running user thread, if the caller is one.
+#[inline(never)]
+pub(crate) fn current_slot() -> Option<&'static ThreadContext> {
+    let p = CURRENT.with(|c| c.get());
+    // SAFETY: the dispatcher stores only pointers to slots of leaked
+    // ('static) cores, and null when no user thread runs.
+    unsafe { p.as_ref() }
+}
+
+#[inline(never)]
+pub(crate) fn set_current(slot: *const ThreadContext) {
+    CURRENT.with(|c| c.set(slot));
+}
+
+/// Identifies a user thread, for [`signal`].
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let id = rt.block_on(|| corewise::current().unwrap()).unwrap();
+/// println!("{id}");
+/// ```
+#[derive(Clone, Copy)]
+pub struct ThreadId {
+    slot: &'static ThreadContext,
+    generation: u32,
+}
+
+impl ThreadId {
+    pub(crate) fn new(slot: &'static ThreadContext) -> Self {
+        Self {
+            slot,
+            generation: slot.generation.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The runtime core the thread runs on.
+    pub fn core(&self) -> usize {
+        self.slot.core().index
+    }
+}
+
+impl PartialEq for ThreadId {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.slot, other.slot) && self.generation == other.generation
+    }
+}
+
+impl Eq for ThreadId {}
+
+impl std::fmt::Debug for ThreadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ThreadId({self})")
+    }
+}
+
+impl std::fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "core {} slot {} gen {}",
+            self.slot.core().index,
+            self.slot.index,
+            self.generation
+        )
+    }
+}
+
+/// Waits for a user thread and takes its result.
+///
+/// `join` from a user thread blocks that thread only (its core runs other
+/// threads meanwhile); from an OS thread it parks the OS thread.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let h = rt.spawn(|| "done").unwrap();
+/// assert_eq!(h.join().unwrap(), "done");
+/// let p = rt.spawn(|| -> u32 { panic!("boom") }).unwrap();
+/// assert_eq!(p.join().unwrap_err().message, "boom");
+/// ```
+pub struct JoinHandle<T> {
+    packet: Arc<Packet<std::thread::Result<T>>>,
+    id: ThreadId,
+}
+
+impl<T> JoinHandle<T> {
+    /// Blocks until the thread ends; its panic comes back as an error.
+    pub fn join(self) -> Result<T, JoinError> {
+        match self.packet.wait() {
+            Ok(v) => Ok(v),
+            Err(payload) => Err(JoinError::from_panic(payload)),
+        }
+    }
+
+    /// Whether the thread has ended.
+    pub fn is_finished(&self) -> bool {
+        self.packet.is_done()
+    }
+
+    /// The thread's id.
+    pub fn thread(&self) -> ThreadId {
+        self.id
+    }
+}
+
+impl<T> std::fmt::Debug for JoinHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinHandle").field("id", &self.id).finish()
+    }
+}
+
+/// Options for a new user thread.
+///
+/// ```
+/// use corewise::{thread::Builder, ThreadClass};
+/// let rt = corewise::Runtime::new().unwrap();
+/// let h = Builder::new()
+///     .name("worker")
+///     .class(ThreadClass::Normal)
+///     .core(0)
+///     .spawn_in(&rt, || corewise::current_core())
+///     .unwrap();
+/// assert_eq!(h.join().unwrap(), Some(0));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    opts: SpawnOptions,
+}
+
+impl Builder {
+    /// Default options: `Normal`, placed by the policy, fail when full.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The thread's class.
+    pub fn class(mut self, class: ThreadClass) -> Self {
+        self.opts.class = class;
+        self
+    }
+
+    /// Create the thread on this runtime core, bypassing the policy.
+    pub fn core(mut self, core: usize) -> Self {
+        self.opts.core = Some(core);
+        self
+    }
+
+    /// A name, shown in the stack-overflow message.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.opts.name = Some(name.into());
+        self
+    }
+
+    /// When every slot is taken: wait for one (true) or fail (false).
+    pub fn wait_for_slot(mut self, wait: bool) -> Self {
+        self.opts.wait = wait;
+        self
+    }
+
+    /// Creates the thread in the runtime of the calling user thread.
+    pub fn spawn<F, T>(self, f: F) -> Result<JoinHandle<T>, SpawnError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let shared = current_slot()
+            .ok_or(SpawnError::NotInRuntime)?
+            .core()
+            .runtime();
+        spawn_joinable(shared, self.opts, f)
+    }
+
+    /// Creates the thread in `rt` (from any thread).
+    pub fn spawn_in<F, T>(self, rt: &Runtime, f: F) -> Result<JoinHandle<T>, SpawnError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        spawn_joinable(rt.shared(), self.opts, f)
+    }
+
+    /// Creates a thread nobody joins (no result cell is allocated); a panic
+    /// is reported by the panic hook and otherwise ignored.
+    pub fn spawn_detached<F>(self, f: F) -> Result<ThreadId, SpawnError>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let shared = current_slot()
+            .ok_or(SpawnError::NotInRuntime)?
+            .core()
+            .runtime();
+        spawn_job(shared, self.opts, detached(f))
+    }
+
+    /// [`spawn_detached`](Self::spawn_detached) into `rt`.
+    pub fn spawn_detached_in<F>(self, rt: &Runtime, f: F) -> Result<ThreadId, SpawnError>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        spawn_job(rt.shared(), self.opts, detached(f))
+    }
+}
+
+fn detached<F: FnOnce() + Send + 'static>(f: F) -> impl FnOnce() + Send + 'static {
+    move || {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    }
+}
+
+fn spawn_joinable<F, T>(
+    shared: &'static crate::runtime::Shared,
+    opts: SpawnOptions,
+    f: F,
+) -> Result<JoinHandle<T>, SpawnError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let packet = Arc::new(Packet::new());
+    let theirs = Arc::clone(&packet);
+    let id = spawn_job(shared, opts, move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        theirs.complete(r);
+    })?;
+    Ok(JoinHandle { packet, id })
+}
+
+/// Creates a `Normal` user thread in the caller's runtime (call it from a
+/// user thread; from an OS thread use [`Runtime::spawn`]).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let sum = rt.block_on(|| {
+///     let hs: Vec<_> = (0..10u64).map(|i| corewise::spawn(move || i * i).unwrap()).collect();
+///     hs.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
+/// });
+/// assert_eq!(sum.unwrap(), 285);
+/// ```
+pub fn spawn<F, T>(f: F) -> Result<JoinHandle<T>, SpawnError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    Builder::new().spawn(f)
+}
+
+/// Creates a user thread of `class` in the caller's runtime.
+///
+/// ```
+/// use corewise::ThreadClass;
+/// let rt = corewise::Runtime::new().unwrap();
+/// let ok = rt.block_on(|| corewise::spawn_with(ThreadClass::Normal, || 1).unwrap().join().unwrap());
+/// assert_eq!(ok.unwrap(), 1);
+/// ```
+pub fn spawn_with<F, T>(class: ThreadClass, f: F) -> Result<JoinHandle<T>, SpawnError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    Builder::new().class(class).spawn(f)
+}
+
+/// Like [`spawn`], but when every slot is taken it waits (sleeping, not
+/// spinning) until one is free instead of failing.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let v = rt.block_on(|| corewise::spawn_wait(|| 3).unwrap().join().unwrap());
+/// assert_eq!(v.unwrap(), 3);
+/// ```
+pub fn spawn_wait<F, T>(f: F) -> Result<JoinHandle<T>, SpawnError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    Builder::new().wait_for_slot(true).spawn(f)
+}
+
+/// The calling user thread's id (`None` on an OS thread).
+///
+/// ```
+/// assert!(corewise::current().is_none());
+/// ```
+pub fn current() -> Option<ThreadId> {
+    current_slot().map(ThreadId::new)
+}
+
+/// The runtime core the caller runs on (`None` on an OS thread).
+///
+/// ```
+/// assert_eq!(corewise::current_core(), None);
+/// ```
+pub fn current_core() -> Option<usize> {
+    current_slot().map(|s| s.core().index)
+}
+
+/// Lets other runnable threads on this core run. With none, it returns at
+/// once (a few ns). On an OS thread it is `std::thread::yield_now`.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// rt.block_on(|| for _ in 0..10 { corewise::yield_now() }).unwrap();
+/// ```
+#[inline]
+pub fn yield_now() {
+    let Some(slot) = current_slot() else {
+        std::thread::yield_now();
+        return;
+    };
+    if !slot.core().other_runnable(slot.index) {
+        return;
+    }
+    slot.wakeup.set_runnable();
+    // SAFETY: `slot` is the running thread's own slot.
+    unsafe { switch_out(slot) };
+}
+
+/// Blocks the calling user thread until it is signalled (or spuriously).
+/// On an OS thread it parks the thread (`std::thread::park`).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let me = rt.block_on(|| {
+///     corewise::signal(corewise::current().unwrap());
+///     corewise::block(); // returns at once: the signal was kept
+/// });
+/// assert!(me.is_ok());
+/// ```
+#[inline]
+pub fn block() {
+    match current_slot() {
+        Some(slot) => block_ticks(slot, BLOCKED),
+        None => std::thread::park(),
+    }
+}
+
+/// Blocks until signalled or `deadline`, whichever is first (or spuriously).
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// let rt = corewise::Runtime::new().unwrap();
+/// rt.block_on(|| corewise::block_until(Instant::now() + Duration::from_millis(1))).unwrap();
+/// ```
+pub fn block_until(deadline: Instant) {
+    match current_slot() {
+        Some(slot) => block_ticks(slot, crate::clock::instant_to_ticks(deadline)),
+        None => std::thread::park_timeout(deadline.saturating_duration_since(Instant::now())),
+    }
+}
+
+#[inline]
+fn block_ticks(slot: &ThreadContext, ticks: u64) {
+    if slot.wakeup.block_until(ticks) {
+        // SAFETY: `slot` is the running thread's own slot.
+        unsafe { switch_out(slot) };
+    }
+}
+
+/// Makes `thread` runnable if it is blocked, or makes its next `block`
+/// return at once. Signalling a thread that has ended does nothing (or, if
+/// its slot is reused meanwhile, wakes the new thread spuriously).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let h = rt.spawn(|| corewise::block()).unwrap();
+/// corewise::signal(h.thread());
+/// h.join().unwrap();
+/// ```
+#[inline]
+pub fn signal(thread: ThreadId) {
+    let slot = thread.slot;
+    if slot.generation.load(Ordering::Acquire) != thread.generation {
+        return;
+    }
+    slot.wakeup.signal();
+    slot.core().gate.wake();
+}
+
+/// Sleeps for `d`: a user thread blocks (its core runs others or sleeps);
+/// an OS thread sleeps.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// let rt = corewise::Runtime::new().unwrap();
+/// let t = Instant::now();
+/// rt.block_on(|| corewise::sleep(Duration::from_millis(2))).unwrap();
+/// assert!(t.elapsed() >= Duration::from_millis(2));
+/// ```
+pub fn sleep(d: Duration) {
+    let Some(slot) = current_slot() else {
+        std::thread::sleep(d);
+        return;
+    };
+    let deadline = Instant::now() + d;
+    let ticks = crate::clock::instant_to_ticks(deadline);
+    while Instant::now() < deadline {
+        block_ticks(slot, ticks);
+    }
+}
+
+/// Runs in the slot's coroutine: the thread's function, then the slot's
+/// release. The function catches its own panics (see `spawn_joinable`).
+pub(crate) fn run_slot_thread(slot: &'static ThreadContext) {
+    // SAFETY: we are the slot's own coroutine and the spawner published
+    // the invocation (checked by `take_ready`).
+    unsafe { slot.invocation.run() };
+    let core = slot.core();
+    let class = ThreadClass::from_u32(slot.class.load(Ordering::Relaxed));
+    slot.set_name(None);
+    slot.generation.fetch_add(1, Ordering::Release);
+    slot.wakeup.reset();
+    core.runtime().policy.thread_exited(class, core.index);
+    core.mask.release(slot.index);
+}
