@@ -1,0 +1,900 @@
+//! Integration tests: the real daemon binary on a cgroup v1 subtree of its own,
+//! with real client processes (this test binary re-executed as a child that
+//! reads commands on stdin and reports on stdout).
+//!
+//! Every test checks the kernel's view (cpuset `tasks`/`cpuset.cpus` files)
+//! and where the client thread actually runs (`sched_getcpu`). Waits have
+//! generous limits only so a broken daemon fails instead of hanging; nothing
+//! asserts on timing. Tests need root and a writable cgroup v1 cpuset
+//! hierarchy; without them they print a notice and pass vacuously... except
+//! that on this project's CI machine both are present, so they run.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use corewise_arbiter::client;
+
+const CPUSET: &str = "/sys/fs/cgroup/cpuset";
+const WAIT: Duration = Duration::from_secs(30);
+const CHILD_ENV: &str = "COREWISE_ARBITER_TEST_CHILD";
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+// ---------------------------------------------------------------- child side
+
+/// Entry point of the re-executed child; a no-op in the normal test run.
+#[test]
+fn child_entry() {
+    let Ok(socket) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    child_main(PathBuf::from(socket));
+    std::process::exit(0);
+}
+
+fn say(line: String) {
+    let out = std::io::stdout();
+    let mut l = out.lock();
+    // libtest prints "test child_entry ... " without a newline first, so
+    // every report starts on its own line behind a marker.
+    let _ = writeln!(l, "\n@@ {line}");
+    let _ = l.flush();
+}
+
+fn child_main(socket: PathBuf) {
+    let mut client: Option<client::Client> = None;
+    let mut next_thread = 0u32;
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["connect"] => {
+                client = Some(client::Client::connect(&socket).expect("connect"));
+                say("connected".into());
+            }
+            ["connect-retry"] => {
+                let deadline = Instant::now() + WAIT;
+                loop {
+                    match client::Client::connect(&socket) {
+                        Ok(c) => {
+                            client = Some(c);
+                            break;
+                        }
+                        Err(_) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
+                        Err(e) => panic!("reconnect: {e}"),
+                    }
+                }
+                say("connected".into());
+            }
+            ["setuid", uid] => {
+                let uid: u32 = uid.parse().unwrap();
+                // SAFETY: setuid has no memory-safety preconditions.
+                let r = unsafe { libc::setuid(uid) };
+                assert_eq!(r, 0, "setuid");
+                say(format!("uid {uid}"));
+            }
+            ["req", counts @ ..] => {
+                let mut c = [0u32; 8];
+                for (i, v) in counts.iter().enumerate().take(8) {
+                    c[i] = v.parse().unwrap();
+                }
+                match client.as_ref().unwrap().set_requested_cores(c) {
+                    Ok(ack) => say(format!(
+                        "ack {} {}",
+                        u8::from(ack.clipped),
+                        ack.effective.map(|v| v.to_string()).join(" ")
+                    )),
+                    Err(e) => say(format!("reqerr {e}")),
+                }
+            }
+            ["thread", mode] => {
+                let idx = next_thread;
+                next_thread += 1;
+                let c = client.clone().unwrap();
+                let stubborn = *mode == "stubborn";
+                std::thread::spawn(move || kernel_thread(c, idx, stubborn));
+            }
+            _ => say(format!("unknown command {line}")),
+        }
+    }
+}
+
+fn kernel_thread(c: client::Client, idx: u32, stubborn: bool) {
+    let mut me = c.thread().expect("attach thread");
+    say(format!("attached {idx} {}", me.tid()));
+    loop {
+        let core = match me.block_until_core_available() {
+            Ok(core) => core,
+            Err(client::ClientError::DaemonGone) => {
+                say(format!("gone {idx}"));
+                return;
+            }
+            Err(e) => {
+                say(format!("error {idx} {e}"));
+                return;
+            }
+        };
+        let cpu = rustix::thread::sched_getcpu();
+        say(format!("granted {idx} {} {core} {cpu}", me.tid()));
+        if stubborn {
+            // Ignores release requests; notices the forced reclaim through
+            // the shared page.
+            let p0 = c.preempted_count();
+            while c.preempted_count() == p0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            say(format!(
+                "preempted {idx} {}",
+                rustix::thread::sched_getcpu()
+            ));
+        } else {
+            while !me.must_release_core() {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            say(format!("releasing {idx} {core}"));
+        }
+    }
+}
+
+// --------------------------------------------------------------- parent side
+
+fn can_run() -> bool {
+    let ok = rustix::process::geteuid().is_root() && Path::new(CPUSET).join("tasks").exists();
+    if !ok {
+        eprintln!("skipping: needs root and a cgroup v1 cpuset hierarchy at {CPUSET}");
+    }
+    ok
+}
+
+fn read_ids(p: &Path) -> Vec<u32> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "gave up waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A cgroup subtree and scratch directory of one test, removed on drop.
+struct Sandbox {
+    cg: PathBuf,
+    dir: PathBuf,
+}
+
+impl Sandbox {
+    fn new() -> Self {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let name = format!("corewise-test-{}-{n}", std::process::id());
+        let cg = Path::new(CPUSET).join(&name);
+        std::fs::create_dir(&cg).expect("mkdir test cgroup");
+        let guard = Self {
+            cg: cg.clone(),
+            dir: std::env::temp_dir().join(&name),
+        };
+        for f in ["cpuset.mems", "cpuset.cpus"] {
+            let v = std::fs::read_to_string(Path::new(CPUSET).join(f)).unwrap();
+            std::fs::write(cg.join(f), v.trim()).unwrap();
+        }
+        std::fs::create_dir_all(&guard.dir).unwrap();
+        guard
+    }
+    fn socket(&self) -> PathBuf {
+        self.dir.join("arbiter.sock")
+    }
+    fn unmanaged(&self) -> PathBuf {
+        self.cg.join("corewise-unmanaged")
+    }
+    fn core(&self, c: u32) -> PathBuf {
+        self.cg.join(format!("corewise-core{c}"))
+    }
+    fn core_tasks(&self, c: u32) -> Vec<u32> {
+        read_ids(&self.core(c).join("tasks"))
+    }
+    fn unmanaged_tasks(&self) -> Vec<u32> {
+        read_ids(&self.unmanaged().join("tasks"))
+    }
+    fn unmanaged_cpus(&self) -> String {
+        std::fs::read_to_string(self.unmanaged().join("cpuset.cpus"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+    fn subdirs(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&self.cg)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        fn empty(dir: &Path) {
+            if let Ok(rd) = std::fs::read_dir(dir) {
+                for e in rd.flatten() {
+                    if e.path().is_dir() {
+                        empty(&e.path());
+                    }
+                }
+            }
+            for tid in read_ids(&dir.join("tasks")) {
+                let _ = std::fs::write(Path::new(CPUSET).join("tasks"), tid.to_string());
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while std::fs::remove_dir(dir).is_err() && dir.exists() && Instant::now() < deadline {
+                for tid in read_ids(&dir.join("tasks")) {
+                    let _ = std::fs::write(Path::new(CPUSET).join("tasks"), tid.to_string());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        empty(&self.cg);
+        if self.cg.exists() {
+            eprintln!("warning: could not remove {}", self.cg.display());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The daemon process; SIGTERM (then SIGKILL) on drop.
+struct Daemon {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(sb: &Sandbox, extra: &[&str]) -> Self {
+        let log = sb.dir.join(format!(
+            "daemon-{}.log",
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--socket".into(),
+            sb.socket().display().to_string(),
+            "--cpus".into(),
+            "0-1".into(),
+        ];
+        if !extra.contains(&"affinity") {
+            args.push("--cgroup-root".into());
+            args.push(sb.cg.display().to_string());
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
+            .args(&args)
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn daemon");
+        let d = Self {
+            child: Some(child),
+            log,
+        };
+        let sock = sb.socket();
+        wait_until("daemon socket answers", || client::status(&sock).is_ok());
+        d
+    }
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+    fn signal(&mut self, sig: rustix::process::Signal) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pid()) {
+            let _ = rustix::process::kill_process(pid, sig);
+        }
+    }
+    /// SIGTERM and wait; returns whether it exited successfully.
+    fn stop(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        if let Some(pid) = rustix::process::Pid::from_raw(c.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return st.success();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let clean = self.child.is_none() || self.stop();
+        if std::thread::panicking() || !clean {
+            eprintln!(
+                "--- daemon log {} ---\n{}",
+                self.log.display(),
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// A client process driven over stdin/stdout.
+struct App {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    pending: VecDeque<String>,
+}
+
+impl App {
+    fn spawn(sb: &Sandbox) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, sb.socket())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn client");
+        let stdin = child.stdin.take().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                let Some((_, msg)) = l.split_once("@@ ") else {
+                    continue;
+                };
+                if tx.send(msg.to_string()).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            lines,
+            pending: VecDeque::new(),
+        }
+    }
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    fn cmd(&mut self, c: &str) {
+        writeln!(self.stdin, "{c}").expect("write to client");
+    }
+    /// Waits for a line starting with `word`; returns its other fields.
+    fn expect(&mut self, word: &str) -> Vec<String> {
+        let matches = |l: &str| l.split_whitespace().next() == Some(word);
+        if let Some(i) = self.pending.iter().position(|l| matches(l)) {
+            let l = self.pending.remove(i).unwrap();
+            return l.split_whitespace().skip(1).map(String::from).collect();
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if matches(&l) => {
+                    return l.split_whitespace().skip(1).map(String::from).collect()
+                }
+                Ok(l) => {
+                    assert!(
+                        !l.starts_with("error") && !l.starts_with("unknown"),
+                        "client reported: {l}"
+                    );
+                    self.pending.push_back(l)
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no '{word}' from client; seen {:?}", self.pending)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("client exited before '{word}'; seen {:?}", self.pending)
+                }
+            }
+        }
+    }
+    fn connect(&mut self) {
+        self.cmd("connect");
+        self.expect("connected");
+    }
+    /// Starts a kernel thread; returns its tid.
+    fn thread(&mut self, mode: &str) -> u32 {
+        self.cmd(&format!("thread {mode}"));
+        self.expect("attached")[1].parse().unwrap()
+    }
+    /// Sends a request; returns (clipped, effective).
+    fn request(&mut self, counts: [u32; 8]) -> (bool, Vec<u32>) {
+        self.cmd(&format!(
+            "req {}",
+            counts.map(|c| c.to_string()).join(" ")
+        ));
+        let f = self.expect("ack");
+        (
+            f[0] == "1",
+            f[1..].iter().map(|v| v.parse().unwrap()).collect(),
+        )
+    }
+    /// Waits for a grant; returns (tid, core, cpu the thread runs on).
+    fn granted(&mut self) -> (u32, u32, u32) {
+        let f = self.expect("granted");
+        (
+            f[1].parse().unwrap(),
+            f[2].parse().unwrap(),
+            f[3].parse().unwrap(),
+        )
+    }
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn level(l: usize, n: u32) -> [u32; 8] {
+    let mut c = [0; 8];
+    c[l] = n;
+    c
+}
+
+fn status_of(sb: &Sandbox, pid: u32) -> Option<corewise_arbiter::protocol::StatusEntry> {
+    client::status(sb.socket())
+        .unwrap()
+        .into_iter()
+        .find(|e| e.pid == pid)
+}
+
+/// Asserts the kernel's view: `tid` alone confined to core 1, core 1 out of
+/// the unmanaged set.
+fn assert_holds_core1(sb: &Sandbox, tid: u32, cpu: u32) {
+    assert_eq!(cpu, 1, "granted thread must run on core 1");
+    assert_eq!(sb.core_tasks(1), vec![tid], "core1 cpuset members");
+    assert_eq!(sb.unmanaged_cpus(), "0", "core 1 must leave the unmanaged set");
+}
+
+fn assert_core1_free(sb: &Sandbox) {
+    wait_until("core 1 back in the unmanaged set", || {
+        sb.core_tasks(1).is_empty() && sb.unmanaged_cpus() == "0-1"
+    });
+}
+
+fn assert_cleaned(sb: &Sandbox) {
+    assert!(
+        sb.subdirs().is_empty(),
+        "daemon left cgroups behind: {:?}",
+        sb.subdirs()
+    );
+}
+
+// -------------------------------------------------------------------- tests
+
+#[test]
+fn grant_and_cooperative_release() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    // A long timeout so the release is surely the cooperative one.
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    assert_eq!(sb.unmanaged_cpus(), "0-1");
+    assert!(sb.core(1).exists() && !sb.core(0).exists());
+
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let tid = a.thread("coop");
+    // Registered but not yet wanted: the thread waits in the unmanaged set.
+    wait_until("thread waiting", || {
+        status_of(&sb, a.pid()).is_some_and(|e| e.granted.is_empty())
+    });
+    assert!(sb.core_tasks(1).is_empty());
+
+    let (clipped, eff) = a.request(level(0, 1));
+    assert!(!clipped);
+    assert_eq!(eff, level(0, 1).to_vec());
+    let (gtid, core, cpu) = a.granted();
+    assert_eq!((gtid, core), (tid, 1));
+    assert_holds_core1(&sb, tid, cpu);
+    let st = status_of(&sb, a.pid()).unwrap();
+    assert_eq!(st.granted, vec![1]);
+    assert_eq!(st.requested, level(0, 1));
+
+    // The status command prints the table.
+    let out = Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
+        .args(["status", "--socket"])
+        .arg(sb.socket())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    let row = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(&a.pid().to_string()))
+        .unwrap_or_else(|| panic!("no row for the client in:\n{text}"));
+    assert!(row.contains("1,0,0,0,0,0,0,0"), "{row}");
+
+    // Cooperative release: the thread sees the flag and blocks again.
+    a.request([0; 8]);
+    assert_eq!(a.expect("releasing")[1], "1");
+    assert_core1_free(&sb);
+    wait_until("released thread parked in the unmanaged set", || {
+        sb.unmanaged_tasks().contains(&tid)
+    });
+    assert_eq!(status_of(&sb, a.pid()).unwrap().preempted, 0);
+
+    // And it can have the core again.
+    a.request(level(3, 1));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(&sb, tid, cpu);
+
+    drop(a);
+    assert_core1_free(&sb);
+    assert!(d.stop(), "daemon must exit cleanly on SIGTERM");
+    assert_cleaned(&sb);
+}
+
+#[test]
+fn forced_release_after_timeout() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "30"]);
+    let mut low = App::spawn(&sb);
+    low.connect();
+    let low_tid = low.thread("stubborn");
+    low.request(level(7, 1));
+    let (_, _, cpu) = low.granted();
+    assert_holds_core1(&sb, low_tid, cpu);
+
+    let mut high = App::spawn(&sb);
+    high.connect();
+    let high_tid = high.thread("coop");
+    high.request(level(0, 1));
+    // The low app ignores the release flag; the daemon takes the core.
+    let f = high.granted();
+    let cpu_after: u32 = low.expect("preempted")[1].parse().unwrap();
+    assert_eq!(cpu_after, 0, "a preempted thread runs on the unmanaged core");
+    assert_holds_core1(&sb, high_tid, f.2);
+    assert!(sb.unmanaged_tasks().contains(&low_tid));
+    assert_eq!(status_of(&sb, low.pid()).unwrap().preempted, 1);
+    assert!(status_of(&sb, low.pid()).unwrap().granted.is_empty());
+
+    // The preempted thread blocks again and gets the core back when the
+    // high-priority application lets go.
+    high.request([0; 8]);
+    high.expect("releasing");
+    let (t, _, cpu) = low.granted();
+    assert_eq!(t, low_tid);
+    assert_holds_core1(&sb, low_tid, cpu);
+
+    drop(low);
+    drop(high);
+    assert_core1_free(&sb);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+#[test]
+fn two_priorities_cooperate() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut low = App::spawn(&sb);
+    low.connect();
+    let low_tid = low.thread("coop");
+    low.request(level(6, 1));
+    let (_, _, cpu) = low.granted();
+    assert_holds_core1(&sb, low_tid, cpu);
+
+    let mut high = App::spawn(&sb);
+    high.connect();
+    let high_tid = high.thread("coop");
+    high.request(level(1, 1));
+    low.expect("releasing");
+    let (_, _, cpu) = high.granted();
+    assert_holds_core1(&sb, high_tid, cpu);
+    assert!(sb.unmanaged_tasks().contains(&low_tid));
+    assert_eq!(status_of(&sb, low.pid()).unwrap().preempted, 0);
+
+    // Lower priority than what low asks: nothing moves... then high leaves.
+    high.request([0; 8]);
+    high.expect("releasing");
+    let (_, _, cpu) = low.granted();
+    assert_holds_core1(&sb, low_tid, cpu);
+    assert!(sb.unmanaged_tasks().contains(&high_tid));
+
+    drop(low);
+    drop(high);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+#[test]
+fn equal_split_at_one_priority() {
+    if !can_run() {
+        return;
+    }
+    // One managed core and two applications at the same level: the split is
+    // one core and nothing, and the holder keeps it (no churn) until it lets
+    // go. (Splits over more cores are covered by the policy unit tests.)
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let a_tid = a.thread("coop");
+    a.thread("coop");
+    let mut b = App::spawn(&sb);
+    b.connect();
+    let b_tid = b.thread("coop");
+    b.thread("coop");
+    a.request(level(2, 2));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(&sb, a_tid, cpu);
+    b.request(level(2, 2));
+    // b waits; a keeps its core. Check the daemon's view once b's request
+    // has been applied (the ack came back).
+    let sa = status_of(&sb, a.pid()).unwrap();
+    let sb_ = status_of(&sb, b.pid()).unwrap();
+    assert_eq!(sa.granted.len() + sb_.granted.len(), 1);
+    assert_eq!(sa.granted, vec![1]);
+    assert_eq!(sb.core_tasks(1), vec![a_tid]);
+
+    a.request([0; 8]);
+    a.expect("releasing");
+    let (t, _, cpu) = b.granted();
+    assert_eq!(t, b_tid);
+    assert_holds_core1(&sb, b_tid, cpu);
+
+    drop(a);
+    drop(b);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+#[test]
+fn crash_returns_cores_at_once() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    // Even with a huge reclaim timeout, a dead client's core is free at once.
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "60000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let a_tid = a.thread("coop");
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(&sb, a_tid, cpu);
+
+    let mut b = App::spawn(&sb);
+    b.connect();
+    let b_tid = b.thread("coop");
+    b.request(level(7, 1));
+    assert_eq!(sb.core_tasks(1), vec![a_tid]);
+
+    let a_pid = a.pid();
+    a.kill9();
+    let (t, _, cpu) = b.granted();
+    assert_eq!(t, b_tid);
+    assert_holds_core1(&sb, b_tid, cpu);
+    assert!(status_of(&sb, a_pid).is_none(), "dead application must be gone");
+
+    drop(b);
+    assert_core1_free(&sb);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+#[test]
+fn limits_from_config_file() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let cfg = sb.dir.join("limits.toml");
+    std::fs::write(
+        &cfg,
+        "[defaults]\nmax_cores = 8\n\n[users.\"65534\"]\nmax_cores = 1\nmax_priority = 5\n",
+    )
+    .unwrap();
+    // The unprivileged client must reach the socket.
+    std::fs::set_permissions(
+        &sb.dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut d = Daemon::start(
+        &sb,
+        &["--reclaim-timeout-ms", "20000", "--config", cfg.to_str().unwrap()],
+    );
+    let mut nobody = App::spawn(&sb);
+    nobody.cmd("setuid 65534");
+    nobody.expect("uid");
+    nobody.connect();
+    let n_tid = nobody.thread("coop");
+    nobody.thread("coop");
+    let (clipped, eff) = nobody.request(level(0, 2));
+    assert!(clipped, "a request beyond the limits is clipped");
+    assert_eq!(eff, level(5, 1).to_vec());
+    let (_, _, cpu) = nobody.granted();
+    assert_holds_core1(&sb, n_tid, cpu);
+    assert_eq!(status_of(&sb, nobody.pid()).unwrap().uid, 65534);
+
+    // root at level 2 beats nobody's (clipped) level 0 request.
+    let mut root = App::spawn(&sb);
+    root.connect();
+    let r_tid = root.thread("coop");
+    let (clipped, _) = root.request(level(2, 1));
+    assert!(!clipped);
+    nobody.expect("releasing");
+    let (_, _, cpu) = root.granted();
+    assert_holds_core1(&sb, r_tid, cpu);
+
+    drop(root);
+    drop(nobody);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+#[test]
+fn malformed_clients_are_dropped_alone() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let tid = a.thread("coop");
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(&sb, tid, cpu);
+
+    use corewise_arbiter::protocol::{encode_request, Request};
+    let garbage: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.0\r\n\r\n".to_vec(),
+        vec![b'C', b'W', 99, 1, 0, 0],
+        vec![b'C', b'W', 1, 77, 0, 0],
+        vec![b'C', b'W', 1, 3, 0xff, 0xff],
+        // Valid messages in the wrong place.
+        encode_request(&Request::SetRequestedCores { counts: [1; 8] }),
+        encode_request(&Request::BlockUntilCoreAvailable),
+        encode_request(&Request::AttachThread {
+            app_token: 12345,
+            tid: std::process::id(),
+        }),
+        [encode_request(&Request::HelloApp), encode_request(&Request::HelloApp)].concat(),
+    ];
+    for g in &garbage {
+        assert!(
+            client::send_raw(sb.socket(), g).unwrap(),
+            "daemon must close a connection that sent {g:?}"
+        );
+    }
+    // The well-behaved client still holds its core and still works.
+    assert_holds_core1(&sb, tid, 1);
+    a.request([0; 8]);
+    a.expect("releasing");
+    assert_core1_free(&sb);
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(&sb, tid, cpu);
+
+    drop(a);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+#[test]
+fn daemon_restart_with_live_clients() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let tid = a.thread("coop");
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(&sb, tid, cpu);
+
+    // Orderly stop: the client is told through the shared page, gives the
+    // core back and learns the daemon is gone; everything is removed.
+    assert!(d.stop());
+    a.expect("releasing");
+    a.expect("gone");
+    assert_cleaned(&sb);
+    assert!(read_ids(&sb.cg.join("tasks")).contains(&tid) || !Path::new(&format!("/proc/{}/task/{tid}", a.pid())).exists());
+
+    // A new daemon: the same process reconnects and gets the core again.
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    a.cmd("connect-retry");
+    a.expect("connected");
+    let tid2 = a.thread("coop");
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(&sb, tid2, cpu);
+
+    // A crash of the daemon (kill -9) leaves its cgroups; the next daemon
+    // adopts them and frees the core before granting it again.
+    d.kill9();
+    assert_eq!(sb.core_tasks(1), vec![tid2], "cpusets survive a daemon crash");
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    assert!(sb.core_tasks(1).is_empty(), "stale core set emptied at start");
+    assert!(sb.unmanaged_tasks().contains(&tid2));
+    assert_eq!(sb.unmanaged_cpus(), "0-1");
+    a.cmd("connect-retry");
+    a.expect("connected");
+    let tid3 = a.thread("coop");
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(&sb, tid3, cpu);
+
+    drop(a);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+#[test]
+fn affinity_backend_pins_threads() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--backend", "affinity", "--reclaim-timeout-ms", "20000"]);
+    assert!(sb.subdirs().is_empty(), "affinity backend creates no cgroups");
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let tid = a.thread("coop");
+    a.request(level(0, 1));
+    let (_, core, cpu) = a.granted();
+    assert_eq!((core, cpu), (1, 1));
+    let pid = a.pid();
+    let allowed = move |tid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(|v| v.trim().to_string()))
+            .unwrap()
+    };
+    assert_eq!(allowed(tid), "1");
+    a.request([0; 8]);
+    a.expect("releasing");
+    wait_until("thread unpinned to the unmanaged CPUs", || allowed(tid) == "0-1");
+    drop(a);
+    assert!(d.stop());
+}
