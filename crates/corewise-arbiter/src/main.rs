@@ -52,6 +52,9 @@ enum Cmd {
         /// Emit logs as JSON.
         #[arg(long)]
         json_logs: bool,
+        /// Run under SCHED_FIFO at this priority (1-99) for low grant latency.
+        #[arg(long)]
+        rt_priority: Option<u32>,
     },
     /// Print who holds which core.
     Status {
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
             reclaim_timeout_ms,
             config,
             json_logs,
+            rt_priority,
         } => {
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -111,6 +115,7 @@ fn main() -> ExitCode {
                 unmanaged,
                 reclaim_timeout: Duration::from_secs_f64(reclaim_timeout_ms / 1000.0),
                 config,
+                rt_priority,
                 ..Options::default()
             };
             match daemon::run(opts) {

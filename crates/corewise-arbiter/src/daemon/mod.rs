@@ -58,6 +58,9 @@ pub struct Options {
     pub config: Config,
     /// Mode of the socket file (0o666 lets other users' applications in).
     pub socket_mode: u32,
+    /// Run the daemon thread under SCHED_FIFO at this priority (1-99), so a
+    /// busy unmanaged core does not delay grants; `None` keeps SCHED_OTHER.
+    pub rt_priority: Option<u32>,
 }
 
 impl Default for Options {
@@ -71,6 +74,7 @@ impl Default for Options {
             reclaim_timeout: Duration::from_millis(10),
             config: Config::default(),
             socket_mode: 0o666,
+            rt_priority: None,
         }
     }
 }
@@ -179,8 +183,33 @@ struct Conn {
     close_after_reply: bool,
 }
 
-/// Runs the daemon until SIGINT/SIGTERM; cleans up before returning.
-pub fn run(opts: Options) -> Result<(), DaemonError> {
+/// Puts the calling thread under SCHED_FIFO (rustix has no sched_setscheduler).
+fn set_realtime(prio: u32) -> Result<(), DaemonError> {
+    if !(1..=99).contains(&prio) {
+        return Err(DaemonError::Settings(format!(
+            "real-time priority {prio} is not in 1..=99"
+        )));
+    }
+    let param = libc::sched_param {
+        sched_priority: prio as i32,
+    };
+    // SAFETY: `param` is a valid, initialised sched_param that outlives the
+    // call; pid 0 means the calling thread.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if r != 0 {
+        return Err(DaemonError::Io {
+            op: "sched_setscheduler(SCHED_FIFO)",
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the settings, builds the fence and binds the socket.
+fn setup(opts: &Options) -> Result<(State, UnixListener), DaemonError> {
+    if let Some(p) = opts.rt_priority {
+        set_realtime(p)?;
+    }
     let all = match &opts.cpus {
         Some(c) => c.clone(),
         None => online_cpus(),
@@ -218,9 +247,17 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
     if managed.is_empty() {
         return Err(DaemonError::Settings("no core left to manage".into()));
     }
-    let sig = signal_fd()?;
-    let fence = build_fence(&opts, &all, &managed)?;
-    let mut state = State::new(
+    // Bind before touching cgroups, so a second daemon on the same socket
+    // fails without disturbing the first one's sets.
+    let listener = bind(&opts.socket, opts.socket_mode)?;
+    let fence = match build_fence(opts, &all, &managed) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = std::fs::remove_file(&opts.socket);
+            return Err(e);
+        }
+    };
+    let state = State::new(
         fence,
         all.clone(),
         managed.clone(),
@@ -229,7 +266,14 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
         opts.config.clone(),
     );
     tracing::info!(backend = state.fence_name(), cpus = %all, unmanaged = %keep, managed = ?managed, socket = %opts.socket.display(), "core arbiter started");
-    let result = serve(&opts, &mut state, &sig);
+    Ok((state, listener))
+}
+
+fn finish(
+    opts: &Options,
+    mut state: State,
+    result: Result<(), DaemonError>,
+) -> Result<(), DaemonError> {
     if let Err(e) = &result {
         tracing::error!(error = %e, "daemon loop failed; cleaning up");
     }
@@ -239,6 +283,91 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
     result?;
     teardown?;
     Ok(())
+}
+
+/// Runs the daemon until SIGINT/SIGTERM; cleans up before returning.
+///
+/// Call it before starting other threads: SIGINT/SIGTERM are blocked on the
+/// calling thread and read from a signalfd.
+pub fn run(opts: Options) -> Result<(), DaemonError> {
+    let sig = signal_fd()?;
+    let (mut state, listener) = setup(&opts)?;
+    let result = serve(&listener, &mut state, &sig);
+    finish(&opts, state, result)
+}
+
+/// A daemon running on a thread of the calling process (benchmarks, tools).
+pub struct DaemonHandle {
+    stop: Option<OwnedFd>,
+    thread: Option<std::thread::JoinHandle<Result<(), DaemonError>>>,
+}
+
+/// Starts the daemon on a new thread and returns once it is listening.
+///
+/// ```no_run
+/// use corewise_arbiter::daemon::{spawn, Options};
+/// let d = spawn(Options { socket: "/tmp/a.sock".into(), ..Options::default() })?;
+/// // ... clients connect to /tmp/a.sock ...
+/// d.stop()?;
+/// # Ok::<(), corewise_arbiter::daemon::DaemonError>(())
+/// ```
+pub fn spawn(opts: Options) -> Result<DaemonHandle, DaemonError> {
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| io_op("pipe")(e.into()))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("corewise-arbiter".into())
+        .spawn(move || {
+            let (mut state, listener) = match setup(&opts) {
+                Ok(x) => {
+                    let _ = tx.send(None);
+                    x
+                }
+                Err(e) => {
+                    let _ = tx.send(Some(e));
+                    return Ok(());
+                }
+            };
+            let result = serve(&listener, &mut state, &r);
+            finish(&opts, state, result)
+        })
+        .map_err(io_op("spawn daemon thread"))?;
+    match rx.recv() {
+        Ok(None) => Ok(DaemonHandle {
+            stop: Some(w),
+            thread: Some(thread),
+        }),
+        Ok(Some(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => Err(DaemonError::Settings("daemon thread died during setup".into())),
+    }
+}
+
+impl DaemonHandle {
+    /// Stops the daemon (as SIGTERM would) and waits for its cleanup.
+    pub fn stop(mut self) -> Result<(), DaemonError> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<(), DaemonError> {
+        if let Some(w) = self.stop.take() {
+            let _ = rustix::io::write(&w, b"x");
+        }
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(DaemonError::Settings("daemon thread panicked".into()))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for DaemonHandle {
+    fn drop(&mut self) {
+        let _ = self.stop_inner();
+    }
 }
 
 fn bind(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
@@ -259,8 +388,7 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
     Ok(l)
 }
 
-fn serve(opts: &Options, state: &mut State, sig: &OwnedFd) -> Result<(), DaemonError> {
-    let listener = bind(&opts.socket, opts.socket_mode)?;
+fn serve(listener: &UnixListener, state: &mut State, sig: &OwnedFd) -> Result<(), DaemonError> {
     let mut conns: BTreeMap<ConnId, Conn> = BTreeMap::new();
     let mut next_id: ConnId = 1;
     loop {
@@ -276,7 +404,7 @@ fn serve(opts: &Options, state: &mut State, sig: &OwnedFd) -> Result<(), DaemonE
         let (sig_ready, accept_ready) = {
             let mut fds = Vec::with_capacity(2 + conns.len());
             fds.push(PollFd::new(sig, PollFlags::IN));
-            fds.push(PollFd::new(&listener, PollFlags::IN));
+            fds.push(PollFd::new(listener, PollFlags::IN));
             for c in conns.values() {
                 fds.push(PollFd::new(&c.stream, PollFlags::IN));
             }
@@ -292,7 +420,7 @@ fn serve(opts: &Options, state: &mut State, sig: &OwnedFd) -> Result<(), DaemonE
             (!fds[0].revents().is_empty(), !fds[1].revents().is_empty())
         };
         if sig_ready {
-            tracing::info!("signal received, shutting down");
+            tracing::info!("stop requested (signal), shutting down");
             return Ok(());
         }
         if accept_ready {

@@ -186,6 +186,9 @@ impl State {
             tracing::info!(conn, pid = app.pid, uid = app.uid, ?counts, effective = ?c.effective, "request clipped by limits");
         }
         app.requested = c.effective;
+        self.rebalance(Instant::now());
+        // The acknowledgement goes out after any grant it caused: waking the
+        // requester first could delay the granted thread's wake-up.
         self.outbox.push((
             conn,
             Response::RequestAck {
@@ -193,7 +196,6 @@ impl State {
                 clipped: c.clipped,
             },
         ));
-        self.rebalance(Instant::now());
     }
 
     /// Attaches a kernel-thread connection to its application.
