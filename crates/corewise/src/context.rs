@@ -45,8 +45,10 @@ impl Context {
         install_overflow_handler();
         let stack = DefaultStack::new(stack_size)?;
         let page = rustix::param::page_size();
+        // corosensei's limit is the bottom of the mapping, whose first page
+        // is the guard page.
         let limit = stack.limit().get();
-        let guard = GuardRegistration::new(limit - page, limit, slot, stack.base().get() - limit);
+        let guard = GuardRegistration::new(limit, limit + page, slot, stack.base().get() - limit - page);
         let coroutine = Coroutine::with_stack(stack, move |yielder: &SlotYielder, first| {
             slot.yielder.set(yielder as *const SlotYielder);
             let mut cmd = first;

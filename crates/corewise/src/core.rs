@@ -85,12 +85,14 @@ impl WakeupTime {
         Self(AtomicU64::new(BLOCKED))
     }
 
-    /// Makes the thread runnable. `SeqCst`, so that a following
-    /// [`IdleGate::wake`](crate::idle::IdleGate::wake) cannot miss a core
-    /// that is going to sleep; also a release of everything written before.
+    /// Makes the thread runnable (a release of everything written before).
+    /// A swap, not a store: it and the dispatcher's take are then ordered
+    /// read-modify-writes of one word, which the loom models can check.
+    /// Follow it with [`IdleGate::wake`](crate::idle::IdleGate::wake), whose
+    /// fence keeps a core that is going to sleep from missing it.
     #[inline]
     pub(crate) fn signal(&self) {
-        self.0.swap(RUNNABLE, Ordering::SeqCst);
+        self.0.swap(RUNNABLE, Ordering::Release);
     }
 
     /// Dispatcher: if the thread is due at `now`, marks it `BLOCKED` (it is
@@ -107,10 +109,11 @@ impl WakeupTime {
         true
     }
 
-    /// The value, read with `SeqCst` for the re-check before sleeping.
+    /// The value, read (acquire) for the re-check before sleeping, which
+    /// follows the gate's fence.
     #[inline]
-    pub(crate) fn load_seqcst(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+    pub(crate) fn load_acquire(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
     }
 
     /// The value, for a scan that only looks.
@@ -483,5 +486,122 @@ mod tests {
         assert!(!w.take_if_due(&mut || 99));
         assert!(w.take_if_due(&mut || 100));
         assert_eq!(w.load(), BLOCKED);
+    }
+}
+
+/// Models of the cross-core protocol: slot claim, publication through the
+/// wakeup word, and the idle gate, as the dispatcher and spawners use them.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::idle::IdleGate;
+    use crate::shim::{AtomicBool, UnsafeCell};
+    use loom::sync::Arc;
+
+    /// The dispatcher's loop, reduced to one slot: take a due thread, or
+    /// announce sleep, re-check with SeqCst, and sleep.
+    fn dispatch_until(
+        mask: &MaskAndCount,
+        w: &WakeupTime,
+        gate: &IdleGate,
+        mut run: impl FnMut() -> bool,
+    ) {
+        loop {
+            if mask.occupied() & 1 != 0 && w.take_if_due(&mut || 0) {
+                if run() {
+                    return;
+                }
+                continue;
+            }
+            gate.prepare_sleep();
+            if mask.occupied() & 1 != 0 && w.load_acquire() == RUNNABLE {
+                gate.cancel_sleep();
+                continue;
+            }
+            gate.sleep(None);
+        }
+    }
+
+    #[test]
+    fn spawn_onto_a_sleeping_core_is_never_lost() {
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            let w = Arc::new(WakeupTime::new());
+            let gate = Arc::new(IdleGate::new());
+            let job = Arc::new(UnsafeCell::new(0u32));
+            let published = Arc::new(AtomicBool::new(false));
+            let spawner = {
+                let (mask, w, gate, job, published) =
+                    (mask.clone(), w.clone(), gate.clone(), job.clone(), published.clone());
+                loom::thread::spawn(move || {
+                    assert_eq!(mask.claim(), Some(0));
+                    // SAFETY: the slot is ours until it is published.
+                    job.with_mut(|p| unsafe { *p = 42 });
+                    published.store(true, Ordering::Release);
+                    w.signal();
+                    gate.wake();
+                })
+            };
+            dispatch_until(&mask, &w, &gate, || {
+                // A stale signal may run the slot before it is published:
+                // the slot loop checks the publication flag.
+                if !published.load(Ordering::Acquire) {
+                    return false;
+                }
+                // SAFETY: published with release; the spawner is done.
+                assert_eq!(job.with_mut(|p| unsafe { *p }), 42);
+                mask.release(0);
+                true
+            });
+            spawner.join().unwrap();
+            assert_eq!(mask.count(), 0);
+        });
+    }
+
+    #[test]
+    fn signal_racing_block_is_never_lost() {
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            let w = Arc::new(WakeupTime::new());
+            let gate = Arc::new(IdleGate::new());
+            let flag = Arc::new(AtomicBool::new(false));
+            assert_eq!(mask.claim(), Some(0));
+            w.signal();
+            let signaller = {
+                let (w, gate, flag) = (w.clone(), gate.clone(), flag.clone());
+                loom::thread::spawn(move || {
+                    flag.store(true, Ordering::Relaxed);
+                    w.signal();
+                    gate.wake();
+                })
+            };
+            // The user thread: wait for the flag with block().
+            dispatch_until(&mask, &w, &gate, || loop {
+                if flag.load(Ordering::Relaxed) {
+                    return true;
+                }
+                if w.block_until(BLOCKED) {
+                    return false; // switched out
+                }
+            });
+            signaller.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn two_spawners_claim_distinct_slots() {
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            let hs: Vec<_> = (0..2)
+                .map(|_| {
+                    let m = mask.clone();
+                    loom::thread::spawn(move || m.claim().unwrap())
+                })
+                .collect();
+            let mut got: Vec<usize> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+            got.sort_unstable();
+            assert_eq!(got, vec![0, 1]);
+            assert_eq!(mask.count(), 2);
+        });
     }
 }

@@ -82,7 +82,7 @@ fn find_runnable(core: &Core, start: usize) -> Option<usize> {
     None
 }
 
-/// The sleep re-check: is anything runnable, and when is the next deadline?
+/// The sleep re-check (after the gate's fence): is anything runnable, and when is the next deadline?
 fn recheck(core: &Core) -> (bool, Option<u64>) {
     let mut m = core.mask.occupied();
     let now = clock::now();
@@ -90,7 +90,7 @@ fn recheck(core: &Core) -> (bool, Option<u64>) {
     while m != 0 {
         let i = m.trailing_zeros() as usize;
         m &= m - 1;
-        let w = core.slots[i].wakeup.load_seqcst();
+        let w = core.slots[i].wakeup.load_acquire();
         if w == RUNNABLE || (w != BLOCKED && w <= now) {
             return (true, None);
         }

@@ -5,13 +5,14 @@
 //! then sleeps on a futex (with the next timer as its timeout). A waker
 //! (`signal`, `spawn`) publishes its work first and then calls
 //! [`IdleGate::wake`]; the sleeper announces itself with
-//! [`IdleGate::prepare_sleep`] and re-checks for work before it sleeps. Both
-//! sides use sequentially consistent operations on two different words (the
-//! work and the gate), the Dekker pattern, so one of them always sees the
-//! other: no wakeup is lost. While the core is awake, `wake` costs one load of
+//! [`IdleGate::prepare_sleep`] and re-checks for work before it sleeps. Each
+//! side writes its own word (the work, the gate), then a `SeqCst` fence, then
+//! reads the other's word: the Dekker pattern, so one of them always sees
+//! the other and no wakeup is lost. (Fences rather than `SeqCst` accesses,
+//! which loom treats as acquire/release and so could not verify.) While the core is awake, `wake` costs one load of
 //! a line that the core never writes, so it stays cheap on the hot path.
 
-use crate::shim::{AtomicU32, Ordering};
+use crate::shim::{fence, AtomicU32, Ordering};
 use std::time::Duration;
 
 const AWAKE: u32 = 0;
@@ -36,10 +37,11 @@ impl IdleGate {
     }
 
     /// The dispatcher is about to sleep: after this it must look for work once
-    /// more (with `SeqCst` loads) and then call [`sleep`](Self::sleep) or
+    /// more and then call [`sleep`](Self::sleep) or
     /// [`cancel_sleep`](Self::cancel_sleep).
     pub(crate) fn prepare_sleep(&self) {
-        self.state.store(SLEEPING, Ordering::SeqCst);
+        self.state.store(SLEEPING, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
     }
 
     /// The re-check found work: stay awake.
@@ -72,11 +74,11 @@ impl IdleGate {
         self.state.store(AWAKE, Ordering::Relaxed);
     }
 
-    /// Wakes the core if it sleeps. Call it after publishing the work with a
-    /// `SeqCst` operation.
+    /// Wakes the core if it sleeps. Call it after publishing the work.
     #[inline]
     pub(crate) fn wake(&self) {
-        if self.state.load(Ordering::SeqCst) == SLEEPING
+        fence(Ordering::SeqCst);
+        if self.state.load(Ordering::Relaxed) == SLEEPING
             && self.state.swap(AWAKE, Ordering::SeqCst) == SLEEPING
         {
             #[cfg(not(loom))]

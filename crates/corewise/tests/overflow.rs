@@ -1,0 +1,46 @@
+//! A user thread that overflows its stack is named in a clear message (and
+//! the process aborts, as std does for OS threads), not a bare SIGSEGV.
+
+use std::process::Command;
+
+#[inline(never)]
+fn recurse(depth: u64, buf: &mut [u8; 1024]) -> u64 {
+    let mut local = [0u8; 1024];
+    local[depth as usize % 1024] = buf[0].wrapping_add(1);
+    std::hint::black_box(&mut local);
+    recurse(depth + 1, &mut local) + local[3] as u64
+}
+
+#[test]
+fn overflow_child() {
+    if std::env::var_os("COREWISE_OVERFLOW_CHILD").is_none() {
+        return;
+    }
+    let rt = corewise::Runtime::builder()
+        .stack_size(64 * 1024)
+        .build()
+        .unwrap();
+    let h = corewise::thread::Builder::new()
+        .name("deep-recursion")
+        .spawn_in(&rt, || recurse(0, &mut [0; 1024]))
+        .unwrap();
+    let _ = h.join();
+}
+
+#[test]
+fn stack_overflow_names_the_user_thread() {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args(["--exact", "overflow_child", "--nocapture", "--test-threads=1"])
+        .env("COREWISE_OVERFLOW_CHILD", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("user thread 'deep-recursion'") && stderr.contains("overflowed its stack of 64 KiB"),
+        "stderr was: {stderr}"
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{:?}", out.status);
+}

@@ -1,0 +1,359 @@
+//! User threads on real cores: creation, placement, join, panics, yield,
+//! sleep, block/signal, full runtimes, exclusive cores, idle sleep.
+
+use corewise::thread::Builder;
+use corewise::{Runtime, SpawnError, ThreadClass};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn two_core_runtime() -> Runtime {
+    Runtime::builder().build().expect("runtime")
+}
+
+#[test]
+fn threads_run_on_every_core_and_return_values() {
+    let rt = two_core_runtime();
+    let hs: Vec<_> = (0..1000u64)
+        .map(|i| {
+            Builder::new()
+                .wait_for_slot(true)
+                .spawn_in(&rt, move || (i * 2, corewise::current_core().unwrap()))
+                .unwrap()
+        })
+        .collect();
+    let mut seen = vec![0usize; rt.cores()];
+    for (i, h) in hs.into_iter().enumerate() {
+        let (v, core) = h.join().unwrap();
+        assert_eq!(v, i as u64 * 2);
+        seen[core] += 1;
+    }
+    assert!(seen.iter().all(|&n| n > 0), "threads landed on {seen:?}");
+    // Each core runs on its own CPU.
+    let stats = rt.core_stats();
+    let cpus: Vec<usize> = stats.iter().map(|s| s.cpu).collect();
+    assert_eq!(cpus, rt.cpus());
+}
+
+#[test]
+fn a_thread_runs_on_the_cpu_of_its_core() {
+    let rt = two_core_runtime();
+    for core in 0..rt.cores() {
+        let cpu = Builder::new()
+            .core(core)
+            .spawn_in(&rt, || rustix::thread::sched_getcpu())
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(cpu, rt.cpus()[core]);
+    }
+}
+
+#[test]
+fn join_blocks_the_thread_not_the_core() {
+    // Parent and child on one core: if join blocked the core, the child
+    // could never run.
+    let rt = two_core_runtime();
+    let v = Builder::new()
+        .core(0)
+        .spawn_in(&rt, || {
+            let child = Builder::new()
+                .core(0)
+                .spawn(|| {
+                    corewise::sleep(Duration::from_millis(5));
+                    7
+                })
+                .unwrap();
+            child.join().unwrap() * 6
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(v, 42);
+}
+
+#[test]
+fn a_panic_comes_back_from_join_and_the_runtime_lives_on() {
+    let rt = two_core_runtime();
+    let h = rt.spawn(|| -> u32 { panic!("deliberate test panic") }).unwrap();
+    let err = h.join().unwrap_err();
+    assert!(err.message.contains("deliberate test panic"));
+    // The slot and the core still work.
+    for _ in 0..200 {
+        assert_eq!(rt.spawn(|| 5).unwrap().join().unwrap(), 5);
+    }
+}
+
+#[test]
+fn yield_interleaves_threads_on_one_core() {
+    let rt = two_core_runtime();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let hs: Vec<_> = (0..2)
+        .map(|id| {
+            let log = log.clone();
+            Builder::new()
+                .core(1)
+                .spawn_in(&rt, move || {
+                    for _ in 0..5 {
+                        log.lock().unwrap().push(id);
+                        corewise::yield_now();
+                    }
+                })
+                .unwrap()
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let log = log.lock().unwrap();
+    let switches = log.windows(2).filter(|w| w[0] != w[1]).count();
+    assert!(switches >= 8, "yield did not alternate: {log:?}");
+}
+
+#[test]
+fn sleep_lasts_at_least_its_duration_and_frees_the_core() {
+    let rt = two_core_runtime();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let p = progress.clone();
+    let sleeper = Builder::new()
+        .core(0)
+        .spawn_in(&rt, || {
+            let t = Instant::now();
+            corewise::sleep(Duration::from_millis(20));
+            t.elapsed()
+        })
+        .unwrap();
+    let worker = Builder::new()
+        .core(0)
+        .spawn_in(&rt, move || {
+            for _ in 0..1000 {
+                p.fetch_add(1, Ordering::Relaxed);
+                corewise::yield_now();
+            }
+        })
+        .unwrap();
+    worker.join().unwrap();
+    assert_eq!(progress.load(Ordering::Relaxed), 1000);
+    assert!(sleeper.join().unwrap() >= Duration::from_millis(20));
+}
+
+#[test]
+fn block_and_signal_ping_pong_across_cores() {
+    let rt = two_core_runtime();
+    const ROUNDS: usize = 100_000;
+    let turn = Arc::new(AtomicUsize::new(0));
+    let (ta, tb) = (turn.clone(), turn.clone());
+    let b = Builder::new()
+        .core(1)
+        .spawn_in(&rt, move || {
+            let a_id = loop {
+                let v = tb.load(Ordering::Acquire);
+                if v != 0 {
+                    break v;
+                }
+                corewise::yield_now();
+            };
+            let _ = a_id;
+            for i in 0..ROUNDS {
+                while tb.load(Ordering::Acquire) != 2 * i + 1 {
+                    corewise::block();
+                }
+                tb.store(2 * i + 2, Ordering::Release);
+                corewise::signal(A_ID.get().copied().unwrap());
+            }
+        })
+        .unwrap();
+    static A_ID: std::sync::OnceLock<corewise::ThreadId> = std::sync::OnceLock::new();
+    static B_ID: std::sync::OnceLock<corewise::ThreadId> = std::sync::OnceLock::new();
+    B_ID.set(b.thread()).unwrap();
+    let a = Builder::new()
+        .core(0)
+        .spawn_in(&rt, move || {
+            A_ID.set(corewise::current().unwrap()).unwrap();
+            for i in 0..ROUNDS {
+                ta.store(2 * i + 1, Ordering::Release);
+                corewise::signal(*B_ID.get().unwrap());
+                while ta.load(Ordering::Acquire) != 2 * i + 2 {
+                    corewise::block();
+                }
+            }
+        })
+        .unwrap();
+    a.join().unwrap();
+    b.join().unwrap();
+    assert_eq!(turn.load(Ordering::Relaxed), 2 * ROUNDS);
+}
+
+#[test]
+fn a_full_runtime_refuses_spawn_and_the_waiting_variant_waits() {
+    let rt = two_core_runtime();
+    let release = Arc::new(AtomicBool::new(false));
+    let capacity = 56 * rt.cores();
+    let mut held = Vec::new();
+    for _ in 0..capacity {
+        let r = release.clone();
+        held.push(
+            rt.spawn(move || {
+                while !r.load(Ordering::Acquire) {
+                    corewise::sleep(Duration::from_millis(1));
+                }
+            })
+            .unwrap(),
+        );
+    }
+    match rt.spawn(|| ()) {
+        Err(SpawnError::Full { slots }) => assert_eq!(slots, capacity),
+        other => panic!("expected Full, got {other:?}"),
+    }
+    // The waiting variant gets a slot once one frees up.
+    let r = release.clone();
+    let waiter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        r.store(true, Ordering::Release);
+    });
+    let late = Builder::new()
+        .wait_for_slot(true)
+        .spawn_in(&rt, || 99)
+        .unwrap();
+    assert_eq!(late.join().unwrap(), 99);
+    waiter.join().unwrap();
+    for h in held {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn an_exclusive_thread_keeps_its_core_alone() {
+    let rt = two_core_runtime();
+    if rt.cores() < 2 {
+        return;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let ex = rt
+        .spawn_with(ThreadClass::Exclusive, move || {
+            let me = corewise::current_core().unwrap();
+            while !s.load(Ordering::Acquire) {
+                corewise::sleep(Duration::from_micros(200));
+            }
+            me
+        })
+        .unwrap();
+    let ex_core = ex.thread().core();
+    // Normal threads never land on the exclusive core.
+    let cores: Vec<usize> = (0..300)
+        .map(|_| rt.spawn(|| corewise::current_core().unwrap()).unwrap())
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(cores.iter().all(|&c| c != ex_core), "{cores:?} vs {ex_core}");
+    // A second exclusive thread cannot get the remaining (busy) core while
+    // normal threads may still need it... but it can once it is empty.
+    stop.store(true, Ordering::Release);
+    assert_eq!(ex.join().unwrap(), ex_core);
+    // The core is free for normal threads again.
+    let again: Vec<usize> = (0..300)
+        .map(|_| rt.spawn(|| corewise::current_core().unwrap()).unwrap())
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(again.contains(&ex_core));
+}
+
+#[test]
+fn a_thread_can_spawn_and_join_from_within() {
+    let rt = two_core_runtime();
+    let total = rt
+        .block_on(|| {
+            let hs: Vec<_> = (0..50u64)
+                .map(|i| {
+                    corewise::spawn_wait(move || {
+                        let inner = corewise::spawn_wait(move || i + 1).unwrap();
+                        inner.join().unwrap()
+                    })
+                    .unwrap()
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
+        })
+        .unwrap();
+    assert_eq!(total, (1..=50).sum::<u64>());
+}
+
+#[test]
+fn spawn_outside_a_user_thread_says_so() {
+    assert!(matches!(corewise::spawn(|| ()), Err(SpawnError::NotInRuntime)));
+}
+
+#[test]
+fn an_unknown_core_is_refused() {
+    let rt = two_core_runtime();
+    let r = Builder::new().core(63).spawn_in(&rt, || ());
+    assert!(matches!(r, Err(SpawnError::CoreUnavailable(63))));
+}
+
+#[test]
+fn idle_cores_sleep_in_the_kernel() {
+    let rt = Runtime::builder()
+        .idle_spin(Duration::from_micros(10))
+        .build()
+        .unwrap();
+    rt.spawn(|| ()).unwrap().join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = rt.core_stats();
+        if stats.iter().all(|s| s.sleeping && s.sleeps > 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "cores never slept: {stats:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The kernel agrees: every core thread is in state S (sleeping).
+    let me = std::process::id();
+    let mut sleeping = 0;
+    for entry in std::fs::read_dir(format!("/proc/{me}/task")).unwrap() {
+        let dir = entry.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.starts_with("corewise-core") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+        let state = stat.rsplit(')').next().unwrap().split_whitespace().next().unwrap();
+        if state == "S" {
+            sleeping += 1;
+        }
+    }
+    assert!(sleeping >= rt.cores(), "only {sleeping} core threads asleep");
+    // A spawn wakes a sleeping core.
+    assert_eq!(rt.spawn(|| 1).unwrap().join().unwrap(), 1);
+}
+
+#[test]
+fn runtime_builder_rejects_bad_settings() {
+    assert!(Runtime::builder().stack_size(1024).build().is_err());
+    assert!(Runtime::builder().cpus([4096]).build().is_err());
+}
+
+#[test]
+fn a_runtime_restricted_to_one_cpu_uses_only_it() {
+    let rt = Runtime::builder().cpus([1]).build().unwrap();
+    assert_eq!(rt.cores(), 1);
+    let cpus: Vec<usize> = (0..100)
+        .map(|_| rt.spawn(|| rustix::thread::sched_getcpu()).unwrap())
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(cpus.iter().all(|&c| c == 1));
+}
+
+#[test]
+fn dropping_a_runtime_waits_for_its_threads() {
+    let done = Arc::new(AtomicBool::new(false));
+    {
+        let rt = two_core_runtime();
+        let d = done.clone();
+        rt.spawn(move || {
+            corewise::sleep(Duration::from_millis(10));
+            d.store(true, Ordering::Release);
+        })
+        .unwrap();
+    }
+    assert!(done.load(Ordering::Acquire));
+}
