@@ -34,8 +34,7 @@ use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use thiserror::Error;
 
 use crate::protocol::{
-    decode_response, encode_request, DecodeError, Request, Response, StatusEntry,
-    PRIORITY_LEVELS,
+    decode_response, encode_request, DecodeError, Request, Response, StatusEntry, PRIORITY_LEVELS,
 };
 use crate::shm::{SharedPageReader, ShmError};
 use crate::topology::CoreId;
@@ -208,7 +207,9 @@ impl Client {
         control.send(&Request::HelloApp)?;
         let (msg, fd) = control.recv_with_fd()?;
         let Response::Welcome { app_token } = msg else {
-            return Err(ClientError::Unexpected(format!("{msg:?} instead of Welcome")));
+            return Err(ClientError::Unexpected(format!(
+                "{msg:?} instead of Welcome"
+            )));
         };
         let fd = fd.ok_or_else(|| ClientError::Unexpected("Welcome without shared page".into()))?;
         let shm = SharedPageReader::map(std::os::fd::AsFd::as_fd(&fd))?;

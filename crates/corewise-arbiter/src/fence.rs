@@ -424,7 +424,8 @@ impl AffinityFence {
         for c in cpus {
             set.set(c as usize);
         }
-        let pid = rustix::process::Pid::from_raw(tid as i32).ok_or(FenceError::NoSuchThread(tid))?;
+        let pid =
+            rustix::process::Pid::from_raw(tid as i32).ok_or(FenceError::NoSuchThread(tid))?;
         rustix::thread::sched_setaffinity(Some(pid), &set).map_err(|e| {
             if e == rustix::io::Errno::SRCH {
                 FenceError::NoSuchThread(tid)
@@ -519,7 +520,10 @@ mod tests {
         assert_eq!(f.members(core), vec![tid]);
         go_tx.send(()).unwrap();
         assert_eq!(h.join().unwrap(), core);
-        assert!(matches!(f.unconfine(tid), Err(FenceError::NoSuchThread(_)) | Ok(())));
+        assert!(matches!(
+            f.unconfine(tid),
+            Err(FenceError::NoSuchThread(_)) | Ok(())
+        ));
         f.teardown().unwrap();
     }
 }

@@ -10,7 +10,11 @@ use corewise_arbiter::daemon::{self, Backend, Options, DEFAULT_SOCKET};
 use corewise_arbiter::topology::CpuList;
 
 #[derive(Parser)]
-#[command(name = "corewise-arbiter", version, about = "Core arbiter: grants whole cores to applications")]
+#[command(
+    name = "corewise-arbiter",
+    version,
+    about = "Core arbiter: grants whole cores to applications"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -55,6 +59,9 @@ enum Cmd {
         /// Run under SCHED_FIFO at this priority (1-99) for low grant latency.
         #[arg(long)]
         rt_priority: Option<u32>,
+        /// Busy-poll this many microseconds after asking for a release (0: never).
+        #[arg(long, default_value_t = 200)]
+        release_spin_us: u64,
     },
     /// Print who holds which core.
     Status {
@@ -77,6 +84,7 @@ fn main() -> ExitCode {
             config,
             json_logs,
             rt_priority,
+            release_spin_us,
         } => {
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -116,6 +124,7 @@ fn main() -> ExitCode {
                 reclaim_timeout: Duration::from_secs_f64(reclaim_timeout_ms / 1000.0),
                 config,
                 rt_priority,
+                release_spin: Duration::from_micros(release_spin_us),
                 ..Options::default()
             };
             match daemon::run(opts) {

@@ -110,10 +110,7 @@ pub fn choose_core(free: &[CoreId], mine: &[CoreId], topo: &Topology) -> Option<
         }
         if mine.is_empty() {
             // Start on the package with the most free CPUs.
-            let free_on_pkg = free
-                .iter()
-                .filter(|&&f| topo.package_of(f) == pkg)
-                .count() as u32;
+            let free_on_pkg = free.iter().filter(|&&f| topo.package_of(f) == pkg).count() as u32;
             s += free_on_pkg.min(1 << 20) * 16;
         }
         s
@@ -143,7 +140,9 @@ pub fn choose_victim(held: &[CoreId], topo: &Topology) -> Option<CoreId> {
             .count() as u32;
         sibs * 1024 + same_pkg.min(1023)
     };
-    held.iter().copied().min_by_key(|&c| (score(c), std::cmp::Reverse(c)))
+    held.iter()
+        .copied()
+        .min_by_key(|&c| (score(c), std::cmp::Reverse(c)))
 }
 
 #[cfg(test)]
@@ -161,12 +160,21 @@ mod tests {
     #[test]
     fn priority_first() {
         let t = targets(
-            &[d([0, 0, 0, 0, 0, 0, 0, 3], 3), d([2, 0, 0, 0, 0, 0, 0, 0], 0)],
+            &[
+                d([0, 0, 0, 0, 0, 0, 0, 3], 3),
+                d([2, 0, 0, 0, 0, 0, 0, 0], 0),
+            ],
             3,
         );
         assert_eq!(t, vec![1, 2]);
         // Low priority gets nothing when the high one wants everything.
-        let t = targets(&[d([0, 0, 0, 0, 0, 0, 0, 1], 1), d([5, 0, 0, 0, 0, 0, 0, 0], 0)], 4);
+        let t = targets(
+            &[
+                d([0, 0, 0, 0, 0, 0, 0, 1], 1),
+                d([5, 0, 0, 0, 0, 0, 0, 0], 0),
+            ],
+            4,
+        );
         assert_eq!(t, vec![0, 4]);
     }
 
@@ -183,7 +191,13 @@ mod tests {
         assert_eq!(targets(&[d(one, 0), d(one, 0)], 1), vec![1, 0]);
         // Small demands are satisfied, the rest goes to the big one.
         assert_eq!(
-            targets(&[d([1, 0, 0, 0, 0, 0, 0, 0], 0), d([9, 0, 0, 0, 0, 0, 0, 0], 0)], 6),
+            targets(
+                &[
+                    d([1, 0, 0, 0, 0, 0, 0, 0], 0),
+                    d([9, 0, 0, 0, 0, 0, 0, 0], 0)
+                ],
+                6
+            ),
             vec![1, 5]
         );
     }
@@ -192,7 +206,10 @@ mod tests {
     fn lower_level_adds_to_higher() {
         // An app asking 1 at level 0 and 2 more at level 3 can get 3.
         let t = targets(
-            &[d([1, 0, 0, 2, 0, 0, 0, 0], 0), d([0, 0, 0, 0, 0, 0, 0, 9], 0)],
+            &[
+                d([1, 0, 0, 2, 0, 0, 0, 0], 0),
+                d([0, 0, 0, 0, 0, 0, 0, 9], 0),
+            ],
             5,
         );
         assert_eq!(t, vec![3, 2]);
@@ -202,7 +219,10 @@ mod tests {
     fn cap_limits() {
         let mut x = d([10, 0, 0, 0, 0, 0, 0, 0], 0);
         x.cap = 2;
-        assert_eq!(targets(&[x, d([10, 0, 0, 0, 0, 0, 0, 0], 0)], 8), vec![2, 6]);
+        assert_eq!(
+            targets(&[x, d([10, 0, 0, 0, 0, 0, 0, 0], 0)], 8),
+            vec![2, 6]
+        );
         assert_eq!(targets(&[], 8), Vec::<u32>::new());
         assert_eq!(targets(&[d([10; 8], 0)], 0), vec![0]);
     }
@@ -213,7 +233,10 @@ mod tests {
             for a in 0..5 {
                 for b in 0..5 {
                     let t = targets(
-                        &[d([a, 0, b, 0, 0, 0, 0, 0], 0), d([b, a, 0, 0, 0, 0, 0, 1], 0)],
+                        &[
+                            d([a, 0, b, 0, 0, 0, 0, 0], 0),
+                            d([b, a, 0, 0, 0, 0, 0, 1], 0),
+                        ],
                         cores,
                     );
                     assert!(t.iter().sum::<u32>() <= cores);

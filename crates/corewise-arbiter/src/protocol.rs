@@ -159,8 +159,11 @@ fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// One raw frame: kind, payload, bytes consumed.
+type RawFrame<'a> = (u8, &'a [u8], usize);
+
 /// Splits one frame off the front of `buf`: `Ok(None)` means more bytes are needed.
-fn split_frame(buf: &[u8], max_payload: usize) -> Result<Option<(u8, &[u8], usize)>, DecodeError> {
+fn split_frame(buf: &[u8], max_payload: usize) -> Result<Option<RawFrame<'_>>, DecodeError> {
     // Check the magic and version as soon as those bytes are present, so a
     // garbage sender is detected without waiting for a full header.
     for (i, m) in MAGIC.iter().enumerate() {
@@ -296,7 +299,9 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, DecodeErro
             }
             Request::AttachThread { app_token, tid }
         }
-        K_SET => Request::SetRequestedCores { counts: r.counts()? },
+        K_SET => Request::SetRequestedCores {
+            counts: r.counts()?,
+        },
         K_BLOCK => Request::BlockUntilCoreAvailable,
         K_STATUS_Q => Request::StatusQuery,
         other => return Err(DecodeError::UnknownKind(other)),
@@ -381,7 +386,9 @@ pub fn decode_response(buf: &[u8]) -> Result<Option<(Response, usize)>, DecodeEr
     };
     let mut r = Reader { buf: payload, kind };
     let msg = match kind {
-        K_WELCOME => Response::Welcome { app_token: r.u64()? },
+        K_WELCOME => Response::Welcome {
+            app_token: r.u64()?,
+        },
         K_ATTACHED => Response::Attached,
         K_ACK => {
             let effective = r.counts()?;
@@ -492,7 +499,10 @@ mod tests {
     #[test]
     fn rejects_bad_frames() {
         assert_eq!(decode_request(b"XW"), Err(DecodeError::BadMagic));
-        assert_eq!(decode_request(&[b'C', b'W', 9]), Err(DecodeError::BadVersion(9)));
+        assert_eq!(
+            decode_request(&[b'C', b'W', 9]),
+            Err(DecodeError::BadVersion(9))
+        );
         assert_eq!(
             decode_request(&[b'C', b'W', 1, 42, 0, 0]),
             Err(DecodeError::UnknownKind(42))
@@ -508,7 +518,10 @@ mod tests {
         );
         let mut f = encode_request(&Request::SetRequestedCores { counts: [0; 8] });
         f[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(decode_request(&f), Err(DecodeError::OutOfRange("core count")));
+        assert_eq!(
+            decode_request(&f),
+            Err(DecodeError::OutOfRange("core count"))
+        );
     }
 
     proptest! {

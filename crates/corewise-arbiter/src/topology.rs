@@ -157,7 +157,12 @@ impl Topology {
     pub fn read_from(base: &Path, cpus: &CpuList) -> Self {
         let read_num = |cpu: CoreId, file: &str| -> Option<u32> {
             let p = base.join(format!("cpu{cpu}/topology/{file}"));
-            std::fs::read_to_string(p).ok()?.trim().parse::<i64>().ok().map(|v| v.max(0) as u32)
+            std::fs::read_to_string(p)
+                .ok()?
+                .trim()
+                .parse::<i64>()
+                .ok()
+                .map(|v| v.max(0) as u32)
         };
         let places = cpus
             .iter()

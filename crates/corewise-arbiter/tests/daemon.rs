@@ -295,14 +295,6 @@ impl Daemon {
         wait_until("daemon socket answers", || client::status(&sock).is_ok());
         d
     }
-    fn pid(&self) -> i32 {
-        self.child.as_ref().map_or(0, |c| c.id() as i32)
-    }
-    fn signal(&mut self, sig: rustix::process::Signal) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.pid()) {
-            let _ = rustix::process::kill_process(pid, sig);
-        }
-    }
     /// SIGTERM and wait; returns whether it exited successfully.
     fn stop(&mut self) -> bool {
         let Some(mut c) = self.child.take() else {
@@ -431,10 +423,7 @@ impl App {
     }
     /// Sends a request; returns (clipped, effective).
     fn request(&mut self, counts: [u32; 8]) -> (bool, Vec<u32>) {
-        self.cmd(&format!(
-            "req {}",
-            counts.map(|c| c.to_string()).join(" ")
-        ));
+        self.cmd(&format!("req {}", counts.map(|c| c.to_string()).join(" ")));
         let f = self.expect("ack");
         (
             f[0] == "1",
@@ -480,7 +469,11 @@ fn status_of(sb: &Sandbox, pid: u32) -> Option<corewise_arbiter::protocol::Statu
 fn assert_holds_core1(sb: &Sandbox, tid: u32, cpu: u32) {
     assert_eq!(cpu, 1, "granted thread must run on core 1");
     assert_eq!(sb.core_tasks(1), vec![tid], "core1 cpuset members");
-    assert_eq!(sb.unmanaged_cpus(), "0", "core 1 must leave the unmanaged set");
+    assert_eq!(
+        sb.unmanaged_cpus(),
+        "0",
+        "core 1 must leave the unmanaged set"
+    );
 }
 
 fn assert_core1_free(sb: &Sandbox) {
@@ -584,7 +577,10 @@ fn forced_release_after_timeout() {
     // The low app ignores the release flag; the daemon takes the core.
     let f = high.granted();
     let cpu_after: u32 = low.expect("preempted")[1].parse().unwrap();
-    assert_eq!(cpu_after, 0, "a preempted thread runs on the unmanaged core");
+    assert_eq!(
+        cpu_after, 0,
+        "a preempted thread runs on the unmanaged core"
+    );
     assert_holds_core1(&sb, high_tid, f.2);
     assert!(sb.unmanaged_tasks().contains(&low_tid));
     assert_eq!(status_of(&sb, low.pid()).unwrap().preempted, 1);
@@ -710,7 +706,10 @@ fn crash_returns_cores_at_once() {
     let (t, _, cpu) = b.granted();
     assert_eq!(t, b_tid);
     assert_holds_core1(&sb, b_tid, cpu);
-    assert!(status_of(&sb, a_pid).is_none(), "dead application must be gone");
+    assert!(
+        status_of(&sb, a_pid).is_none(),
+        "dead application must be gone"
+    );
 
     drop(b);
     assert_core1_free(&sb);
@@ -731,14 +730,15 @@ fn limits_from_config_file() {
     )
     .unwrap();
     // The unprivileged client must reach the socket.
-    std::fs::set_permissions(
-        &sb.dir,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    std::fs::set_permissions(&sb.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut d = Daemon::start(
         &sb,
-        &["--reclaim-timeout-ms", "20000", "--config", cfg.to_str().unwrap()],
+        &[
+            "--reclaim-timeout-ms",
+            "20000",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
     );
     let mut nobody = App::spawn(&sb);
     nobody.cmd("setuid 65534");
@@ -796,7 +796,11 @@ fn malformed_clients_are_dropped_alone() {
             app_token: 12345,
             tid: std::process::id(),
         }),
-        [encode_request(&Request::HelloApp), encode_request(&Request::HelloApp)].concat(),
+        [
+            encode_request(&Request::HelloApp),
+            encode_request(&Request::HelloApp),
+        ]
+        .concat(),
     ];
     for g in &garbage {
         assert!(
@@ -838,7 +842,10 @@ fn daemon_restart_with_live_clients() {
     a.expect("releasing");
     a.expect("gone");
     assert_cleaned(&sb);
-    assert!(read_ids(&sb.cg.join("tasks")).contains(&tid) || !Path::new(&format!("/proc/{}/task/{tid}", a.pid())).exists());
+    assert!(
+        read_ids(&sb.cg.join("tasks")).contains(&tid)
+            || !Path::new(&format!("/proc/{}/task/{tid}", a.pid())).exists()
+    );
 
     // A new daemon: the same process reconnects and gets the core again.
     let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
@@ -852,9 +859,16 @@ fn daemon_restart_with_live_clients() {
     // A crash of the daemon (kill -9) leaves its cgroups; the next daemon
     // adopts them and frees the core before granting it again.
     d.kill9();
-    assert_eq!(sb.core_tasks(1), vec![tid2], "cpusets survive a daemon crash");
+    assert_eq!(
+        sb.core_tasks(1),
+        vec![tid2],
+        "cpusets survive a daemon crash"
+    );
     let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
-    assert!(sb.core_tasks(1).is_empty(), "stale core set emptied at start");
+    assert!(
+        sb.core_tasks(1).is_empty(),
+        "stale core set emptied at start"
+    );
     assert!(sb.unmanaged_tasks().contains(&tid2));
     assert_eq!(sb.unmanaged_cpus(), "0-1");
     a.cmd("connect-retry");
@@ -875,8 +889,14 @@ fn affinity_backend_pins_threads() {
         return;
     }
     let sb = Sandbox::new();
-    let mut d = Daemon::start(&sb, &["--backend", "affinity", "--reclaim-timeout-ms", "20000"]);
-    assert!(sb.subdirs().is_empty(), "affinity backend creates no cgroups");
+    let mut d = Daemon::start(
+        &sb,
+        &["--backend", "affinity", "--reclaim-timeout-ms", "20000"],
+    );
+    assert!(
+        sb.subdirs().is_empty(),
+        "affinity backend creates no cgroups"
+    );
     let mut a = App::spawn(&sb);
     a.connect();
     let tid = a.thread("coop");
@@ -888,13 +908,18 @@ fn affinity_backend_pins_threads() {
         std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
             .unwrap()
             .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(|v| v.trim().to_string()))
+            .find_map(|l| {
+                l.strip_prefix("Cpus_allowed_list:")
+                    .map(|v| v.trim().to_string())
+            })
             .unwrap()
     };
     assert_eq!(allowed(tid), "1");
     a.request([0; 8]);
     a.expect("releasing");
-    wait_until("thread unpinned to the unmanaged CPUs", || allowed(tid) == "0-1");
+    wait_until("thread unpinned to the unmanaged CPUs", || {
+        allowed(tid) == "0-1"
+    });
     drop(a);
     assert!(d.stop());
 }

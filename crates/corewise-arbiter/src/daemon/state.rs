@@ -107,6 +107,8 @@ pub struct State {
     config: Config,
     fence: Box<dyn Fence>,
     next_token: u64,
+    release_spin: Duration,
+    spin_until: Option<Instant>,
     /// Replies to deliver, in order.
     pub outbox: Vec<(ConnId, Response)>,
     /// Connections the daemon decided to close.
@@ -140,9 +142,24 @@ impl State {
             config,
             fence,
             next_token: seed | 1,
+            release_spin: Duration::ZERO,
+            spin_until: None,
             outbox: Vec::new(),
             to_close: Vec::new(),
         }
+    }
+
+    /// After asking for a release, poll without sleeping for this long: the
+    /// release usually arrives within microseconds, and not sleeping saves a
+    /// wake-up of the daemon on the critical path of a reclaim.
+    pub fn set_release_spin(&mut self, d: Duration) {
+        self.release_spin = d;
+    }
+
+    /// Until when the daemon loop should poll without sleeping.
+    pub fn spin_until(&self) -> Option<Instant> {
+        let until = self.spin_until?;
+        (self.next_deadline().is_some() && Instant::now() < until).then_some(until)
     }
 
     /// Backend name.
@@ -266,7 +283,9 @@ impl State {
         if unconfine {
             match self.fence.unconfine(tid) {
                 Ok(()) | Err(FenceError::NoSuchThread(_)) => {}
-                Err(e) => tracing::warn!(tid, error = %e, "could not move thread back to the unmanaged set"),
+                Err(e) => {
+                    tracing::warn!(tid, error = %e, "could not move thread back to the unmanaged set")
+                }
             }
         }
         Some(core)
@@ -319,7 +338,9 @@ impl State {
         let late: Vec<ConnId> = self
             .threads
             .iter()
-            .filter(|(_, t)| matches!(t.phase, Phase::Running { deadline: Some(d), .. } if d <= now))
+            .filter(
+                |(_, t)| matches!(t.phase, Phase::Running { deadline: Some(d), .. } if d <= now),
+            )
             .map(|(&c, _)| c)
             .collect();
         if late.is_empty() {
@@ -392,10 +413,14 @@ impl State {
                         }
                     }
                     self.apps[&id].shm.set_release(v, true);
+                    self.spin_until = Some(now + self.release_spin);
                     tracing::debug!(app = id, core = v, "release requested");
                 }
             } else if keep < target[i] && releasing > 0 {
-                for (tc, core, _) in held.iter().filter(|h| h.2).take((target[i] - keep) as usize)
+                for (tc, core, _) in held
+                    .iter()
+                    .filter(|h| h.2)
+                    .take((target[i] - keep) as usize)
                 {
                     if let Some(t) = self.threads.get_mut(tc) {
                         t.phase = Phase::Running {
@@ -432,7 +457,11 @@ impl State {
                 .threads
                 .iter()
                 .copied()
-                .filter(|c| self.threads.get(c).is_some_and(|t| t.phase == Phase::Waiting))
+                .filter(|c| {
+                    self.threads
+                        .get(c)
+                        .is_some_and(|t| t.phase == Phase::Waiting)
+                })
                 .collect();
             while (mine.len() as u32) < target[i] && !waiting.is_empty() {
                 let Some(core) = choose_core(&free, &mine, &self.topo) else {

@@ -1,0 +1,418 @@
+//! `corewise-bench core-grant`: how long it takes to obtain a core from the
+//! core arbiter (Arachne's Figure 8).
+//!
+//! Latency is measured end to end, from the moment an application calls
+//! `set_requested_cores` until a kernel thread of that application runs on
+//! the newly granted core (it stamps the time as soon as
+//! `block_until_core_available` returns, and checks `sched_getcpu`):
+//!
+//! - (a) `free_core`: the managed core is idle; the cost is moving the
+//!   thread into the core's cpuset and waking it.
+//! - (b) `reclaim`: the core is held by a lower-priority application whose
+//!   kernel thread polls `must_release_core` (as a dispatcher would); the
+//!   cost adds the round trip through the shared page and its release.
+//!
+//! On a 2-core machine exactly one core is managed (one always stays
+//! unmanaged); both scenarios only ever need that one core, which is why they
+//! are meaningful there. The benchmark creates its own cgroup v1 subtree,
+//! moves itself into it (so the daemon puts all its other threads on the
+//! unmanaged core), runs the daemon on a thread of its own, and removes
+//! everything afterwards. It needs root.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use corewise_arbiter::client::{Client, ClientError};
+use corewise_arbiter::daemon::{self, Backend, DaemonError, Options};
+use corewise_arbiter::topology::CpuList;
+use serde::Serialize;
+
+const CPUSET: &str = "/sys/fs/cgroup/cpuset";
+
+/// Command-line arguments of `core-grant`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CoreGrantArgs {
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Fewer samples (1000 per scenario) so the run stays well under a minute.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// Errors of the benchmark.
+#[derive(Debug, thiserror::Error)]
+pub enum CoreGrantError {
+    /// The machine cannot run it.
+    #[error("core-grant needs {0}")]
+    Unsupported(String),
+    /// cgroup file operations failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// Path.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// The daemon failed.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// A client call failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// Something did not happen as the protocol says.
+    #[error("benchmark protocol: {0}")]
+    Protocol(String),
+    /// Writing the JSON failed.
+    #[error("writing JSON: {0}")]
+    Json(String),
+}
+
+/// Summary of one scenario (microseconds).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Latency {
+    /// Median latency.
+    pub median_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// Number of grants measured.
+    pub samples: usize,
+}
+
+/// The benchmark's result (also its JSON).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct CoreGrantReport {
+    /// A free core is granted.
+    pub free_core: Latency,
+    /// The core must first be reclaimed from a lower-priority application.
+    pub reclaim: Latency,
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CoreGrantError + 'a {
+    move |source| CoreGrantError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn read_ids(p: &Path) -> Vec<u32> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Our own cpuset subtree; the process lives in it while the benchmark runs.
+struct Subtree {
+    dir: PathBuf,
+}
+
+impl Subtree {
+    fn create() -> Result<Self, CoreGrantError> {
+        let root = Path::new(CPUSET);
+        if !rustix::process::geteuid().is_root() || !root.join("tasks").exists() {
+            return Err(CoreGrantError::Unsupported(
+                "root and a cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset".into(),
+            ));
+        }
+        let dir = root.join(format!("corewise-bench-{}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(io("mkdir", &dir))?;
+        let st = Self { dir };
+        for f in ["cpuset.mems", "cpuset.cpus"] {
+            let v = std::fs::read_to_string(root.join(f)).map_err(io("read", &root.join(f)))?;
+            std::fs::write(st.dir.join(f), v.trim()).map_err(io("write", &st.dir.join(f)))?;
+        }
+        // Every thread of this process moves in; the daemon then puts them
+        // in its unmanaged set, off the managed cores.
+        let procs = st.dir.join("cgroup.procs");
+        std::fs::write(&procs, std::process::id().to_string()).map_err(io("write", &procs))?;
+        Ok(st)
+    }
+}
+
+impl Drop for Subtree {
+    fn drop(&mut self) {
+        let root = Path::new(CPUSET);
+        // Back to the root cpuset (whole process), then remove the directory
+        // (the daemon already removed its children).
+        let _ = std::fs::write(root.join("cgroup.procs"), std::process::id().to_string());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.dir.exists() && std::fs::remove_dir(&self.dir).is_err() {
+            for tid in read_ids(&self.dir.join("tasks")) {
+                let _ = std::fs::write(root.join("tasks"), tid.to_string());
+            }
+            if Instant::now() > deadline {
+                eprintln!("core-grant: could not remove {}", self.dir.display());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// What a kernel thread reports to the driver.
+enum Event {
+    /// Granted `core`, running on `cpu`, at `at`.
+    Granted { core: u32, cpu: u32, at: Instant },
+    /// The thread failed.
+    Failed(String),
+}
+
+/// A kernel thread that takes cores, spins on `must_release_core` like a
+/// dispatcher, and gives them back when asked.
+fn worker(client: Client, tx: mpsc::Sender<Event>) {
+    let mut me = match client.thread() {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = tx.send(Event::Failed(e.to_string()));
+            return;
+        }
+    };
+    loop {
+        let core = match me.block_until_core_available() {
+            Ok(c) => c,
+            Err(ClientError::DaemonGone) => return,
+            Err(e) => {
+                let _ = tx.send(Event::Failed(e.to_string()));
+                return;
+            }
+        };
+        let at = Instant::now();
+        let cpu = rustix::thread::sched_getcpu() as u32;
+        if tx.send(Event::Granted { core, cpu, at }).is_err() {
+            return;
+        }
+        while !me.must_release_core() {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+fn next_grant(rx: &mpsc::Receiver<Event>) -> Result<(u32, Instant), CoreGrantError> {
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Event::Granted { core, cpu, at }) => {
+            if core != cpu {
+                return Err(CoreGrantError::Protocol(format!(
+                    "granted core {core} but running on CPU {cpu}"
+                )));
+            }
+            Ok((core, at))
+        }
+        Ok(Event::Failed(e)) => Err(CoreGrantError::Protocol(format!("worker failed: {e}"))),
+        Err(_) => Err(CoreGrantError::Protocol("no grant within 10 s".into())),
+    }
+}
+
+/// Waits (without spinning on the unmanaged core) until `client` holds no core.
+fn wait_released(client: &Client) -> Result<(), CoreGrantError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !client.owned_cores().is_empty() {
+        if Instant::now() > deadline {
+            return Err(CoreGrantError::Protocol(
+                "core not released within 10 s".into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    // The core sits idle for a moment, as a free core would.
+    std::thread::sleep(PAUSE);
+    Ok(())
+}
+
+fn summarize(mut us: Vec<f64>) -> Latency {
+    us.sort_by(|a, b| a.total_cmp(b));
+    let n = us.len();
+    let pick = |q: f64| -> f64 {
+        if n == 0 {
+            return 0.0;
+        }
+        let i = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
+        us[i]
+    };
+    Latency {
+        median_us: pick(0.5),
+        p99_us: pick(0.99),
+        samples: n,
+    }
+}
+
+const PAUSE: Duration = Duration::from_micros(100);
+const HIGH: [u32; 8] = [1, 0, 0, 0, 0, 0, 0, 0];
+const LOW: [u32; 8] = [0, 0, 0, 0, 0, 0, 0, 1];
+const NONE: [u32; 8] = [0; 8];
+
+fn free_core(socket: &Path, n: usize) -> Result<Vec<f64>, CoreGrantError> {
+    let app = Client::connect(socket)?;
+    let (tx, rx) = mpsc::channel();
+    let c = app.clone();
+    let t = std::thread::spawn(move || worker(c, tx));
+    std::thread::sleep(Duration::from_millis(20));
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t0 = Instant::now();
+        app.set_requested_cores(HIGH)?;
+        let (_, t1) = next_grant(&rx)?;
+        if i >= n / 10 {
+            // The first tenth warms caches and is not recorded.
+            out.push(t1.duration_since(t0).as_secs_f64() * 1e6);
+        }
+        app.set_requested_cores(NONE)?;
+        wait_released(&app)?;
+    }
+    drop(app);
+    drop(rx);
+    let _ = t;
+    Ok(out)
+}
+
+fn reclaim(socket: &Path, n: usize) -> Result<Vec<f64>, CoreGrantError> {
+    let low = Client::connect(socket)?;
+    let high = Client::connect(socket)?;
+    let (ltx, lrx) = mpsc::channel();
+    let (htx, hrx) = mpsc::channel();
+    let (lc, hc) = (low.clone(), high.clone());
+    std::thread::spawn(move || worker(lc, ltx));
+    std::thread::spawn(move || worker(hc, htx));
+    std::thread::sleep(Duration::from_millis(20));
+    low.set_requested_cores(LOW)?;
+    next_grant(&lrx)?;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        // Let the low application's thread settle into its polling loop.
+        std::thread::sleep(PAUSE);
+        let t0 = Instant::now();
+        high.set_requested_cores(HIGH)?;
+        let (_, t1) = next_grant(&hrx)?;
+        if i >= n / 10 {
+            out.push(t1.duration_since(t0).as_secs_f64() * 1e6);
+        }
+        // Give it back; the low application gets it again.
+        high.set_requested_cores(NONE)?;
+        next_grant(&lrx)?;
+    }
+    Ok(out)
+}
+
+fn pin(cpus: &[u32]) -> Result<(), CoreGrantError> {
+    let mut set = rustix::thread::CpuSet::new();
+    for &c in cpus {
+        set.set(c as usize);
+    }
+    rustix::thread::sched_setaffinity(None, &set)
+        .map_err(|e| CoreGrantError::Protocol(format!("sched_setaffinity: {e}")))
+}
+
+/// The floor under both scenarios: waking a thread sleeping in `read` on
+/// another core through a Unix socket, with no arbiter involved.
+fn reference_wake(from: u32, to: u32, n: usize) -> Result<Latency, CoreGrantError> {
+    use std::io::{Read, Write};
+    let (mut a, mut b) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| CoreGrantError::Protocol(format!("socketpair: {e}")))?;
+    let (tx, rx) = mpsc::channel::<Instant>();
+    let t = std::thread::spawn(move || {
+        if pin(&[to]).is_err() {
+            return;
+        }
+        let mut buf = [0u8; 1];
+        while let Ok(1) = b.read(&mut buf) {
+            if tx.send(Instant::now()).is_err() {
+                return;
+            }
+        }
+    });
+    let before = rustix::thread::sched_getaffinity(None)
+        .map_err(|e| CoreGrantError::Protocol(format!("sched_getaffinity: {e}")))?;
+    pin(&[from])?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        std::thread::sleep(PAUSE);
+        let t0 = Instant::now();
+        if a.write_all(b"x").is_err() {
+            break;
+        }
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(t1) => out.push(t1.duration_since(t0).as_secs_f64() * 1e6),
+            Err(_) => break,
+        }
+    }
+    drop(a);
+    let _ = t.join();
+    let _ = rustix::thread::sched_setaffinity(None, &before);
+    Ok(summarize(out))
+}
+
+/// Runs the benchmark, prints a table, and writes JSON if asked.
+pub fn run(args: CoreGrantArgs) -> Result<CoreGrantReport, CoreGrantError> {
+    let n = if args.quick { 1000 } else { 5000 };
+    let online = corewise_arbiter::topology::online_cpus();
+    let (first, last) = match (online.iter().next(), online.iter().last()) {
+        (Some(f), Some(l)) if f != l => (f, l),
+        _ => return Err(CoreGrantError::Unsupported("at least 2 CPUs".into())),
+    };
+    let floor = reference_wake(first, last, n.min(1000))?;
+    let subtree = Subtree::create()?;
+    let cpus: CpuList = std::fs::read_to_string(subtree.dir.join("cpuset.cpus"))
+        .map_err(io("read", &subtree.dir))?
+        .parse()
+        .map_err(|e| CoreGrantError::Protocol(format!("{e}")))?;
+    let socket = std::env::temp_dir().join(format!("corewise-bench-{}.sock", std::process::id()));
+    let d = daemon::spawn(Options {
+        socket: socket.clone(),
+        backend: Backend::CgroupV1,
+        cgroup_root: Some(subtree.dir.clone()),
+        cpus: Some(cpus),
+        // As the systemd unit does: a busy unmanaged core must not delay grants.
+        rt_priority: Some(10),
+        ..Options::default()
+    })?;
+    let result = free_core(&socket, n).and_then(|a| Ok((a, reclaim(&socket, n)?)));
+    d.stop()?;
+    drop(subtree);
+    let (a, b) = result?;
+    let report = CoreGrantReport {
+        free_core: summarize(a),
+        reclaim: summarize(b),
+    };
+    println!(
+        "core-grant: latency from set_requested_cores to a thread running on the granted core"
+    );
+    println!(
+        "{:<12} {:>10} {:>10} {:>8}",
+        "scenario", "median_us", "p99_us", "samples"
+    );
+    for (name, l) in [("free_core", report.free_core), ("reclaim", report.reclaim)] {
+        println!(
+            "{:<12} {:>10.1} {:>10.1} {:>8}",
+            name, l.median_us, l.p99_us, l.samples
+        );
+    }
+    println!(
+        "{:<12} {:>10.1} {:>10.1} {:>8}   (reference: cross-core wake-up through a socket, no arbiter)",
+        "wake_floor", floor.median_us, floor.p99_us, floor.samples
+    );
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| CoreGrantError::Json(e.to_string()))?;
+        std::fs::write(path, text + "\n").map_err(io("write", path))?;
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let l = summarize((1..=100).map(f64::from).collect());
+        assert_eq!(l.median_us, 50.0);
+        assert_eq!(l.p99_us, 99.0);
+        assert_eq!(l.samples, 100);
+        assert_eq!(summarize(vec![]).samples, 0);
+    }
+}
