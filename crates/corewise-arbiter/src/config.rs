@@ -203,6 +203,13 @@ mod tests {
     }
 
     #[test]
+    fn example_file_parses() {
+        let c = Config::parse(include_str!("../corewise-arbiter.example.toml")).unwrap();
+        assert_eq!(c.limits_for(65534).max_priority, 7);
+        assert_eq!(c.limits_for(0).max_cores, 1024);
+    }
+
+    #[test]
     fn unclipped_is_reported_as_such() {
         let c = Limits::default().clip([1, 2, 3, 4, 5, 6, 7, 8]);
         assert!(!c.clipped);
