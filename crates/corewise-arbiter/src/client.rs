@@ -320,19 +320,25 @@ impl CoreThread {
         }
     }
 
-    /// Whether this thread must give its core back (a shared-memory read, no
-    /// system call). Also true when the daemon is shutting down.
+    /// Whether this thread must give its core back (shared-memory reads, no
+    /// system call): the daemon asks for it, has already taken it by force
+    /// (the thread then runs in the unmanaged set), or is shutting down.
     #[inline]
     pub fn must_release_core(&self) -> bool {
         match self.core {
-            Some(c) => self.client.inner.shm.must_release(c),
+            Some(c) => self.client.inner.shm.must_release(c, self.tid),
             None => false,
         }
     }
 
-    /// Core held since the last grant, as far as this thread knows (a forced
-    /// reclaim is only noticed at the next [`Self::block_until_core_available`]
-    /// or through [`Client::preempted_count`]).
+    /// Whether the core granted last was taken by force (a shared-memory read).
+    pub fn was_preempted(&self) -> bool {
+        self.core
+            .is_some_and(|c| self.client.inner.shm.holder(c) != self.tid)
+    }
+
+    /// Core held since the last grant, as far as this thread knows (see
+    /// [`Self::was_preempted`] for a forced reclaim).
     pub fn core(&self) -> Option<CoreId> {
         self.core
     }

@@ -6,10 +6,12 @@
 //! read-write itself and passes it with SCM_RIGHTS; the seal
 //! `F_SEAL_FUTURE_WRITE` means the client can only ever map it read-only.
 //!
-//! Layout (one page, all fields atomics, little-endian native):
+//! Layout (two pages, all fields atomics, native endianness):
 //! magic, version, shutdown flag, preempted count, granted count, release
-//! count, a change sequence number, then a bitmask of granted cores and a
-//! bitmask of cores the application is asked to release (up to [`MAX_CPUS`]).
+//! count, a change sequence number, a bitmask of granted cores, a bitmask of
+//! cores the application is asked to release (up to [`MAX_CPUS`]), and per
+//! core the id of the application's kernel thread holding it. The last field
+//! lets a thread whose core was taken by force notice it with a load, too.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
@@ -26,7 +28,7 @@ const WORDS: usize = MAX_CPUS / 64;
 pub const PAGE_MAGIC: u32 = 0x4357_5348; // "CWSH"
 /// Layout version of the page.
 pub const PAGE_VERSION: u32 = 1;
-const PAGE_LEN: usize = 4096;
+const PAGE_LEN: usize = 8192;
 
 #[repr(C)]
 struct Layout {
@@ -39,6 +41,7 @@ struct Layout {
     seq: AtomicU64,
     granted: [AtomicU64; WORDS],
     release: [AtomicU64; WORDS],
+    holder: [AtomicU32; MAX_CPUS],
 }
 
 const _: () = assert!(std::mem::size_of::<Layout>() <= PAGE_LEN);
@@ -147,11 +150,12 @@ fn bits(words: &[AtomicU64; WORDS]) -> Vec<u32> {
 /// ```
 /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
 /// let w = SharedPageWriter::create().unwrap();
-/// w.set_granted(3, true);
-/// w.set_release(3, true);
+/// w.set_granted(3, 1234);
 /// let r = SharedPageReader::map(w.fd()).unwrap();
+/// assert!(!r.must_release(3, 1234));
+/// w.set_release(3, true);
 /// assert_eq!(r.granted_cores(), vec![3]);
-/// assert!(r.must_release(3));
+/// assert!(r.must_release(3, 1234));
 /// assert_eq!(r.core_to_release(), Some(3));
 /// ```
 pub struct SharedPageWriter {
@@ -191,10 +195,13 @@ impl SharedPageWriter {
         self.map.layout().seq.fetch_add(1, Ordering::Release);
     }
 
-    /// Marks `cpu` as granted (or not) to this application.
-    pub fn set_granted(&self, cpu: u32, on: bool) {
+    /// Marks `cpu` as granted to the application's thread `tid` (0: not granted).
+    pub fn set_granted(&self, cpu: u32, tid: u32) {
         let l = self.map.layout();
-        set_bit(&l.granted, cpu, on);
+        if let Some(h) = l.holder.get(cpu as usize) {
+            h.store(tid, Ordering::Release);
+        }
+        set_bit(&l.granted, cpu, tid != 0);
         l.granted_count
             .store(bits(&l.granted).len() as u32, Ordering::Release);
         self.bump();
@@ -244,11 +251,25 @@ impl SharedPageReader {
         Ok(Self { map })
     }
 
-    /// Whether the daemon asks for `cpu` back (or is shutting down).
+    /// Whether the thread `tid` holding `cpu` must give it back: the daemon
+    /// asks for it, took it by force already, or is shutting down.
     #[inline]
-    pub fn must_release(&self, cpu: u32) -> bool {
+    pub fn must_release(&self, cpu: u32, tid: u32) -> bool {
         let l = self.map.layout();
-        get_bit(&l.release, cpu) || l.shutdown.load(Ordering::Relaxed) != 0
+        get_bit(&l.release, cpu)
+            || l.holder
+                .get(cpu as usize)
+                .is_none_or(|h| h.load(Ordering::Acquire) != tid)
+            || l.shutdown.load(Ordering::Relaxed) != 0
+    }
+
+    /// The application's thread holding `cpu` (0 if none).
+    pub fn holder(&self, cpu: u32) -> u32 {
+        self.map
+            .layout()
+            .holder
+            .get(cpu as usize)
+            .map_or(0, |h| h.load(Ordering::Acquire))
     }
 
     /// Whether the daemon announced it is shutting down.
@@ -312,19 +333,23 @@ mod tests {
     fn counts_follow_bits() {
         let w = SharedPageWriter::create().unwrap();
         let r = SharedPageReader::map(w.fd()).unwrap();
-        w.set_granted(1, true);
-        w.set_granted(700, true);
+        w.set_granted(1, 10);
+        w.set_granted(700, 11);
         assert_eq!(r.granted_count(), 2);
         assert_eq!(r.granted_cores(), vec![1, 700]);
-        w.set_granted(1, false);
+        w.set_granted(1, 0);
         assert_eq!(r.granted_cores(), vec![700]);
-        assert!(!r.must_release(700));
+        assert!(!r.must_release(700, 11));
+        // Another thread of the app now holds it: the old holder must go.
+        w.set_granted(700, 12);
+        assert!(r.must_release(700, 11));
+        assert_eq!(r.holder(700), 12);
         w.set_shutdown();
-        assert!(r.must_release(700));
+        assert!(r.must_release(700, 12));
         w.add_preempted();
         assert_eq!(r.preempted(), 1);
         // Out-of-range CPUs are ignored, not a panic.
-        w.set_granted(5000, true);
-        assert!(!r.must_release(5000) || r.shutdown());
+        w.set_granted(5000, 1);
+        assert!(r.must_release(5000, 1));
     }
 }

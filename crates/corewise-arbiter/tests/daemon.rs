@@ -125,11 +125,13 @@ fn kernel_thread(c: client::Client, idx: u32, stubborn: bool) {
         say(format!("granted {idx} {} {core} {cpu}", me.tid()));
         if stubborn {
             // Ignores release requests; notices the forced reclaim through
-            // the shared page.
+            // the shared page, where must_release_core also turns true.
             let p0 = c.preempted_count();
-            while c.preempted_count() == p0 {
+            while !me.was_preempted() {
                 std::thread::sleep(Duration::from_millis(1));
             }
+            assert!(me.must_release_core());
+            assert_eq!(c.preempted_count(), p0 + 1);
             say(format!(
                 "preempted {idx} {}",
                 rustix::thread::sched_getcpu()

@@ -278,7 +278,7 @@ impl State {
         self.holder.remove(&core);
         if let Some(a) = self.apps.get(&app) {
             a.shm.set_release(core, false);
-            a.shm.set_granted(core, false);
+            a.shm.set_granted(core, 0);
         }
         if unconfine {
             match self.fence.unconfine(tid) {
@@ -492,7 +492,7 @@ impl State {
                             deadline: None,
                         };
                     }
-                    self.apps[&app].shm.set_granted(core, true);
+                    self.apps[&app].shm.set_granted(core, tid);
                     self.outbox.push((tc, Response::Granted { core }));
                     tracing::debug!(app, tid, core, "core granted");
                 }
