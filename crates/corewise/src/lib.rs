@@ -30,6 +30,8 @@ pub mod sync;
 #[cfg(not(loom))]
 pub mod arbiter;
 #[cfg(not(loom))]
+pub mod budget;
+#[cfg(not(loom))]
 mod clock;
 #[cfg(not(loom))]
 mod context;
@@ -45,6 +47,11 @@ pub mod thread;
 pub use error::{BuildError, JoinError, PanicPayload, SpawnError, Timeout};
 pub use policy::{CoreMask, CorePolicy, CoreView, DefaultPolicy, ThreadClass, PRIORITIES};
 
+#[cfg(not(loom))]
+pub use budget::{
+    cpu_budget, cpu_budget_of, BudgetError, BudgetHandle, BudgetReason, BudgetWatcher, CpuBudget,
+    CpuList, NeighbourShare,
+};
 #[cfg(not(loom))]
 pub use runtime::{Builder, CoreStats, RunError, Runtime, DEFAULT_IDLE_SPIN, DEFAULT_STACK_SIZE};
 #[cfg(not(loom))]

@@ -1,0 +1,448 @@
+//! Keeping the budget current for the runtime.
+//!
+//! Reading the budget walks a dozen small files, far too slow for a
+//! dispatcher loop, and limits change rarely (an orchestrator resizes a
+//! container). So the figure lives in atomics: one `AtomicUsize` load gives
+//! a kernel thread the current core count. Either a background OS thread
+//! re-reads it every interval ([`WatcherBuilder::spawn`]), or the runtime
+//! calls [`BudgetHandle::refresh_if_due`] from a loop it already has, which
+//! costs a clock read and one atomic load until the interval has passed and
+//! then lets exactly one caller do the reading (`try_lock`, nobody waits).
+//!
+//! A failed re-read keeps the last good budget and records the error
+//! ([`BudgetHandle::last_error`]): a cgroup file vanishing for a moment must
+//! not shrink or stop the runtime.
+//!
+//! With a neighbour share configured the watcher also updates a
+//! [`NeighbourShare`] every window and publishes
+//! `active = min(budget, neighbour cap)` in a second atomic.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{BudgetError, BudgetProbe, CpuBudget, NeighbourConfig, NeighbourShare};
+
+/// How often the budget is re-read unless configured otherwise.
+pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Worker {
+    probe: BudgetProbe,
+    interval: Duration,
+    neighbour: Option<NeighbourShare>,
+    next_budget: Instant,
+    next_share: Option<Instant>,
+}
+
+struct Shared {
+    epoch: Instant,
+    cores: AtomicUsize,
+    active: AtomicUsize,
+    generation: AtomicU64,
+    /// Nanoseconds after `epoch` when the next refresh is due.
+    next_due_ns: AtomicU64,
+    snapshot: Mutex<Arc<CpuBudget>>,
+    last_error: Mutex<Option<Arc<BudgetError>>>,
+    worker: Mutex<Worker>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn nanos_since_epoch(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn publish(&self, budget: CpuBudget) {
+        self.cores.store(budget.cores(), Ordering::Relaxed);
+        let mut snap = lock(&self.snapshot);
+        if **snap != budget {
+            *snap = Arc::new(budget);
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Does whatever is due; returns when the next thing is due.
+    fn tick(&self, w: &mut Worker, force_budget: bool) -> Result<Instant, Arc<BudgetError>> {
+        let now = Instant::now();
+        let mut result = Ok(());
+        if force_budget || now >= w.next_budget {
+            w.next_budget = now + w.interval;
+            match w.probe.read() {
+                Ok(b) => {
+                    if let Some(n) = &mut w.neighbour {
+                        n.set_budget(b.cores());
+                    }
+                    self.publish(b);
+                    *lock(&self.last_error) = None;
+                }
+                Err(e) => {
+                    let e = Arc::new(e);
+                    *lock(&self.last_error) = Some(e.clone());
+                    result = Err(e);
+                }
+            }
+        }
+        let cores = self.cores.load(Ordering::Relaxed);
+        let mut active = cores;
+        if let (Some(n), Some(next)) = (&mut w.neighbour, &mut w.next_share) {
+            if now >= *next {
+                *next = now + n.config().window;
+                match n.update() {
+                    Ok(cap) => active = cap.min(cores),
+                    Err(e) => {
+                        let e = Arc::new(e);
+                        *lock(&self.last_error) = Some(e.clone());
+                        result = result.and(Err(e));
+                    }
+                }
+            } else {
+                active = n.cap().min(cores);
+            }
+        }
+        self.active.store(active.max(1), Ordering::Relaxed);
+        let due = match w.next_share {
+            Some(s) => s.min(w.next_budget),
+            None => w.next_budget,
+        };
+        self.next_due_ns
+            .store(self.nanos_since_epoch(due), Ordering::Relaxed);
+        result.map(|()| due)
+    }
+}
+
+/// A cheap, cloneable reader of a [`BudgetWatcher`]'s figures, for the
+/// runtime's kernel threads (`Send + Sync`).
+///
+/// ```
+/// let w = corewise::budget::BudgetWatcher::builder().build().unwrap();
+/// let h = w.handle().clone();
+/// std::thread::spawn(move || assert!(h.cores() >= 1)).join().unwrap();
+/// ```
+#[derive(Clone)]
+pub struct BudgetHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for BudgetHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetHandle")
+            .field("cores", &self.cores())
+            .field("active_cores", &self.active_cores())
+            .field("generation", &self.generation())
+            .finish()
+    }
+}
+
+impl BudgetHandle {
+    /// The current budget's core count: one relaxed atomic load.
+    pub fn cores(&self) -> usize {
+        self.shared.cores.load(Ordering::Relaxed)
+    }
+
+    /// `min(cores, neighbour cap)` when a neighbour share is configured,
+    /// else [`cores`](Self::cores): one relaxed atomic load.
+    pub fn active_cores(&self) -> usize {
+        self.shared.active.load(Ordering::Relaxed)
+    }
+
+    /// Increments whenever the published budget changes (CPU list, count
+    /// or reason); compare with an old value to notice changes.
+    pub fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    /// The whole current budget (takes a short lock).
+    pub fn snapshot(&self) -> Arc<CpuBudget> {
+        lock(&self.shared.snapshot).clone()
+    }
+
+    /// The error of the last re-read, if it failed (the budget then stays
+    /// at its last good value).
+    pub fn last_error(&self) -> Option<Arc<BudgetError>> {
+        lock(&self.shared.last_error).clone()
+    }
+
+    /// Re-reads what is due, if anything is and no other thread is doing
+    /// it; returns whether this call did the work. Until something is due
+    /// this is a clock read and one atomic load.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let w = corewise::budget::BudgetWatcher::builder()
+    ///     .interval(Duration::from_millis(1))
+    ///     .build()
+    ///     .unwrap();
+    /// std::thread::sleep(Duration::from_millis(2));
+    /// assert!(w.handle().refresh_if_due());
+    /// ```
+    pub fn refresh_if_due(&self) -> bool {
+        let now = self.shared.nanos_since_epoch(Instant::now());
+        if now < self.shared.next_due_ns.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Ok(mut w) = self.shared.worker.try_lock() else {
+            return false;
+        };
+        let _ = self.shared.tick(&mut w, false);
+        true
+    }
+
+    /// Re-reads the budget now (waiting for a concurrent refresh), and
+    /// returns it or the error.
+    pub fn refresh_now(&self) -> Result<Arc<CpuBudget>, Arc<BudgetError>> {
+        let mut w = lock(&self.shared.worker);
+        self.shared.tick(&mut w, true)?;
+        drop(w);
+        Ok(self.snapshot())
+    }
+}
+
+/// Settings for a [`BudgetWatcher`].
+#[derive(Debug, Clone)]
+pub struct WatcherBuilder {
+    probe: BudgetProbe,
+    interval: Duration,
+    neighbour: Option<NeighbourConfig>,
+}
+
+impl WatcherBuilder {
+    /// Reads the budget with `probe` (default: this process,
+    /// [`BudgetProbe::new`]).
+    pub fn probe(mut self, probe: BudgetProbe) -> Self {
+        self.probe = probe;
+        self
+    }
+
+    /// Re-reads the budget every `interval` (default
+    /// [`DEFAULT_REFRESH_INTERVAL`]; must be > 0).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// Also tracks the neighbour share with `config` (default: off).
+    pub fn neighbour(mut self, config: Option<NeighbourConfig>) -> Self {
+        self.neighbour = config;
+        self
+    }
+
+    /// A watcher without a thread: the runtime calls
+    /// [`BudgetHandle::refresh_if_due`]. Fails if the first read fails.
+    pub fn build(self) -> Result<BudgetWatcher, BudgetError> {
+        if self.interval.is_zero() {
+            return Err(BudgetError::Config("refresh interval must be > 0".into()));
+        }
+        let first = self.probe.read()?;
+        let neighbour = match self.neighbour {
+            Some(cfg) => Some(NeighbourShare::new(first.cores(), cfg)?),
+            None => None,
+        };
+        let now = Instant::now();
+        let next_share = neighbour.as_ref().map(|n| now + n.config().window);
+        let cores = first.cores();
+        let shared = Arc::new(Shared {
+            epoch: now,
+            cores: AtomicUsize::new(cores),
+            active: AtomicUsize::new(cores),
+            generation: AtomicU64::new(0),
+            next_due_ns: AtomicU64::new(0),
+            snapshot: Mutex::new(Arc::new(first)),
+            last_error: Mutex::new(None),
+            worker: Mutex::new(Worker {
+                probe: self.probe,
+                interval: self.interval,
+                neighbour,
+                next_budget: now + self.interval,
+                next_share,
+            }),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+        });
+        let due = next_share.map_or(now + self.interval, |s| s.min(now + self.interval));
+        shared
+            .next_due_ns
+            .store(shared.nanos_since_epoch(due), Ordering::Relaxed);
+        Ok(BudgetWatcher {
+            handle: BudgetHandle { shared },
+            thread: None,
+        })
+    }
+
+    /// A watcher with a background OS thread (`corewise-budget`) that
+    /// refreshes on schedule; dropping the watcher stops it.
+    pub fn spawn(self) -> Result<BudgetWatcher, BudgetError> {
+        let mut watcher = self.build()?;
+        let shared = watcher.handle.shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("corewise-budget".into())
+            .spawn(move || loop {
+                let due = {
+                    let mut w = lock(&shared.worker);
+                    match shared.tick(&mut w, false) {
+                        Ok(due) => due,
+                        Err(_) => Instant::now() + w.interval.min(Duration::from_secs(1)),
+                    }
+                };
+                let mut stop = lock(&shared.stop);
+                loop {
+                    if *stop {
+                        return;
+                    }
+                    let now = Instant::now();
+                    if now >= due {
+                        break;
+                    }
+                    stop = shared
+                        .wake
+                        .wait_timeout(stop, due - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            })
+            .map_err(BudgetError::Thread)?;
+        watcher.thread = Some(thread);
+        Ok(watcher)
+    }
+}
+
+/// Keeps a [`CpuBudget`] (and optionally a neighbour cap) current.
+///
+/// ```
+/// use corewise::budget::BudgetWatcher;
+/// let watcher = BudgetWatcher::spawn().unwrap(); // re-reads every second
+/// let h = watcher.handle().clone();
+/// // In each kernel thread's loop:
+/// let allowed = h.cores();
+/// assert_eq!(allowed, watcher.snapshot().cores());
+/// ```
+#[derive(Debug)]
+pub struct BudgetWatcher {
+    handle: BudgetHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BudgetWatcher {
+    /// Settings, starting from this process, a 1 s interval and no
+    /// neighbour share.
+    pub fn builder() -> WatcherBuilder {
+        WatcherBuilder {
+            probe: BudgetProbe::new(),
+            interval: DEFAULT_REFRESH_INTERVAL,
+            neighbour: None,
+        }
+    }
+
+    /// `builder().spawn()`: this process, re-read every second by a
+    /// background thread.
+    pub fn spawn() -> Result<Self, BudgetError> {
+        Self::builder().spawn()
+    }
+
+    /// The reader to hand to kernel threads.
+    pub fn handle(&self) -> &BudgetHandle {
+        &self.handle
+    }
+
+    /// See [`BudgetHandle::cores`].
+    pub fn cores(&self) -> usize {
+        self.handle.cores()
+    }
+
+    /// See [`BudgetHandle::active_cores`].
+    pub fn active_cores(&self) -> usize {
+        self.handle.active_cores()
+    }
+
+    /// See [`BudgetHandle::snapshot`].
+    pub fn snapshot(&self) -> Arc<CpuBudget> {
+        self.handle.snapshot()
+    }
+
+    /// Whether a background thread refreshes this watcher.
+    pub fn has_thread(&self) -> bool {
+        self.thread.is_some()
+    }
+}
+
+impl Drop for BudgetWatcher {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            *lock(&self.handle.shared.stop) = true;
+            self.handle.shared.wake.notify_all();
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_up_changes() {
+        // The override is fixed per probe, so swap probes through a fresh
+        // watcher: check refresh bookkeeping instead.
+        let w = BudgetWatcher::builder()
+            .probe(BudgetProbe::new().max_cores(Some(1)))
+            .interval(Duration::from_millis(5))
+            .build()
+            .unwrap();
+        let h = w.handle().clone();
+        assert_eq!(h.cores(), 1);
+        assert_eq!(h.active_cores(), 1);
+        assert!(!h.refresh_if_due());
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(h.refresh_if_due());
+        assert_eq!(h.generation(), 0, "same budget, no new generation");
+        assert!(h.last_error().is_none());
+        assert_eq!(h.refresh_now().unwrap().cores(), 1);
+    }
+
+    #[test]
+    fn failed_reread_keeps_last_good() {
+        let dir = std::env::temp_dir().join(format!("corewise-watch-unit-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("proc/self")).unwrap();
+        let probe = BudgetProbe::new()
+            .root(&dir)
+            .max_cores(None)
+            .affinity("0-3".parse().unwrap());
+        let w = WatcherBuilder {
+            probe,
+            interval: Duration::from_secs(3600),
+            neighbour: None,
+        }
+        .build()
+        .unwrap();
+        assert_eq!(w.cores(), 4);
+        std::fs::write(dir.join("proc/self/cgroup"), "garbage\n").unwrap();
+        assert!(w.handle().refresh_now().is_err());
+        assert!(w.handle().last_error().is_some());
+        assert_eq!(w.cores(), 4);
+        std::fs::remove_file(dir.join("proc/self/cgroup")).unwrap();
+        assert!(w.handle().refresh_now().is_ok());
+        assert!(w.handle().last_error().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn thread_runs_and_stops() {
+        let w = BudgetWatcher::builder()
+            .interval(Duration::from_millis(2))
+            .neighbour(Some(NeighbourConfig::default()))
+            .spawn()
+            .unwrap();
+        assert!(w.has_thread());
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(w.active_cores() >= 1 && w.active_cores() <= w.cores());
+        drop(w);
+        assert!(BudgetWatcher::builder()
+            .interval(Duration::ZERO)
+            .build()
+            .is_err());
+    }
+}

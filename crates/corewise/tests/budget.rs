@@ -1,0 +1,363 @@
+//! The CPU budget against real cgroups and real neighbours.
+//!
+//! The cgroup tests need root and the cgroup v1 `cpu` and `cpuset`
+//! hierarchies at /sys/fs/cgroup/{cpu,cpuset}; where those are missing or
+//! not writable they print why and pass. Every cgroup created is removed by
+//! a guard (tasks moved back to the hierarchy root first), every child
+//! process is killed by pid by a guard, whatever the assertions do.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use corewise::budget::{BudgetProbe, BudgetReason, CpuList, NeighbourConfig, NeighbourShare};
+
+const CPU_ROOT: &str = "/sys/fs/cgroup/cpu";
+const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
+/// Set in the environment of a re-executed test binary to run
+/// [`child_reports_own_budget`] as a child.
+const CHILD_ENV: &str = "COREWISE_BUDGET_TEST_CHILD";
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// Cgroup directories created under one hierarchy; dropping moves their
+/// tasks to the root and removes them, deepest first.
+struct CgroupTree {
+    root: PathBuf,
+    dirs: Vec<PathBuf>,
+}
+
+impl CgroupTree {
+    /// A fresh `corewise-budget-test-<pid>-<n>` under `root`, or `None`
+    /// (with a note) if the hierarchy is not usable here.
+    fn new(root: &str, probe_file: &str) -> Option<Self> {
+        let root = PathBuf::from(root);
+        if !root.join(probe_file).exists() {
+            eprintln!("skipping: {} has no {probe_file}", root.display());
+            return None;
+        }
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let top = root.join(format!("corewise-budget-test-{}-{n}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&top) {
+            eprintln!("skipping: cannot create {}: {e}", top.display());
+            return None;
+        }
+        Some(CgroupTree {
+            root,
+            dirs: vec![top],
+        })
+    }
+
+    fn top(&self) -> &Path {
+        &self.dirs[0]
+    }
+
+    fn child(&mut self, name: &str) -> PathBuf {
+        let dir = self.top().join(name);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        self.dirs.push(dir.clone());
+        dir
+    }
+}
+
+impl Drop for CgroupTree {
+    fn drop(&mut self) {
+        for dir in self.dirs.iter().rev() {
+            for _ in 0..50 {
+                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                for pid in procs.split_whitespace() {
+                    let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
+                }
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Child processes, killed and reaped on drop.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn write(path: &Path, value: &str) -> std::io::Result<()> {
+    std::fs::write(path, value)
+}
+
+fn must_write(path: &Path, value: &str) {
+    write(path, value).unwrap_or_else(|e| panic!("write {value:?} to {}: {e}", path.display()));
+}
+
+fn sleeper() -> Child {
+    Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("spawn sleep")
+}
+
+fn move_into(dir: &Path, pid: u32) {
+    must_write(&dir.join("cgroup.procs"), &pid.to_string());
+}
+
+fn machine_cpus() -> usize {
+    corewise::budget::BudgetProbe::new()
+        .max_cores(None)
+        .read()
+        .unwrap()
+        .cpus()
+        .len()
+}
+
+#[test]
+fn parent_quota_binds_child() {
+    let Some(mut tree) = CgroupTree::new(CPU_ROOT, "cpu.cfs_quota_us") else {
+        return;
+    };
+    let parent = tree.top().to_path_buf();
+    let child = tree.child("child");
+    must_write(&parent.join("cpu.cfs_period_us"), "100000");
+    must_write(&parent.join("cpu.cfs_quota_us"), "100000");
+    must_write(&child.join("cpu.cfs_period_us"), "100000");
+    // cgroup v1 refuses a child quota above its parent's (EINVAL); v2
+    // accepts it. Either way the parent's 1 CPU must bind the child.
+    match write(&child.join("cpu.cfs_quota_us"), "200000") {
+        Ok(()) => eprintln!("kernel accepted a child quota above the parent's"),
+        Err(e) => {
+            assert_eq!(e.raw_os_error(), Some(22), "{e}");
+            eprintln!(
+                "cgroup v1 refused child quota 200000 > parent 100000; child stays unlimited"
+            );
+        }
+    }
+    let kids = Children(vec![sleeper()]);
+    let pid = kids.0[0].id();
+    move_into(&child, pid);
+
+    let b = BudgetProbe::for_pid(pid).max_cores(None).read().unwrap();
+    eprintln!("{b}");
+    assert_eq!(b.cores(), 1, "{b}");
+    match b.reason() {
+        BudgetReason::Quota(q) => {
+            assert_eq!(q.path, parent, "{b}");
+            assert_eq!((q.quota_us, q.period_us), (100_000, 100_000));
+        }
+        other => panic!("reason {other:?}, want the parent's quota: {b}"),
+    }
+    assert!(b.to_string().contains(&parent.display().to_string()));
+    drop(kids);
+}
+
+#[test]
+fn tighter_child_quota_wins() {
+    let Some(mut tree) = CgroupTree::new(CPU_ROOT, "cpu.cfs_quota_us") else {
+        return;
+    };
+    let parent = tree.top().to_path_buf();
+    let child = tree.child("child");
+    must_write(&parent.join("cpu.cfs_period_us"), "100000");
+    must_write(&parent.join("cpu.cfs_quota_us"), "150000");
+    must_write(&child.join("cpu.cfs_period_us"), "50000");
+    must_write(&child.join("cpu.cfs_quota_us"), "25000");
+    let kids = Children(vec![sleeper()]);
+    let pid = kids.0[0].id();
+    move_into(&child, pid);
+    let b = BudgetProbe::for_pid(pid).max_cores(None).read().unwrap();
+    assert_eq!(b.cores(), 1, "{b}");
+    let BudgetReason::Quota(q) = b.reason() else {
+        panic!("{b}")
+    };
+    assert_eq!(q.path, child);
+    assert_eq!((q.quota_us, q.period_us), (25_000, 50_000));
+}
+
+#[test]
+fn cpuset_parent_restricts_child() {
+    let Some(mut tree) = CgroupTree::new(CPUSET_ROOT, "cpuset.cpus") else {
+        return;
+    };
+    let parent = tree.top().to_path_buf();
+    let root_cpus = CpuList::parse(
+        &std::fs::read_to_string(Path::new(CPUSET_ROOT).join("cpuset.cpus")).unwrap(),
+    )
+    .unwrap();
+    if root_cpus.len() < 2 || !root_cpus.contains(1) {
+        eprintln!("skipping: need CPUs 0-1, root cpuset is {root_cpus}");
+        return;
+    }
+    let mems = std::fs::read_to_string(Path::new(CPUSET_ROOT).join("cpuset.mems")).unwrap();
+    must_write(&parent.join("cpuset.cpus"), "1");
+    must_write(&parent.join("cpuset.mems"), mems.trim());
+    let child = tree.child("child");
+    // The child may not ask for more than its parent has.
+    let wide = write(&child.join("cpuset.cpus"), "0-1");
+    assert!(
+        wide.is_err(),
+        "the kernel accepted 0-1 under a parent with 1"
+    );
+    must_write(&child.join("cpuset.cpus"), "1");
+    must_write(&child.join("cpuset.mems"), mems.trim());
+    let kids = Children(vec![sleeper()]);
+    let pid = kids.0[0].id();
+    move_into(&child, pid);
+
+    let b = BudgetProbe::for_pid(pid).max_cores(None).read().unwrap();
+    eprintln!("{b}");
+    assert_eq!(b.cpus().to_vec(), vec![1], "{b}");
+    assert_eq!(b.cores(), 1);
+    let effective = std::fs::read_to_string(child.join("cpuset.effective_cpus")).unwrap();
+    assert_eq!(effective.trim(), "1");
+    assert_eq!(
+        b.reason(),
+        &BudgetReason::Cpuset {
+            path: parent.clone()
+        },
+        "{b}"
+    );
+    // The same with the kernel's affinity ignored: the cpusets alone give 1.
+    let b = BudgetProbe::for_pid(pid)
+        .max_cores(None)
+        .affinity(CpuList::parse("0-1").unwrap())
+        .read()
+        .unwrap();
+    assert_eq!(b.cpus().to_vec(), vec![1], "{b}");
+}
+
+/// Not a test on its own: when re-executed with [`CHILD_ENV`] set, waits
+/// for a line on stdin (sent once the parent has moved it into a cgroup),
+/// then prints its own `cpu_budget()`.
+#[test]
+fn child_reports_own_budget() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let b = corewise::cpu_budget().unwrap();
+    println!("BUDGET cores={} reason={}", b.cores(), b.reason());
+}
+
+/// Runs this test binary as a child in `dir` and returns its budget line.
+fn budget_of_child_in(dir: &Path, max_cores: Option<&str>) -> String {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_reports_own_budget",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, "1")
+    .env_remove("COREWISE_MAX_CORES")
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped());
+    if let Some(v) = max_cores {
+        cmd.env("COREWISE_MAX_CORES", v);
+    }
+    let mut kids = Children(vec![cmd.spawn().unwrap()]);
+    let child = &mut kids.0[0];
+    move_into(dir, child.id());
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    // Read to the end: a reader dropped early would make the child's
+    // later harness output fail with EPIPE.
+    let lines: Vec<String> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "child failed: {lines:?}");
+    // The harness prints "test name ... " on the same line first.
+    lines
+        .iter()
+        .find_map(|l| l.find("BUDGET ").map(|i| l[i..].to_owned()))
+        .unwrap_or_else(|| panic!("child printed no budget: {lines:?}"))
+}
+
+#[test]
+fn one_cpu_quota_gives_one_core() {
+    let Some(tree) = CgroupTree::new(CPU_ROOT, "cpu.cfs_quota_us") else {
+        return;
+    };
+    let dir = tree.top().to_path_buf();
+    must_write(&dir.join("cpu.cfs_period_us"), "100000");
+    must_write(&dir.join("cpu.cfs_quota_us"), "100000");
+    let cpus = machine_cpus();
+    eprintln!("machine CPUs: {cpus}");
+
+    let kids = Children(vec![sleeper()]);
+    let pid = kids.0[0].id();
+    move_into(&dir, pid);
+    let b = BudgetProbe::for_pid(pid).max_cores(None).read().unwrap();
+    assert_eq!(b.cores(), 1, "{b}");
+    assert_eq!(b.cpus().len(), cpus, "a quota does not change the CPU list");
+    drop(kids);
+
+    // The process's own view through `corewise::cpu_budget()`.
+    let line = budget_of_child_in(&dir, None);
+    assert!(
+        line.starts_with("BUDGET cores=1 reason=quota at "),
+        "{line}"
+    );
+    assert!(line.contains(&dir.display().to_string()), "{line}");
+    // The environment overrides the quota (within the CPU list).
+    if cpus >= 2 {
+        let line = budget_of_child_in(&dir, Some("2"));
+        assert!(line.starts_with("BUDGET cores=2 "), "{line}");
+    }
+}
+
+#[test]
+fn busy_neighbours_cap_at_one() {
+    let budget = BudgetProbe::new().max_cores(None).read().unwrap().cores();
+    let mut kids = Children(Vec::new());
+    for _ in 0..2 {
+        kids.0.push(
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .expect("spawn spinner"),
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut x = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let cfg = NeighbourConfig {
+        window: Duration::from_millis(200),
+        ..NeighbourConfig::default()
+    };
+    let result = NeighbourShare::new(budget, cfg).and_then(|mut s| s.sample());
+    stop.store(true, Ordering::Relaxed);
+    spinner.join().unwrap();
+    drop(kids);
+    let cap = result.unwrap();
+    eprintln!("neighbour cap {cap} of budget {budget}");
+    assert_eq!(cap, 1, "three spinners on {budget} CPUs, one of them ours");
+}
+
+#[test]
+fn idle_neighbours_allow_growth() {
+    // Only meaningful on an otherwise quiet machine; checks the cap is in
+    // range and, when the host was idle, the whole budget.
+    let budget = BudgetProbe::new().max_cores(None).read().unwrap().cores();
+    let mut s = NeighbourShare::new(budget, NeighbourConfig::default()).unwrap();
+    let cap = s.sample().unwrap();
+    assert!((1..=budget).contains(&cap));
+}
