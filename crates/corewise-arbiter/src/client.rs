@@ -392,3 +392,50 @@ pub fn send_raw(socket_path: impl AsRef<Path>, bytes: &[u8]) -> Result<bool, Cli
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_daemon_is_a_connect_error() {
+        let p = std::env::temp_dir().join(format!("corewise-nodaemon-{}.sock", std::process::id()));
+        assert!(matches!(
+            Client::connect(&p),
+            Err(ClientError::Connect { .. })
+        ));
+        assert!(matches!(status(&p), Err(ClientError::Connect { .. })));
+    }
+
+    #[test]
+    fn closed_connection_is_daemon_gone() {
+        let p = std::env::temp_dir().join(format!("corewise-closing-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let t = std::thread::spawn(move || {
+            // Read the hello, then hang up like a dying daemon.
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 6];
+            let _ = s.read_exact(&mut b);
+        });
+        assert!(matches!(Client::connect(&p), Err(ClientError::DaemonGone)));
+        t.join().unwrap();
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn garbage_from_daemon_is_a_protocol_error() {
+        let p = std::env::temp_dir().join(format!("corewise-garbage-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\n");
+            let mut b = [0u8; 64];
+            let _ = s.read(&mut b);
+        });
+        assert!(matches!(status(&p), Err(ClientError::Protocol(_))));
+        t.join().unwrap();
+        let _ = std::fs::remove_file(&p);
+    }
+}

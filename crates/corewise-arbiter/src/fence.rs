@@ -501,6 +501,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn missing_hierarchies_are_unavailable() {
+        let all: CpuList = "0-1".parse().unwrap();
+        for v in [CgroupVersion::V1, CgroupVersion::V2] {
+            let r = CgroupFence::new(v, Path::new("/nonexistent/corewise"), &all, &[1]);
+            assert!(matches!(r, Err(FenceError::Unavailable(_))));
+        }
+    }
+
+    #[test]
     fn affinity_pins_and_unpins_a_real_thread() {
         let all = crate::topology::online_cpus();
         let Some(core) = all.iter().last() else {
