@@ -189,6 +189,10 @@ fn signal_fd() -> Result<OwnedFd, DaemonError> {
     }
 }
 
+/// Most client connections served at once; more are accepted and closed, so
+/// a flood can neither exhaust the daemon's descriptors nor stall its loop.
+pub const MAX_CONNECTIONS: usize = 16384;
+
 struct Conn {
     stream: UnixStream,
     rbuf: Vec<u8>,
@@ -196,6 +200,17 @@ struct Conn {
     uid: u32,
     /// A status connection is closed once its reply is written.
     close_after_reply: bool,
+}
+
+/// Raises the soft descriptor limit to the hard one (one socket per client
+/// kernel thread adds up).
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        let _ = setrlimit(Resource::Nofile, l);
+    }
 }
 
 /// Puts the calling thread under SCHED_FIFO (rustix has no sched_setscheduler).
@@ -307,6 +322,7 @@ fn finish(
 /// calling thread and read from a signalfd.
 pub fn run(opts: Options) -> Result<(), DaemonError> {
     let sig = signal_fd()?;
+    raise_fd_limit();
     let (mut state, listener) = setup(&opts)?;
     let result = serve(&listener, &mut state, &sig);
     finish(&opts, state, result)
@@ -450,6 +466,10 @@ fn serve(listener: &UnixListener, state: &mut State, sig: &OwnedFd) -> Result<()
             loop {
                 match listener.accept() {
                     Ok((stream, _)) => {
+                        if conns.len() >= MAX_CONNECTIONS {
+                            tracing::warn!("too many connections; refusing one");
+                            continue;
+                        }
                         let cred = match rustix::net::sockopt::socket_peercred(&stream) {
                             Ok(c) => c,
                             Err(e) => {
@@ -476,7 +496,10 @@ fn serve(listener: &UnixListener, state: &mut State, sig: &OwnedFd) -> Result<()
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
+                        // EMFILE and friends: the listener stays readable, so
+                        // pause briefly instead of spinning on it.
                         tracing::warn!(error = %e, "accept failed");
+                        std::thread::sleep(Duration::from_millis(1));
                         break;
                     }
                 }
