@@ -56,8 +56,9 @@ impl Context {
                 // A stale signal can make a free slot look runnable while a
                 // spawner is still writing its function: run only what the
                 // spawner has published.
-                if slot.invocation.take_ready() {
-                    crate::thread::run_slot_thread(slot);
+                // SAFETY: this is the slot's own coroutine.
+                if unsafe { slot.invocation.run_published() } {
+                    crate::thread::exit_slot_thread(slot);
                 }
                 cmd = yielder.suspend(());
             }
@@ -249,7 +250,7 @@ extern "C" fn overflow_handler(sig: libc::c_int, info: *mut libc::siginfo_t, uct
                 "(core {}, slot {}, generation {}) ",
                 core.index,
                 slot.index,
-                slot.generation.load(Ordering::Relaxed)
+                slot.generation().load(Ordering::Relaxed)
             );
         }
         let _ = writeln!(

@@ -173,75 +173,83 @@ mod runtime_core {
     use crate::idle::IdleGate;
     use crate::runtime::Shared;
     use crate::shim::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize};
+    #[cfg(test)]
+    const _LINE0_IS_ONE_LINE: () = assert!(size_of::<Invocation>() == 64);
     use crossbeam_utils::CachePadded;
     use std::cell::{Cell, UnsafeCell};
     use std::mem::{align_of, size_of, MaybeUninit};
     use std::sync::OnceLock;
 
     /// Bytes of a thread's function that fit in the slot's first cache line.
-    const INLINE_BYTES: usize = 56;
+    const INLINE_BYTES: usize = 40;
 
-    /// The function of the thread that starts next in a slot: 56 bytes of
-    /// closure and the pointer that knows how to run it, one cache line.
+    /// The first cache line of a slot: everything a spawner writes and a
+    /// signaller touches, so creating a thread on another core moves one
+    /// line (plus the core's `MaskAndCount`), and so does a signal.
     #[repr(C, align(64))]
     pub(crate) struct Invocation {
+        /// The thread's closure, when it fits (else a `Box` pointer).
         storage: UnsafeCell<MaybeUninit<[u64; INLINE_BYTES / 8]>>,
-        run: Cell<Option<unsafe fn(*mut u8)>>,
-        /// Set (release) by the spawner once `storage` and `run` are written.
-        ready: AtomicBool,
+        /// The function that runs `storage`, as a `usize`; 0 = nothing to
+        /// run. Published (release) after `storage` is written.
+        run: AtomicUsize,
+        /// `ThreadClass` of the thread in the slot (as u32).
+        pub(crate) class: AtomicU32,
+        /// Bumped when a thread leaves the slot, so stale `ThreadId`s are
+        /// recognised.
+        pub(crate) generation: AtomicU32,
+        /// The slot's wakeup word.
+        pub(crate) wakeup: WakeupTime,
     }
 
     impl Invocation {
         fn new() -> Self {
             Self {
                 storage: UnsafeCell::new(MaybeUninit::uninit()),
-                run: Cell::new(None),
-                ready: AtomicBool::new(false),
+                run: AtomicUsize::new(0),
+                class: AtomicU32::new(0),
+                generation: AtomicU32::new(0),
+                wakeup: WakeupTime::new(),
             }
         }
 
-        /// Marks the stored function as complete; the slot may run it now.
-        pub(crate) fn publish(&self) {
-            self.ready.store(true, Ordering::Release);
-        }
-
-        /// Slot's own thread: whether a published function waits, taking
-        /// the mark.
-        pub(crate) fn take_ready(&self) -> bool {
-            self.ready.load(Ordering::Acquire) && {
-                self.ready.store(false, Ordering::Relaxed);
-                true
-            }
-        }
-
-        /// Stores `f`: inline when it fits, otherwise boxed.
+        /// Stores `f` (inline when it fits, otherwise boxed) and publishes it.
         ///
         /// # Safety
         /// The caller owns the slot (claimed it and has not yet made it
-        /// runnable), so nothing else reads or writes this line.
+        /// runnable), so nothing else reads or writes `storage`.
         pub(crate) unsafe fn put<F: FnOnce() + Send + 'static>(&self, f: F) {
-            if size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= 8 {
-                // SAFETY: the storage is 56 bytes aligned to 64 and F fits.
+            let run: unsafe fn(*mut u8) = if size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= 8 {
+                // SAFETY: the storage is 40 bytes aligned to 64 and F fits.
                 unsafe { self.storage.get().cast::<F>().write(f) };
-                self.run.set(Some(run_inline::<F>));
+                run_inline::<F>
             } else {
                 let boxed: Box<F> = Box::new(f);
                 // SAFETY: a pointer fits in the storage.
                 unsafe { self.storage.get().cast::<*mut F>().write(Box::into_raw(boxed)) };
-                self.run.set(Some(run_boxed::<F>));
-            }
+                run_boxed::<F>
+            };
+            self.run.store(run as usize, Ordering::Release);
         }
 
-        /// Runs the stored function, leaving the line empty.
+        /// Slot's own thread: runs the published function, if there is one,
+        /// leaving the line empty. Returns whether one ran.
         ///
         /// # Safety
-        /// Called only by the slot's own thread, after the spawner's `put`
-        /// was made visible by the wakeup word.
-        pub(crate) unsafe fn run(&self) {
-            if let Some(run) = self.run.take() {
-                // SAFETY: `run` matches what `put` wrote into the storage.
-                unsafe { run(self.storage.get().cast()) }
+        /// Called only by the slot's own coroutine.
+        pub(crate) unsafe fn run_published(&self) -> bool {
+            let run = self.run.load(Ordering::Acquire);
+            if run == 0 {
+                return false;
             }
+            self.run.store(0, Ordering::Relaxed);
+            // SAFETY: a non-zero `run` is an `unsafe fn(*mut u8)` stored by
+            // `put`, which wrote the matching closure before publishing.
+            unsafe {
+                let run: unsafe fn(*mut u8) = std::mem::transmute::<usize, unsafe fn(*mut u8)>(run);
+                run(self.storage.get().cast());
+            }
+            true
         }
     }
 
@@ -264,21 +272,14 @@ mod runtime_core {
     /// One thread slot.
     #[repr(C, align(64))]
     pub(crate) struct ThreadContext {
-        /// Line 0: the next function to run, written by the spawner.
+        /// Line 0: function, class, generation, wakeup word.
         pub(crate) invocation: Invocation,
-        /// Line 1: what other cores touch.
-        pub(crate) wakeup: WakeupTime,
-        /// Bumped when a thread leaves the slot, so stale `ThreadId`s are
-        /// recognised.
-        pub(crate) generation: AtomicU32,
-        /// `ThreadClass` of the thread in the slot (as u32).
-        pub(crate) class: AtomicU32,
         /// The thread's name, if it has one (a leaked `Box<str>` while the
         /// thread lives; read by the stack-overflow handler).
-        pub(crate) name_ptr: AtomicPtr<u8>,
-        pub(crate) name_len: AtomicUsize,
-        /// Line 2 on: owned by the core's kernel thread.
-        core: CachePadded<AtomicPtr<Core>>,
+        name_ptr: AtomicPtr<u8>,
+        name_len: AtomicUsize,
+        /// Owned by the core's kernel thread.
+        core: AtomicPtr<Core>,
         pub(crate) index: usize,
         context: UnsafeCell<Option<Context>>,
         /// Set by the slot's coroutine when it starts; valid while it lives.
@@ -288,7 +289,7 @@ mod runtime_core {
     // SAFETY: the `Cell`/`UnsafeCell` fields are touched only by the kernel
     // thread that owns the slot's core (the dispatcher and the thread it runs),
     // or by a spawner that owns the slot through `MaskAndCount::claim` before
-    // it publishes the slot with the (release) wakeup word.
+    // it publishes the slot's function (release).
     unsafe impl Sync for ThreadContext {}
     // SAFETY: as for `Sync`; a context is created on one thread and handed to
     // the core's kernel thread before any use.
@@ -298,16 +299,25 @@ mod runtime_core {
         fn new(index: usize) -> Self {
             Self {
                 invocation: Invocation::new(),
-                wakeup: WakeupTime::new(),
-                generation: AtomicU32::new(0),
-                class: AtomicU32::new(0),
                 name_ptr: AtomicPtr::new(std::ptr::null_mut()),
                 name_len: AtomicUsize::new(0),
-                core: CachePadded::new(AtomicPtr::new(std::ptr::null_mut())),
+                core: AtomicPtr::new(std::ptr::null_mut()),
                 index,
                 context: UnsafeCell::new(None),
                 yielder: Cell::new(std::ptr::null()),
             }
+        }
+
+        /// The slot's wakeup word.
+        #[inline]
+        pub(crate) fn wakeup(&self) -> &WakeupTime {
+            &self.invocation.wakeup
+        }
+
+        /// The slot's generation counter.
+        #[inline]
+        pub(crate) fn generation(&self) -> &AtomicU32 {
+            &self.invocation.generation
         }
 
         /// The core this slot belongs to.
@@ -322,7 +332,8 @@ mod runtime_core {
         ///
         /// # Safety
         /// Only the owning core's kernel thread may call this, and not while
-        /// the context runs.
+        /// the context runs; the returned reference must not outlive that.
+        #[allow(clippy::mut_from_ref)]
         pub(crate) unsafe fn context(&'static self, stack_size: usize) -> std::io::Result<&'static mut Context> {
             // SAFETY: per the contract, no other reference exists.
             let slot = unsafe { &mut *self.context.get() };
@@ -341,8 +352,12 @@ mod runtime_core {
             unsafe { *self.context.get() = None };
         }
 
-        /// Sets the thread's name, freeing any old one.
+        /// Sets the thread's name, freeing any old one. Costs nothing for a
+        /// thread that never had a name.
         pub(crate) fn set_name(&self, name: Option<Box<str>>) {
+            if name.is_none() && self.name_ptr.load(Ordering::Relaxed).is_null() {
+                return;
+            }
             let (ptr, len) = match name {
                 Some(n) => {
                     let len = n.len();
@@ -395,6 +410,9 @@ mod runtime_core {
         /// The CPU the core's kernel thread runs on while it holds the core.
         pub(crate) cpu: AtomicUsize,
         runtime: OnceLock<&'static Shared>,
+        /// The core's ring or epoll set (see [`crate::io`]), created by its
+        /// kernel thread.
+        pub(crate) io: crate::io::CoreIo,
     }
 
     impl Core {
@@ -410,14 +428,14 @@ mod runtime_core {
                 index,
                 cpu: AtomicUsize::new(usize::MAX),
                 runtime: OnceLock::new(),
+                io: crate::io::CoreIo::new(),
             }
         }
 
         /// Points the slots back at their core and the core at its runtime.
         pub(crate) fn link(&'static self, runtime: &'static Shared) {
             for slot in self.slots.iter() {
-                slot.core
-                    .store(self as *const Core as *mut Core, Ordering::Relaxed);
+                slot.core.store(self as *const Core as *mut Core, Ordering::Relaxed);
             }
             let _ = self.runtime.set(runtime);
         }
@@ -436,7 +454,7 @@ mod runtime_core {
             while others != 0 {
                 let i = others.trailing_zeros() as usize;
                 others &= others - 1;
-                let w = self.slots[i].wakeup.load();
+                let w = self.slots[i].wakeup().load();
                 if w == RUNNABLE
                     || (w != BLOCKED && w <= *now.get_or_insert_with(crate::clock::now))
                 {

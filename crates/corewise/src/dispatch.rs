@@ -22,8 +22,17 @@ pub(crate) fn run(core: &'static Core) {
     loop {
         if let Some(i) = find_runnable(core, next) {
             idle_since = 0;
+            if i < next {
+                // The scan wrapped: one pass is over. Submit its I/O with
+                // one enter and reap completions (a few loads when idle).
+                core.io.pass();
+            }
             run_thread(core, i);
             next = if i + 1 == SLOTS { 0 } else { i + 1 };
+            continue;
+        }
+        if core.io.pass() {
+            idle_since = 0;
             continue;
         }
         if core.mask.occupied() == 0 && shared.arbiter.must_release_core(core.index) {
@@ -49,7 +58,13 @@ pub(crate) fn run(core: &'static Core) {
         let timeout = earliest.map(|d| clock::ticks_to_duration(d.saturating_sub(clock::now())));
         let sleeps = &core.stats.sleeps;
         sleeps.store(sleeps.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        core.gate.sleep(timeout);
+        // Idle sleep and I/O wait are one wait: in the core's ring (or epoll
+        // set), woken by completions, the timer, or the gate's futex word.
+        if core.io.idle_wait(&core.gate, timeout) {
+            core.gate.cancel_sleep();
+        } else {
+            core.gate.sleep(timeout);
+        }
         idle_since = 0;
     }
 }
@@ -74,7 +89,7 @@ fn find_runnable(core: &Core, start: usize) -> Option<usize> {
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            if core.slots[i].wakeup.take_if_due(&mut now) {
+            if core.slots[i].wakeup().take_if_due(&mut now) {
                 return Some(i);
             }
         }
@@ -90,7 +105,7 @@ fn recheck(core: &Core) -> (bool, Option<u64>) {
     while m != 0 {
         let i = m.trailing_zeros() as usize;
         m &= m - 1;
-        let w = core.slots[i].wakeup.load_acquire();
+        let w = core.slots[i].wakeup().load_acquire();
         if w == RUNNABLE || (w != BLOCKED && w <= now) {
             return (true, None);
         }

@@ -92,6 +92,29 @@ impl IdleGate {
         }
     }
 
+    /// [`wake`](Self::wake) for a caller whose last write was a locked
+    /// read-modify-write (the wakeup word's swap). On x86-64 that
+    /// instruction is already a full fence, so only the compiler is fenced;
+    /// elsewhere (and in the loom models) this is `wake`.
+    #[inline]
+    pub(crate) fn wake_after_rmw(&self) {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            if self.state.load(Ordering::Relaxed) == SLEEPING
+                && self.state.swap(AWAKE, Ordering::SeqCst) == SLEEPING
+            {
+                let _ = rustix::thread::futex::wake(
+                    &self.state,
+                    rustix::thread::futex::Flags::PRIVATE,
+                    1,
+                );
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        self.wake();
+    }
+
     /// Whether the core is asleep (or about to be); for statistics and tests.
     #[cfg(not(loom))]
     pub(crate) fn is_sleeping(&self) -> bool {

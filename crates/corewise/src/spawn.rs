@@ -34,16 +34,18 @@ where
 {
     let (core, slot) = place(shared, &opts)?;
     let ctx: &'static ThreadContext = &core.slots[slot];
-    ctx.class.store(opts.class.to_u32(), Ordering::Relaxed);
     if let Some(name) = opts.name {
         ctx.set_name(Some(name.into_boxed_str()));
     }
+    let inv = &ctx.invocation;
+    inv.class.store(opts.class.to_u32(), Ordering::Relaxed);
     // SAFETY: we own the slot (claimed it) and have not published it yet.
-    unsafe { ctx.invocation.put(job) };
-    ctx.invocation.publish();
+    unsafe { inv.put(job) };
+    // Before the signal: once runnable, the thread may exit at once and
+    // bump the generation.
     let id = ThreadId::new(ctx);
-    ctx.wakeup.signal();
-    core.gate.wake();
+    inv.wakeup.signal();
+    core.gate.wake_after_rmw();
     Ok(id)
 }
 

@@ -60,7 +60,7 @@ impl ThreadId {
     pub(crate) fn new(slot: &'static ThreadContext) -> Self {
         Self {
             slot,
-            generation: slot.generation.load(Ordering::Relaxed),
+            generation: slot.generation().load(Ordering::Relaxed),
         }
     }
 
@@ -340,7 +340,7 @@ pub fn yield_now() {
     if !slot.core().other_runnable(slot.index) {
         return;
     }
-    slot.wakeup.set_runnable();
+    slot.wakeup().set_runnable();
     // SAFETY: `slot` is the running thread's own slot.
     unsafe { switch_out(slot) };
 }
@@ -380,7 +380,7 @@ pub fn block_until(deadline: Instant) {
 
 #[inline]
 fn block_ticks(slot: &ThreadContext, ticks: u64) {
-    if slot.wakeup.block_until(ticks) {
+    if slot.wakeup().block_until(ticks) {
         // SAFETY: `slot` is the running thread's own slot.
         unsafe { switch_out(slot) };
     }
@@ -399,11 +399,14 @@ fn block_ticks(slot: &ThreadContext, ticks: u64) {
 #[inline]
 pub fn signal(thread: ThreadId) {
     let slot = thread.slot;
-    if slot.generation.load(Ordering::Acquire) != thread.generation {
+    // Write first, then check: the swap brings the line over exclusively
+    // and the generation (same line) is then a hit. A signal that lands on
+    // a newer thread of the slot is a spurious wakeup, which is allowed.
+    slot.wakeup().signal();
+    if slot.generation().load(Ordering::Relaxed) != thread.generation {
         return;
     }
-    slot.wakeup.signal();
-    slot.core().gate.wake();
+    slot.core().gate.wake_after_rmw();
 }
 
 /// Sleeps for `d`: a user thread blocks (its core runs others or sleeps);
@@ -428,17 +431,17 @@ pub fn sleep(d: Duration) {
     }
 }
 
-/// Runs in the slot's coroutine: the thread's function, then the slot's
-/// release. The function catches its own panics (see `spawn_joinable`).
-pub(crate) fn run_slot_thread(slot: &'static ThreadContext) {
-    // SAFETY: we are the slot's own coroutine and the spawner published
-    // the invocation (checked by `take_ready`).
-    unsafe { slot.invocation.run() };
+/// Runs in the slot's coroutine after the thread's function returned (it
+/// catches its own panics, see `spawn_joinable`): frees the slot.
+pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
     let core = slot.core();
-    let class = ThreadClass::from_u32(slot.class.load(Ordering::Relaxed));
+    let inv = &slot.invocation;
+    let class = ThreadClass::from_u32(inv.class.load(Ordering::Relaxed));
     slot.set_name(None);
-    slot.generation.fetch_add(1, Ordering::Release);
-    slot.wakeup.reset();
+    // Only the slot's thread writes the generation: no locked instruction.
+    let g = inv.generation.load(Ordering::Relaxed);
+    inv.generation.store(g.wrapping_add(1), Ordering::Release);
+    inv.wakeup.reset();
     core.runtime().policy.thread_exited(class, core.index);
     core.mask.release(slot.index);
 }
