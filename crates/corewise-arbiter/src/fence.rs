@@ -308,14 +308,17 @@ impl Fence for CgroupFence {
         }
     }
 
-    fn adopt(&mut self, pid: u32, _tid: u32) -> Result<(), FenceError> {
+    fn adopt(&mut self, pid: u32, tid: u32) -> Result<(), FenceError> {
         if self.version == CgroupVersion::V2 {
             // Threads can only move within their process's threaded domain,
-            // so the whole process joins the unmanaged set first.
-            let p = self.unmanaged.join("cgroup.procs");
-            let already = read_ids(&p).contains(&pid);
-            if !already {
-                write_file(&p, &pid.to_string())?;
+            // so the whole process joins the unmanaged set first - unless it
+            // is inside already: a `cgroup.procs` write moves *all* its
+            // threads and would pull granted ones off their cores.
+            let inside = std::iter::once(&self.unmanaged_threads_path)
+                .chain(self.cores.iter().map(|c| &c.threads_path))
+                .any(|p| read_ids(p).contains(&tid));
+            if !inside {
+                write_file(&self.unmanaged.join("cgroup.procs"), &pid.to_string())?;
             }
         }
         Ok(())
@@ -375,8 +378,13 @@ impl Fence for CgroupFence {
                     }
                 }
                 CgroupVersion::V2 => {
-                    for pid in read_ids(&dir.join("cgroup.procs")) {
-                        let _ = std::fs::write(self.root.join("cgroup.procs"), pid.to_string());
+                    // Inside a threaded subtree only thread moves are allowed
+                    // (cgroup.procs is not readable there); the root is the
+                    // threaded domain, so its cgroup.threads takes them.
+                    if let Ok(dst) = open_w(&self.root.join("cgroup.threads")) {
+                        for tid in read_ids(&dir.join("cgroup.threads")) {
+                            let _ = write_tid(&dst, &self.root.join("cgroup.threads"), tid);
+                        }
                     }
                 }
             }
