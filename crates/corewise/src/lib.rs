@@ -30,6 +30,8 @@ pub mod sync;
 #[cfg(not(loom))]
 pub mod arbiter;
 #[cfg(not(loom))]
+pub mod blocking;
+#[cfg(not(loom))]
 pub mod budget;
 #[cfg(not(loom))]
 mod clock;
@@ -37,6 +39,12 @@ mod clock;
 mod context;
 #[cfg(not(loom))]
 mod dispatch;
+#[cfg(not(loom))]
+pub mod fs;
+#[cfg(not(loom))]
+pub mod io;
+#[cfg(not(loom))]
+pub mod net;
 #[cfg(not(loom))]
 mod runtime;
 #[cfg(not(loom))]
@@ -48,10 +56,14 @@ pub use error::{BuildError, JoinError, PanicPayload, SpawnError, Timeout};
 pub use policy::{CoreMask, CorePolicy, CoreView, DefaultPolicy, ThreadClass, PRIORITIES};
 
 #[cfg(not(loom))]
+pub use blocking::blocking;
+#[cfg(not(loom))]
 pub use budget::{
     cpu_budget, cpu_budget_of, BudgetError, BudgetHandle, BudgetReason, BudgetWatcher, CpuBudget,
     CpuList, NeighbourShare,
 };
+#[cfg(not(loom))]
+pub use io::IoBackend;
 #[cfg(not(loom))]
 pub use runtime::{Builder, CoreStats, RunError, Runtime, DEFAULT_IDLE_SPIN, DEFAULT_STACK_SIZE};
 #[cfg(not(loom))]

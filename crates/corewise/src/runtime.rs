@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     /// Cores whose kernel thread runs the dispatcher now.
     pub(crate) active_mask: AtomicU64,
     pub(crate) shutdown: AtomicBool,
+    /// I/O settings, the back end resolved at build time.
+    pub(crate) io: crate::io::IoConfig,
 }
 
 /// Configures and starts a [`Runtime`].
@@ -49,6 +51,7 @@ pub struct Builder {
     stack_size: usize,
     idle_spin: Duration,
     policy: Option<Box<dyn CorePolicy>>,
+    io: crate::io::IoConfig,
 }
 
 impl Default for Builder {
@@ -58,6 +61,7 @@ impl Default for Builder {
             stack_size: DEFAULT_STACK_SIZE,
             idle_spin: DEFAULT_IDLE_SPIN,
             policy: None,
+            io: crate::io::IoConfig::default(),
         }
     }
 }
@@ -83,6 +87,22 @@ impl Builder {
         self
     }
 
+    /// The I/O back end (default: io_uring where the kernel allows it,
+    /// else epoll; the environment variable `COREWISE_IO=epoll` overrides).
+    pub fn io_backend(mut self, backend: crate::io::IoBackend) -> Self {
+        self.io.backend = Some(backend);
+        self
+    }
+
+    /// SQPOLL mode (off by default): a kernel thread polls each core's
+    /// submission ring, so submitting costs no system call (FlexSC's
+    /// syscall core). `Some(cpu)` pins the pollers to `cpu`, which must not
+    /// be one of the runtime's CPUs.
+    pub fn sqpoll(mut self, cpu: Option<usize>) -> Self {
+        self.io.sqpoll = Some(cpu);
+        self
+    }
+
     /// The core policy (default: [`DefaultPolicy`]).
     pub fn policy(mut self, policy: impl CorePolicy) -> Self {
         self.policy = Some(Box::new(policy));
@@ -103,7 +123,11 @@ impl Builder {
             .filter(|&c| affinity.is_set(c))
             .collect();
         let mut cpus: Vec<usize> = match &self.cpus {
-            Some(req) => req.iter().copied().filter(|c| allowed.contains(c)).collect(),
+            Some(req) => req
+                .iter()
+                .copied()
+                .filter(|c| allowed.contains(c))
+                .collect(),
             None => allowed.clone(),
         };
         cpus.sort_unstable();
@@ -117,6 +141,15 @@ impl Builder {
         if cpus.len() > 64 {
             return Err(BuildError::TooManyCpus(cpus.len()));
         }
+        if let Some(Some(c)) = self.io.sqpoll {
+            if cpus.contains(&c) {
+                return Err(BuildError::Invalid(format!(
+                    "the SQPOLL CPU {c} is one of the runtime's CPUs {cpus:?}"
+                )));
+            }
+        }
+        let mut io = self.io.clone();
+        io.resolve();
         let n = cpus.len();
         let policy = self
             .policy
@@ -130,6 +163,7 @@ impl Builder {
             arbiter: Box::new(Local::new(cpus)),
             active_mask: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
+            io,
         }));
         for core in shared.cores.iter() {
             core.link(shared);
@@ -225,12 +259,23 @@ impl Runtime {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        Ok(ThreadBuilder::new().wait_for_slot(true).spawn_in(self, f)?.join()?)
+        Ok(ThreadBuilder::new()
+            .wait_for_slot(true)
+            .spawn_in(self, f)?
+            .join()?)
     }
 
     /// Number of cores (kernel threads) the runtime may use.
     pub fn cores(&self) -> usize {
         self.shared.cores.len()
+    }
+
+    /// The I/O back end every core uses (chosen once, at build time).
+    pub fn io_backend(&self) -> crate::io::IoBackend {
+        self.shared
+            .io
+            .backend
+            .unwrap_or(crate::io::IoBackend::Epoll)
     }
 
     /// The CPUs behind the runtime's cores, by core index.
@@ -327,6 +372,11 @@ fn kernel_thread(
             return;
         }
     }
+    // The core's ring is created here: this kernel thread is its single issuer.
+    if let Err(e) = core.io.start(&shared.io, &core.gate) {
+        let _ = started.send(Err(BuildError::Os(e)));
+        return;
+    }
     let _ = started.send(Ok(()));
     loop {
         let cpu = match shared.arbiter.block_until_core_available(k) {
@@ -347,6 +397,7 @@ fn kernel_thread(
         shared.policy.core_removed(k);
         shared.arbiter.core_released(k);
     }
+    core.io.stop();
     for slot in core.slots.iter() {
         // SAFETY: the dispatcher has returned and the core has no threads.
         unsafe { slot.drop_context() };

@@ -1,0 +1,495 @@
+//! Many operations from one thread, waited for together.
+//!
+//! On the ring every operation of a batch becomes an SQE at once, so a
+//! thread that accepts on several listeners or writes to a thousand
+//! connections costs the kernel one `io_uring_enter` per dispatcher pass,
+//! not one system call per operation. The batch owns its buffers (heap
+//! `Vec`s whose memory does not move), so a pending operation never points
+//! into memory the caller could reuse; dropping a batch cancels what is
+//! still pending and waits for those completions. Forgetting a batch
+//! (`mem::forget`) leaks its buffers, which keeps that safe too.
+
+use super::op::{self, Ctx, Kind};
+use super::slab::IGNORE;
+use super::Driver;
+use crate::core::Core;
+use crate::net::{sockaddr_to_std, TcpListener, TcpStream};
+use std::io;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// Names one operation of a [`Batch`] (its position, from 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Token(pub usize);
+
+/// The outcome of one batch operation.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Completion {
+    /// An accept: the new connection and its peer.
+    Accepted(io::Result<(TcpStream, SocketAddr)>),
+    /// A read: bytes read (0 at end of stream) and the buffer, whose first
+    /// that many bytes hold them.
+    Read(io::Result<usize>, Vec<u8>),
+    /// A write: bytes written and the buffer, handed back.
+    Written(io::Result<usize>, Vec<u8>),
+}
+
+enum Data {
+    Accept(Box<(libc::sockaddr_storage, libc::socklen_t)>),
+    Read(Vec<u8>),
+    Write(Vec<u8>),
+}
+
+enum St {
+    /// Epoll/OS: to be tried (again).
+    Ready,
+    /// Ring: operation pending; epoll: readiness pending; OS: waiting for poll.
+    Waiting(u64),
+    Done(io::Result<usize>),
+    Taken,
+}
+
+struct Entry {
+    kind: Kind,
+    fd: RawFd,
+    st: St,
+    data: Data,
+}
+
+enum Mode {
+    Ring(&'static Core),
+    Epoll(&'static Core),
+    Os,
+}
+
+/// A set of socket operations submitted together; wait for any or all.
+///
+/// ```
+/// use std::io::{Read, Write};
+/// let rt = corewise::Runtime::new().unwrap();
+/// rt.block_on(|| {
+///     let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+///     let addr = l.local_addr().unwrap();
+///     let clients: Vec<_> = (0..3)
+///         .map(|_| corewise::net::TcpStream::connect(addr).unwrap())
+///         .collect();
+///     let mut accepts = corewise::io::Batch::new();
+///     for _ in 0..3 {
+///         accepts.accept(&l);
+///     }
+///     let mut servers = Vec::new();
+///     for (_, c) in accepts.wait_all() {
+///         if let corewise::io::Completion::Accepted(r) = c {
+///             servers.push(r.unwrap().0);
+///         }
+///     }
+///     let mut writes = corewise::io::Batch::new();
+///     for s in &servers {
+///         writes.write(s, b"hi".to_vec());
+///     }
+///     assert_eq!(writes.wait_all().len(), 3);
+///     for mut c in clients {
+///         let mut b = [0u8; 2];
+///         c.read_exact(&mut b).unwrap();
+///         assert_eq!(&b, b"hi");
+///     }
+/// }).unwrap();
+/// ```
+///
+/// A batch belongs to the thread that made it (it is not `Send`): its
+/// operations live in that thread's core.
+pub struct Batch<'a> {
+    entries: Vec<Entry>,
+    mode: Mode,
+    left: usize,
+    _fds: PhantomData<(&'a (), *const ())>,
+}
+
+impl Default for Batch<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Batch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("ops", &self.entries.len())
+            .field("pending", &self.left)
+            .finish()
+    }
+}
+
+impl<'a> Batch<'a> {
+    /// An empty batch for the calling thread.
+    pub fn new() -> Self {
+        let mode = match op::ctx() {
+            Ctx::Ring(c) => Mode::Ring(c),
+            Ctx::Epoll(c) => Mode::Epoll(c),
+            Ctx::Os => Mode::Os,
+        };
+        Self {
+            entries: Vec::new(),
+            mode,
+            left: 0,
+            _fds: PhantomData,
+        }
+    }
+
+    /// Operations not yet taken by a wait.
+    pub fn len(&self) -> usize {
+        self.left
+    }
+
+    /// Whether every operation has been taken.
+    pub fn is_empty(&self) -> bool {
+        self.left == 0
+    }
+
+    /// Adds an accept on `listener`.
+    pub fn accept(&mut self, listener: &'a TcpListener) -> Token {
+        // SAFETY: zeroed sockaddr storage is a valid (empty) address.
+        let mut addr: Box<(libc::sockaddr_storage, libc::socklen_t)> =
+            Box::new((unsafe { std::mem::zeroed() }, 0));
+        addr.1 = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let fd = listener.as_raw_fd();
+        let kind = Kind::Accept {
+            fd,
+            addr: &mut addr.0,
+            len: &mut addr.1,
+        };
+        self.add(kind, fd, Data::Accept(addr))
+    }
+
+    /// Adds a read of up to `len` bytes from a socket.
+    pub fn read(&mut self, socket: &'a impl AsRawFd, len: usize) -> Token {
+        let mut buf = vec![0u8; len];
+        let fd = socket.as_raw_fd();
+        let kind = Kind::Recv {
+            fd,
+            buf: buf.as_mut_ptr(),
+            len,
+            flags: 0,
+        };
+        self.add(kind, fd, Data::Read(buf))
+    }
+
+    /// Adds a write of `buf` to a socket (one `send`: it may be partial).
+    pub fn write(&mut self, socket: &'a impl AsRawFd, buf: Vec<u8>) -> Token {
+        let fd = socket.as_raw_fd();
+        let kind = Kind::Send {
+            fd,
+            buf: buf.as_ptr(),
+            len: buf.len(),
+        };
+        self.add(kind, fd, Data::Write(buf))
+    }
+
+    fn add(&mut self, kind: Kind, fd: RawFd, data: Data) -> Token {
+        let st = match self.mode {
+            Mode::Ring(core) => {
+                let me = crate::thread::current();
+                // SAFETY: this thread runs on `core` (a batch is not Send).
+                match unsafe { core.io.driver() } {
+                    Driver::Ring(u) => {
+                        let t = u.slab.alloc(me);
+                        // SAFETY: the buffers are owned by the entry (heap,
+                        // stable) and outlive the operation (see Drop).
+                        unsafe { u.push(&push_sqe(&kind).user_data(t)) };
+                        St::Waiting(t)
+                    }
+                    _ => St::Ready,
+                }
+            }
+            _ => St::Ready,
+        };
+        self.entries.push(Entry { kind, fd, st, data });
+        self.left += 1;
+        Token(self.entries.len() - 1)
+    }
+
+    /// Waits until every remaining operation has completed and returns
+    /// them all, in token order.
+    pub fn wait_all(&mut self) -> Vec<(Token, Completion)> {
+        let mut out = Vec::with_capacity(self.left);
+        while let Ok(Some(c)) = self.wait_any(None) {
+            out.push(c);
+        }
+        out.sort_by_key(|c| c.0);
+        out
+    }
+
+    /// Waits until one operation completes (or `timeout` passes: an error
+    /// of kind `TimedOut`; the operations stay pending). `Ok(None)` when
+    /// nothing is left.
+    pub fn wait_any(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> io::Result<Option<(Token, Completion)>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if self.left == 0 {
+                return Ok(None);
+            }
+            self.progress()?;
+            if let Some(i) = self
+                .entries
+                .iter()
+                .position(|e| matches!(e.st, St::Done(_)))
+            {
+                return Ok(Some((Token(i), self.take(i))));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(io::Error::from(io::ErrorKind::TimedOut));
+            }
+            self.wait(deadline)?;
+        }
+    }
+
+    /// Moves finished operations to `Done`, and (epoll/OS) tries ready ones.
+    fn progress(&mut self) -> io::Result<()> {
+        match self.mode {
+            Mode::Ring(core) => {
+                // SAFETY: our core's kernel thread; no other reference.
+                let Driver::Ring(u) = (unsafe { core.io.driver() }) else {
+                    return Ok(());
+                };
+                for e in self.entries.iter_mut() {
+                    if let St::Waiting(t) = e.st {
+                        if let Some(r) = u.slab.result(t) {
+                            u.slab.free(t);
+                            e.st = if r == -libc::EAGAIN {
+                                // A non-blocking socket that was not ready:
+                                // wait for it (linked poll) and try again.
+                                let t = u.slab.alloc(crate::thread::current());
+                                let (ev, _) = events(&e.kind);
+                                let poll =
+                                    io_uring::opcode::PollAdd::new(io_uring::types::Fd(e.fd), ev)
+                                        .build()
+                                        .user_data(IGNORE)
+                                        .flags(io_uring::squeue::Flags::IO_LINK);
+                                // SAFETY: as in `add`.
+                                unsafe {
+                                    u.push(&poll);
+                                    u.push(&push_sqe(&e.kind).user_data(t));
+                                }
+                                St::Waiting(t)
+                            } else if r < 0 {
+                                St::Done(Err(io::Error::from_raw_os_error(-r)))
+                            } else {
+                                St::Done(Ok(r as usize))
+                            };
+                        }
+                    }
+                }
+            }
+            Mode::Epoll(core) => {
+                for e in self.entries.iter_mut() {
+                    if let St::Waiting(t) = e.st {
+                        // SAFETY: our core's kernel thread; no other reference.
+                        if let Driver::Epoll(ep) = unsafe { core.io.driver() } {
+                            if !ep.slab.is_pending(t) {
+                                ep.slab.free(t);
+                                e.st = St::Ready;
+                            }
+                        }
+                    }
+                    if matches!(e.st, St::Ready) {
+                        // SAFETY: the entry owns the buffers the call uses.
+                        match unsafe { e.kind.now() } {
+                            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                                let me = crate::thread::current();
+                                // SAFETY: as above.
+                                if let Driver::Epoll(ep) = unsafe { core.io.driver() } {
+                                    let t = ep.slab.alloc(me);
+                                    let (_, ev) = events(&e.kind);
+                                    if let Err(err) = ep.arm(e.fd, ev, t) {
+                                        ep.slab.free(t);
+                                        e.st = St::Done(Err(err));
+                                    } else {
+                                        e.st = St::Waiting(t);
+                                    }
+                                }
+                            }
+                            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                            r => e.st = St::Done(r),
+                        }
+                    }
+                }
+            }
+            Mode::Os => {
+                for e in self.entries.iter_mut() {
+                    if matches!(e.st, St::Ready) {
+                        // SAFETY: the entry owns the buffers the call uses.
+                        match unsafe { e.kind.now() } {
+                            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                                e.st = St::Waiting(0)
+                            }
+                            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                            r => e.st = St::Done(r),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, deadline: Option<Instant>) -> io::Result<()> {
+        match self.mode {
+            Mode::Ring(_) | Mode::Epoll(_) => {
+                match deadline {
+                    Some(d) => crate::thread::block_until(d),
+                    None => crate::thread::block(),
+                }
+                Ok(())
+            }
+            Mode::Os => {
+                let mut fds: Vec<libc::pollfd> = Vec::new();
+                let mut idx = Vec::new();
+                for (i, e) in self.entries.iter().enumerate() {
+                    if matches!(e.st, St::Waiting(_)) {
+                        let (ev, _) = events(&e.kind);
+                        fds.push(libc::pollfd {
+                            fd: e.fd,
+                            events: ev as i16,
+                            revents: 0,
+                        });
+                        idx.push(i);
+                    }
+                }
+                let ms = deadline.map_or(-1, |d| {
+                    d.saturating_duration_since(Instant::now())
+                        .as_millis()
+                        .clamp(1, i32::MAX as u128) as i32
+                });
+                // SAFETY: `fds` is a valid array of its length.
+                let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+                if n < 0 {
+                    let e = io::Error::last_os_error();
+                    return if e.kind() == io::ErrorKind::Interrupted {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    };
+                }
+                for (p, i) in fds.iter().zip(idx) {
+                    if p.revents != 0 {
+                        self.entries[i].st = St::Ready;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn take(&mut self, i: usize) -> Completion {
+        let e = &mut self.entries[i];
+        let St::Done(r) = std::mem::replace(&mut e.st, St::Taken) else {
+            unreachable!("take is called on finished entries only")
+        };
+        self.left -= 1;
+        let data = std::mem::replace(&mut e.data, Data::Read(Vec::new()));
+        match data {
+            Data::Accept(addr) => Completion::Accepted(r.and_then(|fd| {
+                // SAFETY: the kernel returned a new, owned socket fd.
+                let s = unsafe { std::net::TcpStream::from_raw_fd(fd as RawFd) };
+                let peer = sockaddr_to_std(&addr.0)?;
+                Ok((TcpStream::from_std_nonblocking(s), peer))
+            })),
+            Data::Read(mut buf) => {
+                if let Ok(n) = r {
+                    buf.truncate(n);
+                }
+                Completion::Read(r, buf)
+            }
+            Data::Write(buf) => Completion::Written(r, buf),
+        }
+    }
+}
+
+fn push_sqe(kind: &Kind) -> io_uring::squeue::Entry {
+    kind.sqe()
+}
+
+/// (poll events, epoll events) an entry waits for.
+fn events(kind: &Kind) -> (u32, u32) {
+    match kind {
+        Kind::Send { .. } => (libc::POLLOUT as u32, libc::EPOLLOUT as u32),
+        _ => (libc::POLLIN as u32, libc::EPOLLIN as u32),
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        match self.mode {
+            Mode::Ring(core) => {
+                // Cancel what is pending, then wait for every CQE: the
+                // buffers must outlive the kernel's use of them.
+                // SAFETY: our core's kernel thread; no other reference.
+                if let Driver::Ring(u) = unsafe { core.io.driver() } {
+                    for e in &self.entries {
+                        if let St::Waiting(t) = e.st {
+                            if u.slab.is_pending(t) {
+                                let c = io_uring::opcode::AsyncCancel::new(t)
+                                    .build()
+                                    .user_data(IGNORE);
+                                // SAFETY: a cancel carries no pointers.
+                                unsafe { u.push(&c) };
+                            }
+                        }
+                    }
+                }
+                loop {
+                    // SAFETY: as above; the reference ends before we block.
+                    let busy = match unsafe { core.io.driver() } {
+                        Driver::Ring(u) => self
+                            .entries
+                            .iter()
+                            .any(|e| matches!(e.st, St::Waiting(t) if u.slab.is_pending(t))),
+                        _ => false,
+                    };
+                    if !busy {
+                        break;
+                    }
+                    crate::thread::block();
+                }
+                // SAFETY: as above.
+                if let Driver::Ring(u) = unsafe { core.io.driver() } {
+                    for e in &self.entries {
+                        if let St::Waiting(t) = e.st {
+                            // An accepted socket nobody took is closed.
+                            if let (Some(fd), Data::Accept(_)) = (u.slab.result(t), &e.data) {
+                                if fd >= 0 {
+                                    // SAFETY: an fd the kernel gave us and nobody owns.
+                                    unsafe { libc::close(fd) };
+                                }
+                            }
+                            u.slab.free(t);
+                        }
+                    }
+                }
+            }
+            Mode::Epoll(core) => {
+                // SAFETY: our core's kernel thread; no other reference.
+                if let Driver::Epoll(ep) = unsafe { core.io.driver() } {
+                    for e in &self.entries {
+                        if let St::Waiting(t) = e.st {
+                            ep.slab.free(t);
+                        }
+                    }
+                }
+            }
+            Mode::Os => {}
+        }
+        for e in &mut self.entries {
+            if let (St::Done(Ok(fd)), Data::Accept(_)) = (&e.st, &e.data) {
+                // SAFETY: an accepted fd that was never handed out.
+                unsafe { libc::close(*fd as RawFd) };
+            }
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The epoll back end, for kernels or sandboxes without io_uring.
+//!
+//! Each core has its own epoll instance. A user thread first tries its call
+//! non-blocking; on `EAGAIN` it registers a one-shot interest (the fd's
+//! waiters are kept per core, so a reader and a writer of one socket share
+//! one registration) and blocks. The dispatcher polls the epoll set once per
+//! pass while waiters exist (that is a system call per pass, the price of
+//! readiness-based I/O) and sleeps in `epoll_wait` when idle.
+//!
+//! The idle gate's wakers only do a `futex_wake` on the gate word (see
+//! [`crate::idle`]); epoll cannot wait on a futex, so a small bridge thread
+//! per core waits on the gate word while the core sleeps in `epoll_wait` and
+//! turns the futex wake into an eventfd write (one extra thread hop per
+//! wakeup of a sleeping core: the price of keeping the waker side a plain
+//! futex wake).
+
+use super::slab::Slab;
+use rustix::event::epoll;
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use rustix::thread::futex;
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const EVENTFD: u64 = u64::MAX;
+const STOP: u32 = u32::MAX;
+const GATE_SLEEPING: u32 = 1;
+
+#[derive(Debug, Default)]
+struct FdWaiters {
+    registered: bool,
+    waiters: Vec<(u64, u32)>,
+}
+
+/// One core's epoll set, waiter lists and wake bridge.
+pub(crate) struct Epoll {
+    epfd: OwnedFd,
+    eventfd: Arc<OwnedFd>,
+    fds: HashMap<RawFd, FdWaiters>,
+    pub(crate) slab: Slab,
+    bridge: Arc<AtomicU32>,
+    bridge_thread: Option<std::thread::JoinHandle<()>>,
+    gate: &'static AtomicU32,
+}
+
+impl std::fmt::Debug for Epoll {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epoll")
+            .field("fds", &self.fds.len())
+            .finish()
+    }
+}
+
+impl Epoll {
+    /// An epoll set with an eventfd for wakeups, and the bridge thread that
+    /// forwards futex wakes on `gate` to it.
+    pub(crate) fn new(gate: &'static AtomicU32) -> std::io::Result<Self> {
+        let epfd = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        let eventfd = Arc::new(rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?);
+        epoll::add(
+            &epfd,
+            &*eventfd,
+            epoll::EventData::new_u64(EVENTFD),
+            epoll::EventFlags::IN,
+        )?;
+        let bridge = Arc::new(AtomicU32::new(0));
+        let thread = {
+            let (bridge, eventfd) = (bridge.clone(), eventfd.clone());
+            std::thread::Builder::new()
+                .name("corewise-wake-bridge".into())
+                .spawn(move || run_bridge(&bridge, gate, &eventfd))?
+        };
+        Ok(Self {
+            epfd,
+            eventfd,
+            fds: HashMap::new(),
+            slab: Slab::with_capacity(256),
+            bridge,
+            bridge_thread: Some(thread),
+            gate,
+        })
+    }
+
+    /// Registers `token` as waiting for `events` (EPOLLIN/EPOLLOUT bits) on `fd`.
+    pub(crate) fn arm(&mut self, fd: RawFd, events: u32, token: u64) -> std::io::Result<()> {
+        let entry = self.fds.entry(fd).or_default();
+        entry.waiters.push((token, events));
+        let interest = entry.waiters.iter().fold(0, |a, w| a | w.1);
+        let r = ctl(&self.epfd, fd, interest, entry.registered);
+        match r {
+            Ok(()) => {
+                entry.registered = true;
+                Ok(())
+            }
+            Err(e) => {
+                entry.waiters.pop();
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether this pass has anything to do (one load when idle).
+    #[inline]
+    pub(crate) fn busy(&self) -> bool {
+        self.slab.pending() != 0
+    }
+
+    /// One pass: collect ready fds without waiting.
+    pub(crate) fn pass(&mut self) -> usize {
+        if !self.busy() {
+            return 0;
+        }
+        self.poll(Some(Duration::ZERO))
+    }
+
+    fn poll(&mut self, timeout: Option<Duration>) -> usize {
+        let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 256];
+        let ts = timeout.map(|d| rustix::time::Timespec {
+            tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: d.subsec_nanos() as _,
+        });
+        let Ok((events, _)) = epoll::wait(&self.epfd, &mut buf[..], ts.as_ref()) else {
+            return 0;
+        };
+        let mut woken = 0;
+        for ev in events.iter() {
+            let ev = *ev;
+            let (data, flags) = (ev.data, ev.flags);
+            let data = data.u64();
+            if data == EVENTFD {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(&*self.eventfd, &mut b);
+                continue;
+            }
+            let fd = data as RawFd;
+            let revents = flags.bits();
+            let Some(entry) = self.fds.get_mut(&fd) else {
+                continue;
+            };
+            let slab = &mut self.slab;
+            let any = (epoll::EventFlags::ERR | epoll::EventFlags::HUP).bits();
+            entry.waiters.retain(|&(token, want)| {
+                if !slab.is_pending(token) {
+                    return false;
+                }
+                if revents & (want | any) == 0 {
+                    return true;
+                }
+                if let Some(Some(t)) = slab.complete(token, revents as i32) {
+                    crate::thread::signal(t);
+                }
+                woken += 1;
+                false
+            });
+            if !entry.waiters.is_empty() {
+                let interest = entry.waiters.iter().fold(0, |a, w| a | w.1);
+                let _ = ctl(&self.epfd, fd, interest, true);
+            }
+        }
+        woken
+    }
+
+    /// Completes a waiter as cancelled.
+    pub(crate) fn cancel(&mut self, token: u64) {
+        if let Some(Some(t)) = self.slab.complete(token, -libc::ECANCELED) {
+            crate::thread::signal(t);
+        }
+    }
+
+    /// The idle sleep (the gate word is `SLEEPING`): in `epoll_wait`, with
+    /// the bridge watching the gate word. The bridge is the only futex
+    /// waiter on that word in this mode, so a waker's single `futex_wake`
+    /// always reaches it (a bridge still waiting from an earlier sleep is
+    /// released by the next wake and then serves the current generation).
+    pub(crate) fn idle_wait(&mut self, timeout: Option<Duration>) {
+        let mut armed = self.bridge.load(Ordering::Relaxed).wrapping_add(1) | 1;
+        if armed == STOP {
+            armed = 1;
+        }
+        self.bridge.store(armed, Ordering::SeqCst);
+        let _ = futex::wake(&*self.bridge, futex::Flags::PRIVATE, 1);
+        self.poll(timeout);
+        self.bridge.store(armed.wrapping_add(1), Ordering::SeqCst);
+    }
+}
+
+impl Drop for Epoll {
+    fn drop(&mut self) {
+        self.bridge.store(STOP, Ordering::SeqCst);
+        let _ = futex::wake(&*self.bridge, futex::Flags::PRIVATE, 1);
+        let _ = futex::wake(self.gate, futex::Flags::PRIVATE, i32::MAX as u32);
+        if let Some(t) = self.bridge_thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn ctl(epfd: &OwnedFd, fd: RawFd, interest: u32, registered: bool) -> std::io::Result<()> {
+    let flags = epoll::EventFlags::from_bits_retain(interest)
+        | epoll::EventFlags::ONESHOT
+        | epoll::EventFlags::RDHUP;
+    // SAFETY: the fd is open while a thread waits on it (the waiter holds
+    // the object that owns it); epoll only records it.
+    let src = unsafe { BorrowedFd::borrow_raw(fd) };
+    let data = epoll::EventData::new_u64(fd as u64);
+    let r = if registered {
+        epoll::modify(epfd, src, data, flags)
+    } else {
+        epoll::add(epfd, src, data, flags)
+    };
+    match r {
+        Err(rustix::io::Errno::NOENT) if registered => epoll::add(epfd, src, data, flags),
+        Err(rustix::io::Errno::EXIST) if !registered => epoll::modify(epfd, src, data, flags),
+        r => r,
+    }
+    .map_err(Into::into)
+}
+
+/// The bridge: while an arming generation (odd) is current, wait on the
+/// gate word; when a waker's futex wake releases it, poke the eventfd.
+fn run_bridge(bridge: &AtomicU32, gate: &AtomicU32, eventfd: &OwnedFd) {
+    let mut served = 0u32;
+    loop {
+        let s = bridge.load(Ordering::SeqCst);
+        if s == STOP {
+            return;
+        }
+        if s & 1 == 0 || s == served {
+            let _ = futex::wait(bridge, futex::Flags::PRIVATE, s, None);
+            continue;
+        }
+        if gate.load(Ordering::SeqCst) == GATE_SLEEPING {
+            let _ = futex::wait(gate, futex::Flags::PRIVATE, GATE_SLEEPING, None);
+        }
+        if bridge.load(Ordering::SeqCst) == s {
+            let _ = rustix::io::write(eventfd.as_fd(), &1u64.to_ne_bytes());
+        }
+        served = s;
+    }
+}

@@ -1,0 +1,544 @@
+//! One blocking-style operation, run the way the calling context allows:
+//! through the core's ring, through the core's epoll set, or (on a plain OS
+//! thread) as an ordinary system call.
+//!
+//! An operation is described by raw pointers (the same ones an SQE carries).
+//! [`run`] does not return before the kernel is done with them: on the ring
+//! the thread waits for the operation's own CQE even after a timeout (the
+//! linked timeout cancels the operation, which then completes with
+//! `-ECANCELED`) or a cancel (async-cancel, likewise). So a buffer passed in
+//! by reference, even one on the caller's stack, is never written after
+//! `run` returns, and a stack is never freed under a pending operation.
+
+use super::cancel::{cancelled_error, CancelState};
+use super::slab::IGNORE;
+use super::Driver;
+use crate::core::Core;
+use io_uring::{opcode, squeue, types};
+use std::io;
+use std::os::fd::RawFd;
+use std::time::Instant;
+
+/// An operation's arguments. Pointers must stay valid until [`run`] returns.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    /// `recv(2)` on a socket.
+    Recv {
+        fd: RawFd,
+        buf: *mut u8,
+        len: usize,
+        flags: i32,
+    },
+    /// `send(2)` on a socket (never raises SIGPIPE).
+    Send {
+        fd: RawFd,
+        buf: *const u8,
+        len: usize,
+    },
+    /// `read`/`pread` on a file that cannot be polled.
+    Read {
+        fd: RawFd,
+        buf: *mut u8,
+        len: usize,
+        off: Option<u64>,
+    },
+    /// `write`/`pwrite` on a file that cannot be polled.
+    Write {
+        fd: RawFd,
+        buf: *const u8,
+        len: usize,
+        off: Option<u64>,
+    },
+    /// `readv`/`preadv`.
+    Readv {
+        fd: RawFd,
+        iov: *const libc::iovec,
+        n: usize,
+        off: Option<u64>,
+        pollable: bool,
+    },
+    /// `writev`/`pwritev`.
+    Writev {
+        fd: RawFd,
+        iov: *const libc::iovec,
+        n: usize,
+        off: Option<u64>,
+        pollable: bool,
+    },
+    /// `accept4(2)`, the new socket non-blocking and close-on-exec.
+    Accept {
+        fd: RawFd,
+        addr: *mut libc::sockaddr_storage,
+        len: *mut libc::socklen_t,
+    },
+    /// `recvmsg(2)`.
+    RecvMsg { fd: RawFd, msg: *mut libc::msghdr },
+    /// `sendmsg(2)`.
+    SendMsg { fd: RawFd, msg: *const libc::msghdr },
+    /// `fsync`/`fdatasync`.
+    Fsync { fd: RawFd, data_only: bool },
+    /// Waits until the fd is ready for `events` (poll bits).
+    Poll { fd: RawFd, events: u32 },
+    /// `openat(AT_FDCWD, path, flags, mode)`.
+    OpenAt {
+        path: *const libc::c_char,
+        flags: i32,
+        mode: u32,
+    },
+}
+
+/// Largest transfer one read or write asks for (Linux's own limit).
+const MAX_RW: usize = 0x7fff_f000;
+
+const NOSIGNAL: i32 = libc::MSG_NOSIGNAL;
+
+impl Kind {
+    pub(crate) fn sqe(&self) -> squeue::Entry {
+        use types::Fd;
+        let cur = u64::MAX; // "use and advance the file position"
+        match *self {
+            Kind::Recv {
+                fd,
+                buf,
+                len,
+                flags,
+            } => opcode::Recv::new(Fd(fd), buf, len.min(MAX_RW) as u32)
+                .flags(flags)
+                .build(),
+            Kind::Send { fd, buf, len } => opcode::Send::new(Fd(fd), buf, len.min(MAX_RW) as u32)
+                .flags(NOSIGNAL)
+                .build(),
+            Kind::Read { fd, buf, len, off } => {
+                opcode::Read::new(Fd(fd), buf, len.min(MAX_RW) as u32)
+                    .offset(off.unwrap_or(cur))
+                    .build()
+            }
+            Kind::Write { fd, buf, len, off } => {
+                opcode::Write::new(Fd(fd), buf, len.min(MAX_RW) as u32)
+                    .offset(off.unwrap_or(cur))
+                    .build()
+            }
+            Kind::Readv {
+                fd, iov, n, off, ..
+            } => opcode::Readv::new(Fd(fd), iov, n as u32)
+                .offset(off.unwrap_or(cur))
+                .build(),
+            Kind::Writev {
+                fd, iov, n, off, ..
+            } => opcode::Writev::new(Fd(fd), iov, n as u32)
+                .offset(off.unwrap_or(cur))
+                .build(),
+            Kind::Accept { fd, addr, len } => opcode::Accept::new(Fd(fd), addr.cast(), len)
+                .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+                .build(),
+            Kind::RecvMsg { fd, msg } => opcode::RecvMsg::new(Fd(fd), msg).build(),
+            Kind::SendMsg { fd, msg } => opcode::SendMsg::new(Fd(fd), msg)
+                .flags(NOSIGNAL as u32)
+                .build(),
+            Kind::Fsync { fd, data_only } => {
+                let flags = if data_only {
+                    types::FsyncFlags::DATASYNC
+                } else {
+                    types::FsyncFlags::empty()
+                };
+                opcode::Fsync::new(Fd(fd)).flags(flags).build()
+            }
+            Kind::Poll { fd, events } => opcode::PollAdd::new(Fd(fd), events).build(),
+            Kind::OpenAt { path, flags, mode } => opcode::OpenAt::new(Fd(libc::AT_FDCWD), path)
+                .flags(flags)
+                .mode(mode)
+                .build(),
+        }
+    }
+
+    /// The fd and poll events to wait for when the call would block; `None`
+    /// for calls on files that are always "ready" (they block instead).
+    fn readiness(&self) -> Option<(RawFd, u32)> {
+        let (i, o) = (libc::POLLIN as u32, libc::POLLOUT as u32);
+        match *self {
+            Kind::Recv { fd, .. } | Kind::Accept { fd, .. } | Kind::RecvMsg { fd, .. } => {
+                Some((fd, i))
+            }
+            Kind::Send { fd, .. } | Kind::SendMsg { fd, .. } => Some((fd, o)),
+            Kind::Readv {
+                fd, pollable: true, ..
+            } => Some((fd, i)),
+            Kind::Writev {
+                fd, pollable: true, ..
+            } => Some((fd, o)),
+            Kind::Poll { fd, events } => Some((fd, events)),
+            _ => None,
+        }
+    }
+
+    /// The call itself: non-blocking for sockets, blocking for files.
+    ///
+    /// # Safety
+    /// The pointers are valid for the call.
+    pub(crate) unsafe fn now(&self) -> io::Result<usize> {
+        let dw = libc::MSG_DONTWAIT;
+        let off = |o: Option<u64>| o.map(|o| o as libc::off_t);
+        // SAFETY (all arms): the caller guarantees the pointers; each call
+        // only reads/writes within the lengths given.
+        let r: isize = unsafe {
+            match *self {
+                Kind::Recv {
+                    fd,
+                    buf,
+                    len,
+                    flags,
+                } => libc::recv(fd, buf.cast(), len, flags | dw),
+                Kind::Send { fd, buf, len } => libc::send(fd, buf.cast(), len, NOSIGNAL | dw),
+                Kind::Read {
+                    fd,
+                    buf,
+                    len,
+                    off: o,
+                } => match off(o) {
+                    Some(o) => libc::pread(fd, buf.cast(), len, o),
+                    None => libc::read(fd, buf.cast(), len),
+                },
+                Kind::Write {
+                    fd,
+                    buf,
+                    len,
+                    off: o,
+                } => match off(o) {
+                    Some(o) => libc::pwrite(fd, buf.cast(), len, o),
+                    None => libc::write(fd, buf.cast(), len),
+                },
+                Kind::Readv {
+                    fd, iov, n, off: o, ..
+                } => match off(o) {
+                    Some(o) => libc::preadv(fd, iov, n as i32, o),
+                    None => libc::readv(fd, iov, n as i32),
+                },
+                Kind::Writev {
+                    fd, iov, n, off: o, ..
+                } => match off(o) {
+                    Some(o) => libc::pwritev(fd, iov, n as i32, o),
+                    None => libc::writev(fd, iov, n as i32),
+                },
+                Kind::Accept { fd, addr, len } => libc::accept4(
+                    fd,
+                    addr.cast(),
+                    len,
+                    libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                ) as isize,
+                Kind::RecvMsg { fd, msg } => libc::recvmsg(fd, msg, dw),
+                Kind::SendMsg { fd, msg } => libc::sendmsg(fd, msg, NOSIGNAL | dw),
+                Kind::Fsync { fd, data_only } => {
+                    (if data_only {
+                        libc::fdatasync(fd)
+                    } else {
+                        libc::fsync(fd)
+                    }) as isize
+                }
+                Kind::Poll { fd, events } => {
+                    let mut p = libc::pollfd {
+                        fd,
+                        events: events as i16,
+                        revents: 0,
+                    };
+                    match libc::poll(&mut p, 1, 0) {
+                        0 => {
+                            *libc::__errno_location() = libc::EAGAIN;
+                            -1
+                        }
+                        n => n as isize,
+                    }
+                }
+                Kind::OpenAt { path, flags, mode } => {
+                    libc::openat(libc::AT_FDCWD, path, flags, mode) as isize
+                }
+            }
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+}
+
+/// Where the calling thread's I/O goes.
+pub(crate) enum Ctx {
+    /// A user thread on a core with a ring.
+    Ring(&'static Core),
+    /// A user thread on a core with an epoll set.
+    Epoll(&'static Core),
+    /// A plain OS thread (or a core without I/O state).
+    Os,
+}
+
+/// The calling thread's context, looked up through its slot.
+#[inline]
+pub(crate) fn ctx() -> Ctx {
+    let Some(slot) = crate::thread::current_slot() else {
+        return Ctx::Os;
+    };
+    let core = slot.core();
+    match core.io.kind() {
+        super::KIND_RING => Ctx::Ring(core),
+        super::KIND_EPOLL => Ctx::Epoll(core),
+        _ => Ctx::Os,
+    }
+}
+
+/// Runs `kind` to completion, until `deadline` or until cancelled.
+///
+/// # Safety
+/// The pointers in `kind` are valid (for the access the call makes) until
+/// this function returns.
+pub(crate) unsafe fn run(
+    kind: Kind,
+    deadline: Option<Instant>,
+    cancel: Option<&CancelState>,
+) -> io::Result<usize> {
+    if cancel.is_some_and(|c| c.is_cancelled()) {
+        return Err(cancelled_error());
+    }
+    match ctx() {
+        Ctx::Ring(core) => loop {
+            // SAFETY: per our contract; ring_wait waits for the CQE.
+            let r = unsafe { ring_wait(core, kind.sqe(), deadline, cancel) };
+            if r >= 0 {
+                return Ok(r as usize);
+            }
+            match (-r, kind.readiness()) {
+                (libc::EAGAIN, Some((fd, ev))) => {
+                    let p = Kind::Poll { fd, events: ev };
+                    // SAFETY: a poll carries no pointers.
+                    let pr = unsafe { ring_wait(core, p.sqe(), deadline, cancel) };
+                    if pr < 0 {
+                        return Err(ring_error(pr, deadline, cancel));
+                    }
+                }
+                _ => return Err(ring_error(r, deadline, cancel)),
+            }
+        },
+        Ctx::Epoll(core) => match kind.readiness() {
+            Some((fd, ev)) => loop {
+                // SAFETY: per our contract.
+                match unsafe { kind.now() } {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        epoll_ready(core, fd, ev, deadline, cancel)?
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    r => return r,
+                }
+            },
+            None => {
+                let job = AssertSend(kind);
+                // SAFETY: `run_scoped` returns only after the job ran, so the
+                // pointers are used within our contract.
+                unsafe { crate::blocking::run_scoped(move || job.call()) }
+            }
+        },
+        Ctx::Os => loop {
+            // SAFETY: per our contract.
+            match unsafe { kind.now() } {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match kind.readiness() {
+                    Some((fd, ev)) => os_ready(fd, ev, deadline, cancel)?,
+                    None => return Err(e),
+                },
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                r => return r,
+            }
+        },
+    }
+}
+
+struct AssertSend(Kind);
+// SAFETY: the pointers are used only while the owning thread waits in
+// `run_scoped`, which it cannot leave before the job is done.
+unsafe impl Send for AssertSend {}
+impl AssertSend {
+    fn call(self) -> io::Result<usize> {
+        loop {
+            // SAFETY: the pointers are valid while the submitter waits.
+            match unsafe { self.0.now() } {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                r => return r,
+            }
+        }
+    }
+}
+
+fn ring_error(r: i32, deadline: Option<Instant>, cancel: Option<&CancelState>) -> io::Error {
+    if r == -libc::ECANCELED || r == -libc::ETIME || r == -libc::EINTR {
+        if cancel.is_some_and(|c| c.is_cancelled()) {
+            return cancelled_error();
+        }
+        if deadline.is_some() {
+            return io::Error::from(io::ErrorKind::TimedOut);
+        }
+    }
+    io::Error::from_raw_os_error(-r)
+}
+
+/// Submits `sqe` through `core`'s ring and waits for its CQE; returns the
+/// CQE's result.
+///
+/// # Safety
+/// What `sqe` points to stays valid until this returns (it returns only
+/// after the CQE).
+pub(crate) unsafe fn ring_wait(
+    core: &'static Core,
+    sqe: squeue::Entry,
+    deadline: Option<Instant>,
+    cancel: Option<&CancelState>,
+) -> i32 {
+    let me = crate::thread::current();
+    // The linked timeout's timespec lives here, on the waiting thread's
+    // stack, until the submission (which copies it) has happened.
+    let ts = deadline.map(|d| {
+        let left = d.saturating_duration_since(Instant::now());
+        types::Timespec::new()
+            .sec(left.as_secs())
+            .nsec(left.subsec_nanos())
+    });
+    // SAFETY: we run on `core`'s kernel thread (a user thread of the core)
+    // and hold no other reference to its driver.
+    let token = match unsafe { core.io.driver() } {
+        Driver::Ring(u) => {
+            let token = u.slab.alloc(me);
+            // SAFETY: the caller keeps the SQE's memory valid until its CQE;
+            // `ts` lives until after this thread's next switch (the
+            // dispatcher submits before it resumes us).
+            unsafe {
+                match &ts {
+                    Some(ts) => {
+                        u.push(&sqe.user_data(token).flags(squeue::Flags::IO_LINK));
+                        u.push(&opcode::LinkTimeout::new(ts).build().user_data(IGNORE));
+                    }
+                    None => u.push(&sqe.user_data(token)),
+                }
+            }
+            token
+        }
+        _ => return -libc::ENXIO,
+    };
+    let reg = cancel.map(|c| c.register(core, token));
+    loop {
+        // SAFETY: as above; the reference ends before we block.
+        let pending = match unsafe { core.io.driver() } {
+            Driver::Ring(u) => u.slab.is_pending(token),
+            _ => false,
+        };
+        if !pending {
+            break;
+        }
+        crate::thread::block();
+    }
+    drop(reg);
+    // SAFETY: as above.
+    match unsafe { core.io.driver() } {
+        Driver::Ring(u) => {
+            let r = u.slab.result(token).unwrap_or(-libc::ECANCELED);
+            u.slab.free(token);
+            r
+        }
+        _ => -libc::ENXIO,
+    }
+}
+
+/// Waits (blocking the user thread) until `fd` is ready for `events`
+/// according to `core`'s epoll set.
+fn epoll_ready(
+    core: &'static Core,
+    fd: RawFd,
+    events: u32,
+    deadline: Option<Instant>,
+    cancel: Option<&CancelState>,
+) -> io::Result<()> {
+    let me = crate::thread::current();
+    // SAFETY: we run on `core`'s kernel thread and hold no other reference.
+    let token = match unsafe { core.io.driver() } {
+        Driver::Epoll(e) => {
+            let token = e.slab.alloc(me);
+            if let Err(err) = e.arm(fd, events, token) {
+                e.slab.free(token);
+                return Err(err);
+            }
+            token
+        }
+        _ => return Err(io::Error::from_raw_os_error(libc::ENXIO)),
+    };
+    let reg = cancel.map(|c| c.register(core, token));
+    loop {
+        // SAFETY: as above; the reference ends before we block.
+        let pending = match unsafe { core.io.driver() } {
+            Driver::Epoll(e) => e.slab.is_pending(token),
+            _ => false,
+        };
+        if !pending {
+            break;
+        }
+        match deadline {
+            Some(d) if Instant::now() >= d => break,
+            Some(d) => crate::thread::block_until(d),
+            None => crate::thread::block(),
+        }
+    }
+    drop(reg);
+    // SAFETY: as above.
+    let r = match unsafe { core.io.driver() } {
+        Driver::Epoll(e) => {
+            let r = e.slab.result(token);
+            e.slab.free(token);
+            r
+        }
+        _ => None,
+    };
+    match r {
+        Some(r) if r == -libc::ECANCELED => Err(cancelled_error()),
+        Some(_) => Ok(()),
+        None if cancel.is_some_and(|c| c.is_cancelled()) => Err(cancelled_error()),
+        None => Err(io::Error::from(io::ErrorKind::TimedOut)),
+    }
+}
+
+/// An OS thread's wait: `poll(2)`, in slices of at most 50 ms when the
+/// operation can be cancelled, so a cancel is noticed.
+fn os_ready(
+    fd: RawFd,
+    events: u32,
+    deadline: Option<Instant>,
+    cancel: Option<&CancelState>,
+) -> io::Result<()> {
+    loop {
+        if cancel.is_some_and(|c| c.is_cancelled()) {
+            return Err(cancelled_error());
+        }
+        let mut ms: i32 = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::from(io::ErrorKind::TimedOut));
+                }
+                left.as_millis().clamp(1, i32::MAX as u128) as i32
+            }
+            None => -1,
+        };
+        if cancel.is_some() && (ms < 0 || ms > 50) {
+            ms = 50;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: events as i16,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n > 0 {
+            return Ok(());
+        }
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
