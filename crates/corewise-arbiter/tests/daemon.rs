@@ -171,6 +171,29 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Removes subtrees of earlier test runs that were killed before their guards
+/// ran (their process is gone, so the sets hold no tasks of theirs).
+fn remove_stale() {
+    let Ok(rd) = std::fs::read_dir(CPUSET) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("corewise-test-")
+            .and_then(|r| r.split('-').next())
+        else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            drop(Sandbox {
+                cg: e.path(),
+                dir: std::env::temp_dir().join(&name),
+            });
+        }
+    }
+}
+
 /// A cgroup subtree and scratch directory of one test, removed on drop.
 struct Sandbox {
     cg: PathBuf,
@@ -179,6 +202,7 @@ struct Sandbox {
 
 impl Sandbox {
     fn new() -> Self {
+        remove_stale();
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let name = format!("corewise-test-{}-{n}", std::process::id());
         let cg = Path::new(CPUSET).join(&name);

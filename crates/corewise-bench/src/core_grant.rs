@@ -107,6 +107,31 @@ fn read_ids(p: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// Removes subtrees left by earlier runs that were killed (their process is
+/// gone, so their sets hold no tasks and can simply be removed).
+fn remove_stale(root: &Path) {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("corewise-bench-") else {
+            continue;
+        };
+        if pid.parse::<u32>().is_err() || Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        if let Ok(children) = std::fs::read_dir(e.path()) {
+            for c in children.flatten() {
+                if c.path().is_dir() {
+                    let _ = std::fs::remove_dir(c.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(e.path());
+    }
+}
+
 /// Our own cpuset subtree; the process lives in it while the benchmark runs.
 struct Subtree {
     dir: PathBuf,
@@ -120,6 +145,7 @@ impl Subtree {
                 "root and a cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset".into(),
             ));
         }
+        remove_stale(root);
         let dir = root.join(format!("corewise-bench-{}", std::process::id()));
         std::fs::create_dir(&dir).map_err(io("mkdir", &dir))?;
         let st = Self { dir };
