@@ -382,9 +382,16 @@ impl State {
             .iter()
             .map(|id| {
                 let a = &self.apps[id];
+                // Only threads that hold a core or wait for one can use one;
+                // counting idle ones would park cores nobody can take.
+                let usable = a
+                    .threads
+                    .iter()
+                    .filter(|c| self.threads.get(c).is_some_and(|t| t.phase != Phase::Idle))
+                    .count() as u32;
                 Demand {
                     requested: a.requested,
-                    cap: a.limits.max_cores.min(a.threads.len() as u32),
+                    cap: a.limits.max_cores.min(usable),
                     held: self.held_by(*id).len() as u32,
                 }
             })
