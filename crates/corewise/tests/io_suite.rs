@@ -1,0 +1,591 @@
+//! The I/O suite, run once per back end (io_uring and epoll): real sockets
+//! on 127.0.0.1, real files in a temporary directory.
+
+use corewise::io::{Batch, Completion, IoBackend};
+use corewise::net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream};
+use corewise::Runtime;
+use std::io::{ErrorKind, IoSlice, IoSliceMut, Read, Write};
+use std::net::Shutdown;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn rt(b: IoBackend) -> Runtime {
+    let rt = Runtime::builder().io_backend(b).build().unwrap();
+    assert_eq!(rt.io_backend(), b);
+    rt
+}
+
+/// A fresh path in the temporary directory, removed on drop.
+struct TempPath(PathBuf);
+
+impl TempPath {
+    fn new(tag: &str) -> Self {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("corewise-io-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        Self(p)
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = corewise::spawn(move || TcpStream::connect(addr).unwrap()).unwrap();
+    let (s, peer) = l.accept().unwrap();
+    let c = c.join().unwrap();
+    assert_eq!(peer, c.local_addr().unwrap());
+    assert_eq!(s.peer_addr().unwrap(), c.local_addr().unwrap());
+    assert_eq!(c.peer_addr().unwrap(), addr);
+    (s, c)
+}
+
+fn tcp_echo_and_methods(b: IoBackend) {
+    rt(b)
+        .block_on(move || {
+            assert_eq!(corewise::io::backend(), Some(b));
+            let (mut s, mut c) = pair();
+            c.set_nodelay(true).unwrap();
+            assert!(c.nodelay().unwrap());
+            let echo = corewise::spawn(move || {
+                let mut buf = [0u8; 100];
+                let mut total = 0;
+                loop {
+                    let n = s.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break total;
+                    }
+                    total += n;
+                    s.write_all(&buf[..n]).unwrap();
+                }
+            })
+            .unwrap();
+            let msg: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+            let reader = c.try_clone().unwrap();
+            let rd = corewise::spawn(move || {
+                let mut got = vec![0u8; 10_000];
+                (&reader).read_exact(&mut got).unwrap();
+                got
+            })
+            .unwrap();
+            (&c).write_all(&msg).unwrap();
+            assert_eq!(rd.join().unwrap(), msg);
+            // Vectored both ways.
+            let n = c
+                .write_vectored(&[IoSlice::new(b"ab"), IoSlice::new(b"cd")])
+                .unwrap();
+            assert_eq!(n, 4);
+            let (mut x, mut y) = ([0u8; 1], [0u8; 3]);
+            let mut got = 0;
+            while got < 4 {
+                let mut bufs = [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)];
+                got += c.read_vectored(&mut bufs).unwrap();
+                if got < 4 {
+                    // Partial: read the rest plainly to keep the test simple.
+                    let mut rest = vec![0u8; 4 - got];
+                    c.read_exact(&mut rest).unwrap();
+                    got = 4;
+                }
+            }
+            assert_eq!(x[0], b'a');
+            c.shutdown(Shutdown::Write).unwrap();
+            assert_eq!(echo.join().unwrap(), 10_004);
+            let mut rest = Vec::new();
+            c.read_to_end(&mut rest).unwrap();
+            assert!(rest.len() <= 3);
+        })
+        .unwrap();
+}
+
+fn peek_and_timeouts_settings(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            let (s, mut c) = pair();
+            assert!(s.set_read_timeout(Some(Duration::ZERO)).is_err());
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+            assert_eq!(s.read_timeout().unwrap(), Some(Duration::from_secs(5)));
+            assert_eq!(s.write_timeout().unwrap(), Some(Duration::from_secs(5)));
+            c.write_all(b"xyz").unwrap();
+            let mut b3 = [0u8; 3];
+            let n = s.peek(&mut b3).unwrap();
+            assert!(n >= 1 && b3[0] == b'x');
+            (&s).read_exact(&mut b3).unwrap();
+            assert_eq!(&b3, b"xyz");
+            assert!(s.take_error().unwrap().is_none());
+        })
+        .unwrap();
+}
+
+fn peer_closes_mid_read(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            let (mut s, mut c) = pair();
+            let h = corewise::spawn(move || {
+                let mut buf = [0u8; 10];
+                let e = s.read_exact(&mut buf).unwrap_err();
+                (e.kind(), s.read(&mut buf).unwrap())
+            })
+            .unwrap();
+            c.write_all(b"half").unwrap();
+            corewise::sleep(Duration::from_millis(5));
+            drop(c);
+            assert_eq!(h.join().unwrap(), (ErrorKind::UnexpectedEof, 0));
+        })
+        .unwrap();
+}
+
+fn read_times_out_then_works(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            let (mut s, mut c) = pair();
+            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let mut buf = [0u8; 4];
+            let e = s.read(&mut buf).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::TimedOut);
+            // The buffer was not written and the stream still works.
+            assert_eq!(buf, [0; 4]);
+            c.write_all(b"late").unwrap();
+            s.read_exact(&mut buf).unwrap();
+            assert_eq!(&buf, b"late");
+            // Accept times out too.
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.set_timeout(Some(Duration::from_millis(10))).unwrap();
+            assert_eq!(l.accept().unwrap_err().kind(), ErrorKind::TimedOut);
+        })
+        .unwrap();
+}
+
+fn cancel_from_another_thread(b: IoBackend) {
+    let rt = rt(b);
+    rt.block_on(|| {
+        let (s, _c) = pair();
+        let canceller = s.canceller();
+        let h = corewise::spawn(move || {
+            let mut buf = [0u8; 8];
+            let r = s.read(&mut buf);
+            (r.map_err(|e| corewise::io::is_cancelled(&e)), buf)
+        })
+        .unwrap();
+        corewise::sleep(Duration::from_millis(10));
+        assert!(!canceller.is_cancelled());
+        canceller.cancel();
+        let (r, buf) = h.join().unwrap();
+        assert_eq!(r, Err(true));
+        assert_eq!(buf, [0; 8]);
+        // A shutdown from another thread wakes a blocked reader with EOF.
+        let (s2, _c2) = pair();
+        let s2 = std::sync::Arc::new(s2);
+        let s3 = s2.clone();
+        let h = corewise::spawn(move || s3.read(&mut [0u8; 8]).unwrap()).unwrap();
+        corewise::sleep(Duration::from_millis(10));
+        s2.shutdown(Shutdown::Read).unwrap();
+        assert_eq!(h.join().unwrap(), 0);
+    })
+    .unwrap();
+    // Cancel from a plain OS thread, of an accept on a user thread.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = l.canceller();
+    let h = rt.spawn(move || l.accept().map(|_| ())).unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    c.cancel();
+    assert!(corewise::io::is_cancelled(&h.join().unwrap().unwrap_err()));
+}
+
+fn udp(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let bsock = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let (aa, ba) = (a.local_addr().unwrap(), bsock.local_addr().unwrap());
+            assert_eq!(a.send_to(b"one", ba).unwrap(), 3);
+            let mut buf = [0u8; 16];
+            let (n, from) = bsock.recv_from(&mut buf).unwrap();
+            assert_eq!((&buf[..n], from), (&b"one"[..], aa));
+            a.connect(ba).unwrap();
+            bsock.connect(aa).unwrap();
+            assert_eq!(a.peer_addr().unwrap(), ba);
+            a.send(b"two").unwrap();
+            assert_eq!(bsock.recv(&mut buf).unwrap(), 3);
+            bsock
+                .set_read_timeout(Some(Duration::from_millis(10)))
+                .unwrap();
+            assert_eq!(
+                bsock.recv(&mut buf).unwrap_err().kind(),
+                ErrorKind::TimedOut
+            );
+            a.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+            let c = bsock.canceller();
+            c.cancel();
+            assert!(corewise::io::is_cancelled(
+                &bsock.recv(&mut buf).unwrap_err()
+            ));
+        })
+        .unwrap();
+}
+
+fn unix(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            let path = TempPath::new("sock");
+            let l = UnixListener::bind(&path.0).unwrap();
+            assert_eq!(
+                l.local_addr().unwrap().as_pathname(),
+                Some(path.0.as_path())
+            );
+            let p = path.0.clone();
+            let h = corewise::spawn(move || {
+                let mut c = UnixStream::connect(&p).unwrap();
+                c.write_all(b"unix!").unwrap();
+                let mut b = [0u8; 2];
+                c.read_exact(&mut b).unwrap();
+                b
+            })
+            .unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            assert!(s.peer_addr().is_ok() && s.local_addr().is_ok());
+            let mut b5 = [0u8; 5];
+            s.read_exact(&mut b5).unwrap();
+            assert_eq!(&b5, b"unix!");
+            s.write_all(b"ok").unwrap();
+            assert_eq!(&h.join().unwrap(), b"ok");
+            let (x, y) = UnixStream::pair().unwrap();
+            y.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+            assert_eq!(
+                y.read(&mut [0u8; 1]).unwrap_err().kind(),
+                ErrorKind::TimedOut
+            );
+            x.shutdown(Shutdown::Both).unwrap();
+            assert_eq!(y.read(&mut [0u8; 1]).unwrap(), 0);
+            l.set_timeout(Some(Duration::from_millis(5))).unwrap();
+            assert_eq!(l.accept().unwrap_err().kind(), ErrorKind::TimedOut);
+        })
+        .unwrap();
+}
+
+fn files(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            use corewise::fs::File;
+            use std::io::{Seek, SeekFrom};
+            let p = TempPath::new("file");
+            assert_eq!(File::open(&p.0).unwrap_err().kind(), ErrorKind::NotFound);
+            let mut f = File::create(&p.0).unwrap();
+            f.write_all(b"hello ").unwrap();
+            f.write_vectored(&[IoSlice::new(b"wor"), IoSlice::new(b"ld")])
+                .unwrap();
+            f.write_at(b"W", 6).unwrap();
+            f.sync_all().unwrap();
+            f.sync_data().unwrap();
+            assert_eq!(f.metadata().unwrap().len(), 11);
+            drop(f);
+            assert_eq!(std::fs::read(&p.0).unwrap(), b"hello World");
+            let mut f = File::open(&p.0).unwrap();
+            let mut five = [0u8; 5];
+            f.read_exact(&mut five).unwrap();
+            assert_eq!(&five, b"hello");
+            let (mut a, mut c) = ([0u8; 1], [0u8; 5]);
+            let n = f
+                .read_vectored(&mut [IoSliceMut::new(&mut a), IoSliceMut::new(&mut c)])
+                .unwrap();
+            assert_eq!((n, a[0], &c), (6, b' ', b"World"));
+            assert_eq!(f.read(&mut a).unwrap(), 0);
+            let mut w = [0u8; 5];
+            f.read_exact_at(&mut w, 6).unwrap();
+            assert_eq!(&w, b"World");
+            f.seek(SeekFrom::Start(0)).unwrap();
+            let mut all = String::new();
+            (&f).read_to_string(&mut all).unwrap();
+            assert_eq!(all, "hello World");
+            assert!(f.write(b"x").is_err(), "read-only file");
+            let g = File::options().append(true).open(&p.0).unwrap();
+            g.write(b"!").unwrap();
+            g.set_len(12).unwrap();
+            assert_eq!(std::fs::read(&p.0).unwrap(), b"hello World!");
+            assert_eq!(
+                File::options()
+                    .write(true)
+                    .create_new(true)
+                    .open(&p.0)
+                    .unwrap_err()
+                    .kind(),
+                ErrorKind::AlreadyExists
+            );
+            assert_eq!(
+                File::options().open(&p.0).unwrap_err().kind(),
+                ErrorKind::InvalidInput
+            );
+        })
+        .unwrap();
+}
+
+fn file_larger_than_any_buffer(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            use corewise::fs::File;
+            let p = TempPath::new("big");
+            let size = 6 * 1024 * 1024 + 123;
+            let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+            let f = File::create(&p.0).unwrap();
+            f.write_all_at(&data, 0).unwrap();
+            drop(f);
+            // Read it through a 64 KiB buffer, many reads at the file position.
+            let mut f = File::open(&p.0).unwrap();
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut got = Vec::with_capacity(size);
+            loop {
+                let n = f.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert!(got == data, "file contents differ");
+            // And in one read_exact_at into a buffer the size of the file.
+            let mut whole = vec![0u8; size];
+            f.read_exact_at(&mut whole, 0).unwrap();
+            assert!(whole == data);
+        })
+        .unwrap();
+}
+
+fn batch_accepts_and_writes(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            let l1 = TcpListener::bind("127.0.0.1:0").unwrap();
+            let l2 = TcpListener::bind("127.0.0.1:0").unwrap();
+            let (a1, a2) = (l1.local_addr().unwrap(), l2.local_addr().unwrap());
+            let mut batch = Batch::new();
+            let t1 = batch.accept(&l1);
+            let t2 = batch.accept(&l2);
+            assert_eq!(batch.len(), 2);
+            assert_eq!(
+                batch
+                    .wait_any(Some(Duration::from_millis(5)))
+                    .unwrap_err()
+                    .kind(),
+                ErrorKind::TimedOut
+            );
+            let c2 = TcpStream::connect(a2).unwrap();
+            let (tok, comp) = batch.wait_any(None).unwrap().unwrap();
+            assert_eq!(tok, t2);
+            let Completion::Accepted(Ok((s2, peer))) = comp else {
+                panic!("accept failed")
+            };
+            assert_eq!(peer, c2.local_addr().unwrap());
+            let c1 = TcpStream::connect(a1).unwrap();
+            let all = batch.wait_all();
+            assert_eq!(all.len(), 1);
+            assert_eq!(all[0].0, t1);
+            let Completion::Accepted(Ok((s1, _))) = &all[0].1 else {
+                panic!("accept failed")
+            };
+            assert!(batch.is_empty());
+            assert!(batch.wait_any(None).unwrap().is_none());
+            // Writes to many, reads from many.
+            let mut w = Batch::new();
+            w.write(s1, b"to-1".to_vec());
+            w.write(&s2, b"to-2".to_vec());
+            for (_, c) in w.wait_all() {
+                let Completion::Written(Ok(4), buf) = c else {
+                    panic!("write failed")
+                };
+                assert_eq!(buf.len(), 4);
+            }
+            let mut r = Batch::new();
+            let r1 = r.read(&c1, 16);
+            let r2 = r.read(&c2, 16);
+            for (t, c) in r.wait_all() {
+                let Completion::Read(Ok(n), buf) = c else {
+                    panic!("read failed")
+                };
+                let want: &[u8] = if t == r1 {
+                    b"to-1"
+                } else {
+                    assert_eq!(t, r2);
+                    b"to-2"
+                };
+                assert_eq!(&buf[..n], want);
+            }
+            // Dropping a batch with pending operations cancels them.
+            let mut pending = Batch::new();
+            pending.read(&c1, 16);
+            pending.accept(&l1);
+            drop(pending);
+            // c1 still works afterwards.
+            (&*s1).write_all(b"after").unwrap();
+            let mut five = [0u8; 5];
+            (&c1).read_exact(&mut five).unwrap();
+            assert_eq!(&five, b"after");
+        })
+        .unwrap();
+}
+
+fn blocking_under_load(b: IoBackend) {
+    // One core: if `blocking` blocked the core, the releasing thread could
+    // never run and the jobs would fail their receive timeout.
+    let rt = Runtime::builder().cpus([0]).io_backend(b).build().unwrap();
+    rt.block_on(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let waiters: Vec<_> = (0..40u32)
+            .map(|i| {
+                let rx = rx.clone();
+                corewise::spawn(move || {
+                    corewise::blocking(move || {
+                        let v = rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
+                        v.map(|v| v + i)
+                    })
+                })
+                .unwrap()
+            })
+            .collect();
+        let sender = corewise::spawn(move || {
+            for _ in 0..40 {
+                tx.send(1000).unwrap();
+                corewise::yield_now();
+            }
+        })
+        .unwrap();
+        sender.join().unwrap();
+        let mut sum = 0;
+        for h in waiters {
+            sum += h
+                .join()
+                .unwrap()
+                .expect("the core kept running other threads");
+        }
+        assert_eq!(sum, 40 * 1000 + (0..40).sum::<u32>());
+        assert!(corewise::blocking::threads() <= corewise::blocking::MAX_THREADS);
+        // Many short jobs from many threads, results intact; panics propagate.
+        let hs: Vec<_> = (0..50u64)
+            .map(|i| {
+                corewise::spawn(move || {
+                    (0..20)
+                        .map(|j| corewise::blocking(move || i * j))
+                        .sum::<u64>()
+                })
+                .unwrap()
+            })
+            .collect();
+        let total: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(total, (0..50u64).sum::<u64>() * (0..20u64).sum::<u64>());
+        let p = corewise::spawn(|| corewise::blocking(|| -> u32 { panic!("in pool") })).unwrap();
+        assert!(p.join().is_err());
+    })
+    .unwrap();
+}
+
+fn sleeping_core_wakes_for_io(b: IoBackend) {
+    // The core sleeps in the ring/epoll wait; a completion, a cross-core
+    // signal and a timer must each wake it.
+    let rt = Runtime::builder()
+        .cpus([0])
+        .idle_spin(Duration::from_micros(1))
+        .io_backend(b)
+        .build()
+        .unwrap();
+    rt.block_on(|| {
+        let (s, c) = pair();
+        let h = corewise::spawn(move || {
+            let mut b = [0u8; 3];
+            (&s).read_exact(&mut b).unwrap();
+            b
+        })
+        .unwrap();
+        // From an OS thread while the core sleeps.
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            (&c).write_all(b"zzz").unwrap();
+            c
+        });
+        assert_eq!(&h.join().unwrap(), b"zzz");
+        drop(t.join().unwrap());
+    })
+    .unwrap();
+    // A signal from an OS thread to a thread on a core that sleeps in I/O.
+    let h = rt.spawn(corewise::block).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    corewise::signal(h.thread());
+    h.join().unwrap();
+}
+
+fn os_thread_fallback(_b: IoBackend) {
+    // No runtime involved: the same types make plain system calls.
+    assert_eq!(corewise::io::backend(), None);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(b"os").unwrap();
+        s
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    let mut b = [0u8; 2];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"os");
+    c.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+    assert_eq!(c.read(&mut b).unwrap_err().kind(), ErrorKind::TimedOut);
+    c.set_read_timeout(None).unwrap();
+    let cancel = c.canceller();
+    let reader = std::thread::spawn(move || {
+        c.read(&mut [0u8; 1])
+            .map_err(|e| corewise::io::is_cancelled(&e))
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    cancel.cancel();
+    assert_eq!(reader.join().unwrap(), Err(true));
+    drop(t.join().unwrap());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut batch = Batch::new();
+    batch.accept(&l);
+    let _c = TcpStream::connect(addr).unwrap();
+    assert!(matches!(batch.wait_all()[0].1, Completion::Accepted(Ok(_))));
+    let p = TempPath::new("os");
+    let f = corewise::fs::File::create(&p.0).unwrap();
+    f.write_all_at(b"plain", 0).unwrap();
+    let mut five = [0u8; 5];
+    f.read_exact_at(&mut five, 0).unwrap_err(); // write-only
+    drop(f);
+    corewise::fs::File::open(&p.0)
+        .unwrap()
+        .read_exact_at(&mut five, 0)
+        .unwrap();
+    assert_eq!(&five, b"plain");
+    assert_eq!(corewise::blocking(|| 5), 5);
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod uring {
+            $(#[test] fn $name() { super::$name(corewise::io::IoBackend::Uring) })*
+        }
+        mod epoll {
+            $(#[test] fn $name() { super::$name(corewise::io::IoBackend::Epoll) })*
+        }
+    };
+}
+
+both_backends!(
+    tcp_echo_and_methods,
+    peek_and_timeouts_settings,
+    peer_closes_mid_read,
+    read_times_out_then_works,
+    cancel_from_another_thread,
+    udp,
+    unix,
+    files,
+    file_larger_than_any_buffer,
+    batch_accepts_and_writes,
+    blocking_under_load,
+    sleeping_core_wakes_for_io,
+    os_thread_fallback,
+);
