@@ -3,7 +3,9 @@
 //! the exact bytes consumed.
 #![no_main]
 
-use corewise_arbiter::protocol::{decode_request, decode_response, encode_request, encode_response};
+use corewise_arbiter::protocol::{
+    decode_request, decode_response, encode_request, encode_response,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
