@@ -1,2 +1,46 @@
-//! corewise-bench (under construction).
-fn main() {}
+//! `corewise-bench`: benchmarks that run corewise and its peers (std::thread,
+//! tokio, may, Go) side by side in one invocation and print a table.
+//!
+//! `main` is a thin dispatcher: each subcommand lives in its own module with
+//! an `Args` type and a `run` function.
+
+mod affinity;
+mod clock;
+mod error;
+mod output;
+mod primitives;
+mod procstat;
+mod stats;
+
+use clap::{Parser, Subcommand};
+
+/// Command line of `corewise-bench`.
+#[derive(Debug, Parser)]
+#[command(name = "corewise-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// One subcommand per benchmark. New benchmarks (`core-grant`, `echo`,
+/// `neighbours`, `cores`, `kv`) add a variant here and a module of their own.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Primitive costs: creation, yield, condition notify, signal, creation
+    /// throughput and idle CPU, for corewise and every peer.
+    Primitives(primitives::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Primitives(args) => primitives::run(&args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("corewise-bench: error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

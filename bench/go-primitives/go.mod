@@ -1,0 +1,3 @@
+module corewise/bench/go-primitives
+
+go 1.21

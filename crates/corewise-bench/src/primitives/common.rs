@@ -1,0 +1,317 @@
+//! Measurement helpers shared by the runners.
+
+use super::Ctx;
+use crate::affinity;
+use crate::error::BenchError;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Runs `f` on a new kernel thread pinned to `cpu` and returns its result.
+/// The caller's own affinity is left alone.
+pub fn on_cpu<T: Send>(
+    cpu: usize,
+    f: impl FnOnce() -> Result<T, BenchError> + Send,
+) -> Result<T, BenchError> {
+    std::thread::scope(|s| {
+        let h = std::thread::Builder::new()
+            .name(format!("bench-cpu{cpu}"))
+            .spawn_scoped(s, move || {
+                affinity::pin_current(cpu)?;
+                f()
+            })
+            .map_err(|e| BenchError::Thread(e.to_string()))?;
+        h.join()
+            .map_err(|_| BenchError::Thread("measuring thread panicked".into()))?
+    })
+}
+
+/// Waits until `done()` holds: spins, and yields the CPU now and then so a
+/// thread that shares the core can run. Fails after `timeout`.
+#[inline]
+pub fn spin_until(
+    what: &'static str,
+    timeout: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Result<(), BenchError> {
+    let mut spins: u32 = 0;
+    let mut start: Option<Instant> = None;
+    while !done() {
+        spins = spins.wrapping_add(1);
+        if spins % 256 == 0 {
+            std::thread::yield_now();
+            let s = *start.get_or_insert_with(Instant::now);
+            if s.elapsed() > timeout {
+                return Err(BenchError::Timeout(what));
+            }
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(())
+}
+
+/// Busy-waits for `d` (used as the settle pause; sleeping would add the
+/// notifier's own wake-up to the next sample's surroundings).
+pub fn busy_wait(d: Duration) {
+    let s = Instant::now();
+    while s.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// A timestamp plus the CPU it was taken on, published by one thread and
+/// read by another. `tick == 0` means "not yet".
+#[derive(Debug, Default)]
+pub struct Stamp {
+    tick: AtomicU64,
+    cpu: AtomicU64,
+}
+
+impl Stamp {
+    /// A fresh, empty stamp.
+    pub const fn new() -> Self {
+        Stamp {
+            tick: AtomicU64::new(0),
+            cpu: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Records `tick` (taken by the caller as its very first action) and the
+    /// caller's CPU.
+    #[inline]
+    pub fn record(&self, tick: u64) {
+        self.cpu
+            .store(affinity::current_cpu() as u64, Ordering::Relaxed);
+        self.tick.store(tick.max(1), Ordering::Release);
+    }
+
+    /// The recorded (tick, cpu), if any.
+    #[inline]
+    pub fn get(&self) -> Option<(u64, usize)> {
+        let t = self.tick.load(Ordering::Acquire);
+        (t != 0).then(|| (t, self.cpu.load(Ordering::Relaxed) as usize))
+    }
+
+    /// Clears the stamp for the next round.
+    pub fn clear(&self) {
+        self.tick.store(0, Ordering::Release);
+    }
+
+    /// Waits for the stamp and returns it.
+    pub fn wait(&self, what: &'static str, timeout: Duration) -> Result<(u64, usize), BenchError> {
+        let mut out = None;
+        spin_until(what, timeout, || {
+            out = self.get();
+            out.is_some()
+        })?;
+        out.ok_or(BenchError::Timeout(what))
+    }
+}
+
+/// Collects samples and counts those rejected because the measured thread
+/// ran on the wrong CPU.
+#[derive(Debug, Default)]
+pub struct Collector {
+    /// Kept samples, ns.
+    pub kept: Vec<f64>,
+    /// Samples thrown away because of placement.
+    pub rejected: usize,
+    warm_left: usize,
+    want: usize,
+}
+
+impl Collector {
+    /// Wants `want` samples after `warmup` discarded ones.
+    pub fn new(want: usize, warmup: usize) -> Self {
+        Collector {
+            kept: Vec::with_capacity(want),
+            rejected: 0,
+            warm_left: warmup,
+            want,
+        }
+    }
+
+    /// Whether enough samples have been kept.
+    pub fn full(&self) -> bool {
+        self.kept.len() >= self.want
+    }
+
+    /// Whether to stop trying: full, or so many rejections that the
+    /// runtime evidently will not place the thread where asked.
+    pub fn done(&self) -> bool {
+        self.full() || self.rejected > 4 * self.want + 1_000
+    }
+
+    /// Offers one sample; `placed_ok` says whether the measured thread ran
+    /// where the op requires.
+    pub fn offer(&mut self, ns: f64, placed_ok: bool) {
+        if !placed_ok {
+            self.rejected += 1;
+        } else if self.warm_left > 0 {
+            self.warm_left -= 1;
+        } else if !self.full() {
+            self.kept.push(ns);
+        }
+    }
+
+    /// A note for the report when samples were rejected.
+    pub fn note(&self, runtime: &str, op: super::Op) -> Option<String> {
+        (self.rejected > 0).then(|| {
+            format!(
+                "{runtime} {}: kept {} samples, rejected {} that ran on the wrong cpu",
+                op.name(),
+                self.kept.len(),
+                self.rejected
+            )
+        })
+    }
+}
+
+/// Median round trip (ns) of one cache line between `cpu_a` and `cpu_b`:
+/// two pinned threads bounce a counter in one 64-byte-aligned line. Each
+/// sample is the mean of a batch of 64 round trips.
+pub fn cache_line_round_trip(ctx: &Ctx) -> Result<f64, BenchError> {
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let line = Line(AtomicU64::new(0));
+    let stop = AtomicBool::new(false);
+    let clock = ctx.clock;
+    let batch: u64 = 64;
+    let samples = if ctx.quick { 2_000 } else { 10_000 };
+    let warm = samples / 10;
+    let timeout = ctx.wait_timeout;
+    std::thread::scope(|s| {
+        let echo = s.spawn(|| -> Result<(), BenchError> {
+            affinity::pin_current(ctx.cpu_b)?;
+            let mut spins: u64 = 0;
+            let start = Instant::now();
+            loop {
+                let v = line.0.load(Ordering::Acquire);
+                if v % 2 == 1 {
+                    line.0.store(v + 1, Ordering::Release);
+                    spins = 0;
+                } else if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                } else {
+                    spins += 1;
+                    if spins % (1 << 24) == 0 && start.elapsed() > timeout * 8 {
+                        return Err(BenchError::Timeout("cache-line round trip"));
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let lead = s.spawn(|| -> Result<Vec<f64>, BenchError> {
+            affinity::pin_current(ctx.cpu_a)?;
+            let mut v = Vec::with_capacity(samples);
+            let mut x: u64 = 0;
+            for i in 0..samples + warm {
+                let t0 = clock.now();
+                for _ in 0..batch {
+                    line.0.store(x + 1, Ordering::Release);
+                    x += 2;
+                    let mut n: u64 = 0;
+                    while line.0.load(Ordering::Acquire) != x {
+                        n += 1;
+                        if n % (1 << 26) == 0 {
+                            return Err(BenchError::Timeout("cache-line round trip"));
+                        }
+                        std::hint::spin_loop();
+                    }
+                }
+                let t1 = clock.now();
+                if i >= warm {
+                    v.push(clock.delta_ns(t0, t1) / batch as f64);
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            Ok(v)
+        });
+        let lead = lead.join();
+        stop.store(true, Ordering::Relaxed);
+        let lead = lead.map_err(|_| BenchError::Thread("round-trip thread panicked".into()))?;
+        let echoed = echo
+            .join()
+            .map_err(|_| BenchError::Thread("round-trip thread panicked".into()))?;
+        echoed?;
+        let v = lead?;
+        crate::stats::Summary::of(&v)
+            .map(|s| s.median)
+            .ok_or(BenchError::Timeout("cache-line round trip"))
+    })
+}
+
+/// Measures one-way yield hand-offs between a leader and a follower that
+/// share one core. Both call `yield_fn` in a loop; a shared counter tells
+/// whose turn it is, and each turn taken increments it. The leader times
+/// `batch` increments per sample: ns per hand-off = elapsed / batch.
+/// This is the leader's half; the follower runs [`pingpong_follower`].
+pub fn pingpong_leader(
+    ctx: &Ctx,
+    counter: &AtomicU64,
+    stop: &AtomicBool,
+    samples: usize,
+    warmup: usize,
+    batch: u64,
+    mut yield_fn: impl FnMut(),
+) -> Vec<f64> {
+    let clock = ctx.clock;
+    let mut out = Vec::with_capacity(samples);
+    for i in 0..samples + warmup {
+        let start = counter.load(Ordering::Acquire);
+        let target = start + batch;
+        let t0 = clock.now();
+        loop {
+            let c = counter.load(Ordering::Acquire);
+            if c >= target {
+                break;
+            }
+            if c % 2 == 0 {
+                counter.store(c + 1, Ordering::Release);
+            }
+            yield_fn();
+        }
+        let t1 = clock.now();
+        if i >= warmup {
+            let done = counter.load(Ordering::Acquire) - start;
+            out.push(clock.delta_ns(t0, t1) / done.max(1) as f64);
+        }
+    }
+    stop.store(true, Ordering::Release);
+    out
+}
+
+/// The follower's half of [`pingpong_leader`]: takes odd turns until
+/// `stop` is set.
+pub fn pingpong_follower(counter: &AtomicU64, stop: &AtomicBool, mut yield_fn: impl FnMut()) {
+    while !stop.load(Ordering::Acquire) {
+        let c = counter.load(Ordering::Acquire);
+        if c % 2 == 1 {
+            counter.store(c + 1, Ordering::Release);
+        }
+        yield_fn();
+    }
+}
+
+/// Times `batch` calls of `op` per sample and returns ns per call.
+pub fn batched(
+    ctx: &Ctx,
+    samples: usize,
+    warmup: usize,
+    batch: u32,
+    mut op: impl FnMut(),
+) -> Vec<f64> {
+    let clock = ctx.clock;
+    let mut out = Vec::with_capacity(samples);
+    for i in 0..samples + warmup {
+        let t0 = clock.now();
+        for _ in 0..batch {
+            op();
+        }
+        let t1 = clock.now();
+        if i >= warmup {
+            out.push(clock.delta_ns(t0, t1) / f64::from(batch));
+        }
+    }
+    out
+}
