@@ -8,7 +8,7 @@
 //! machine state. Summaries, tables and JSON are made here, not by runners.
 
 pub mod common;
-// mod corewise;
+mod corewise;
 mod go;
 mod may_rt;
 mod std_thread;
@@ -231,7 +231,7 @@ pub type Runner = fn(&Ctx) -> Result<RuntimeReport, BenchError>;
 
 /// The runners, in column order.
 pub const RUNNERS: &[(&str, Runner)] = &[
-    // ("corewise", corewise::run),
+    ("corewise", corewise::run),
     ("std", std_thread::run),
     ("tokio", tokio_rt::run),
     ("may", may_rt::run),
