@@ -5,9 +5,14 @@
 //! loom models check the very code that runs in production.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+#[allow(unused_imports)]
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
+};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
+};
 
 pub(crate) use std::sync::atomic::Ordering;
 
@@ -15,7 +20,7 @@ pub(crate) use std::sync::atomic::Ordering;
 #[inline]
 pub(crate) fn spin_loop() {
     #[cfg(loom)]
-    loom::thread::yield_now();
+    loom::hint::spin_loop();
     #[cfg(not(loom))]
     std::hint::spin_loop();
 }

@@ -308,4 +308,57 @@ mod loom_tests {
             b.join().unwrap();
         });
     }
+
+    /// A receive whose deadline races a send: it either gets the item or
+    /// times out and leaves no waiter behind (the item is then still there).
+    #[test]
+    fn channel_recv_timeout_races_send() {
+        loom::model(|| {
+            let (tx, rx) = channel(1);
+            let t = loom::thread::spawn(move || tx.send(1).unwrap());
+            let r = rx.recv_until(Some(Instant::now()));
+            t.join().unwrap();
+            match r {
+                Ok(v) => assert_eq!(v, 1),
+                Err(e) => {
+                    assert_eq!(e, RecvTimeoutError::Timeout);
+                    assert_eq!(rx.try_recv(), Ok(1));
+                }
+            }
+            assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+            assert_eq!(rx.chan.not_empty.len.load(Ordering::SeqCst), 0);
+        });
+    }
+
+    /// A send into a full channel whose deadline races a receive.
+    #[test]
+    fn channel_send_timeout_races_recv() {
+        loom::model(|| {
+            let (tx, rx) = channel(1);
+            tx.send(1).unwrap();
+            let t = loom::thread::spawn(move || {
+                let r = tx.send_until(2, Some(Instant::now()));
+                assert_eq!(tx.chan.not_full.len.load(Ordering::SeqCst), 0);
+                r
+            });
+            assert_eq!(rx.recv(), Ok(1));
+            match t.join().unwrap() {
+                Ok(()) => assert_eq!(rx.recv(), Ok(2)),
+                Err(e) => assert_eq!(e, SendTimeoutError::Timeout(2)),
+            }
+            assert_eq!(rx.recv(), Err(RecvError));
+        });
+    }
+
+    /// Dropping the last receiver wakes a sender blocked on a full channel.
+    #[test]
+    fn channel_receiver_drop_wakes_blocked_sender() {
+        loom::model(|| {
+            let (tx, rx) = channel(1);
+            tx.send(1).unwrap();
+            let t = loom::thread::spawn(move || tx.send(2));
+            drop(rx);
+            assert_eq!(t.join().unwrap(), Err(SendError(2)));
+        });
+    }
 }

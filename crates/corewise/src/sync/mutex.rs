@@ -2,12 +2,14 @@
 
 use super::wait_queue::{WaitOutcome, WaitQueue};
 use crate::shim::{spin_loop, AtomicU32, MutPtr, Ordering, UnsafeCell};
+use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
 const UNLOCKED: u32 = 0;
 const LOCKED: u32 = 1;
 const CONTENDED: u32 = 2;
-const SPINS: u32 = 100;
+/// Spins before blocking (none in the loom models, which explore each).
+const SPINS: u32 = if cfg!(loom) { 0 } else { 100 };
 
 /// A mutual-exclusion lock whose waiters block (user threads: only the
 /// thread; OS threads: the OS thread).
@@ -38,7 +40,9 @@ unsafe impl<T: Send> Sync for Mutex<T> {}
 /// Access to a [`Mutex`]'s value; unlocks on drop.
 pub struct MutexGuard<'a, T> {
     pub(crate) mutex: &'a Mutex<T>,
-    ptr: MutPtr<T>,
+    // Dropped before the lock is released, so loom sees the access end
+    // inside the critical section.
+    ptr: ManuallyDrop<MutPtr<T>>,
 }
 
 impl<T> Mutex<T> {
@@ -54,7 +58,7 @@ impl<T> Mutex<T> {
     fn guard(&self) -> MutexGuard<'_, T> {
         MutexGuard {
             mutex: self,
-            ptr: self.value.get_mut(),
+            ptr: ManuallyDrop::new(self.value.get_mut()),
         }
     }
 
@@ -136,19 +140,21 @@ impl<T> std::ops::Deref for MutexGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
         // SAFETY: the guard holds the lock.
-        unsafe { self.ptr.deref() }
+        unsafe { (*self.ptr).deref() }
     }
 }
 
 impl<T> std::ops::DerefMut for MutexGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: the guard holds the lock.
-        unsafe { self.ptr.deref() }
+        unsafe { (*self.ptr).deref() }
     }
 }
 
 impl<T> Drop for MutexGuard<'_, T> {
     fn drop(&mut self) {
+        // SAFETY: `ptr` is not used after this.
+        unsafe { ManuallyDrop::drop(&mut self.ptr) };
         self.mutex.unlock();
     }
 }
@@ -188,6 +194,30 @@ mod loom_tests {
             });
             *m.lock() += 1;
             t.join().unwrap();
+            assert!(*m.lock() >= 1);
+            assert_eq!(m.waiters.len.load(Ordering::SeqCst), 0);
+        });
+    }
+
+    /// An unlock's wakeup that lands on a waiter whose deadline passes at
+    /// the same time must not be lost: the timed waiter then takes the lock
+    /// (and passes the wakeup on at its unlock) rather than give up while
+    /// an untimed waiter stays asleep on a free mutex.
+    #[test]
+    fn mutex_timeout_racing_unlock_keeps_the_wakeup() {
+        loom::model(|| {
+            let m = Arc::new(Mutex::new(0));
+            let g = m.lock();
+            let (ma, mb) = (m.clone(), m.clone());
+            let a = loom::thread::spawn(move || {
+                if let Some(mut g) = ma.lock_until(Some(Instant::now())) {
+                    *g += 1;
+                }
+            });
+            let b = loom::thread::spawn(move || *mb.lock() += 1);
+            drop(g);
+            a.join().unwrap();
+            b.join().unwrap();
             assert!(*m.lock() >= 1);
             assert_eq!(m.waiters.len.load(Ordering::SeqCst), 0);
         });

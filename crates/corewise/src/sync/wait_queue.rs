@@ -11,7 +11,7 @@
 
 use super::spin::SpinLock;
 use super::waiter::{deadline_passed, park, park_until, Waiter};
-use crate::shim::{AtomicBool, AtomicUsize, Ordering};
+use crate::shim::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -65,7 +65,11 @@ impl WaitQueue {
         };
         {
             let mut q = self.nodes.lock();
-            self.len.fetch_add(1, Ordering::SeqCst);
+            // Dekker with `notify_*`'s fast path: count ourselves, fence,
+            // then read the condition; a notifier changes the condition,
+            // fences, then reads the count.
+            self.len.fetch_add(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
             if !must_wait() {
                 self.len.fetch_sub(1, Ordering::SeqCst);
                 return WaitOutcome::NotQueued;
@@ -99,7 +103,8 @@ impl WaitQueue {
 
     /// Wakes the longest waiter; returns whether there was one.
     pub(crate) fn notify_one(&self) -> bool {
-        if self.len.load(Ordering::SeqCst) == 0 {
+        fence(Ordering::SeqCst);
+        if self.len.load(Ordering::Relaxed) == 0 {
             return false;
         }
         let woken = {
@@ -120,7 +125,8 @@ impl WaitQueue {
 
     /// Wakes every waiter; returns how many.
     pub(crate) fn notify_all(&self) -> usize {
-        if self.len.load(Ordering::SeqCst) == 0 {
+        fence(Ordering::SeqCst);
+        if self.len.load(Ordering::Relaxed) == 0 {
             return 0;
         }
         let woken: Vec<Waiter> = {

@@ -1,5 +1,16 @@
 //! Who waits: a user thread (woken by `signal`) or an OS thread (woken by
 //! `unpark`); under loom, a loom thread.
+//!
+//! A wake may reach its thread after that thread stopped waiting (notifiers
+//! wake after unlocking, and a timed-out waiter may leave meanwhile); it then
+//! makes the thread's next park return at once, a spurious wakeup, which
+//! every park loop here tolerates. Under loom the same token semantics come
+//! from a per-thread `loom::sync::Notify` rather than `Thread::unpark`:
+//! loom's unpark also resumes a thread blocked in `JoinHandle::join` (or on a
+//! loom mutex), which then aborts the model with `assertion failed:
+//! state.notified` (tokio-rs/loom#249), although on std such a stale unpark
+//! is harmless. loom's `Notify` may also wake spuriously once, so the models
+//! check that the park loops tolerate that.
 
 use std::time::Instant;
 
@@ -12,9 +23,16 @@ pub(crate) enum Waiter {
     /// An OS thread.
     #[cfg(not(loom))]
     Os(std::thread::Thread),
-    /// A loom thread.
+    /// A loom thread, through its parker.
     #[cfg(loom)]
-    Os(loom::thread::Thread),
+    Model(std::sync::Arc<loom::sync::Notify>),
+}
+
+#[cfg(loom)]
+loom::thread_local! {
+    /// The calling loom thread's parker (one waiter: its owner).
+    static PARKER: std::sync::Arc<loom::sync::Notify> =
+        std::sync::Arc::new(loom::sync::Notify::new());
 }
 
 impl Waiter {
@@ -28,7 +46,7 @@ impl Waiter {
             }
         }
         #[cfg(loom)]
-        Waiter::Os(loom::thread::current())
+        PARKER.with(|p| Waiter::Model(p.clone()))
     }
 
     /// Wakes the thread (or makes its next park return at once).
@@ -36,7 +54,10 @@ impl Waiter {
         match self {
             #[cfg(not(loom))]
             Waiter::User(id) => crate::thread::signal(*id),
+            #[cfg(not(loom))]
             Waiter::Os(t) => t.unpark(),
+            #[cfg(loom)]
+            Waiter::Model(p) => p.notify(),
         }
     }
 }
@@ -46,7 +67,7 @@ pub(crate) fn park() {
     #[cfg(not(loom))]
     crate::thread::block();
     #[cfg(loom)]
-    loom::thread::park();
+    PARKER.with(|p| p.wait());
 }
 
 /// Like [`park`], also returning at `deadline`. Under loom the deadline is
