@@ -123,8 +123,9 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
     }
     for (name, n) in &parsed.rejected {
         if *n > 0 {
+            let kept = parsed.ops.get(name).map_or(0, Vec::len);
             r.note(format!(
-                "go {name}: rejected {n} samples that ran on the wrong cpu"
+                "go {name}: kept {kept} samples, rejected {n} that ran on the wrong cpu"
             ));
         }
     }

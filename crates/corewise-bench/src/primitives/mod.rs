@@ -297,6 +297,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     eprintln!("cache-line round trip: {rt_before:.1} ns");
 
     let mut reports = Vec::new();
+    let mut skipped: Vec<String> = Vec::new();
     for (name, runner) in RUNNERS {
         if !args.only.is_empty() && !args.only.iter().any(|o| o == name) {
             continue;
@@ -311,7 +312,10 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                 eprintln!("  {name} done in {:.1} s", started.elapsed().as_secs_f64());
                 reports.push(r);
             }
-            Err(e) => eprintln!("  {name} skipped: {e}"),
+            Err(e) => {
+                eprintln!("  {name} skipped: {e}");
+                skipped.push(format!("{name} skipped: {e}"));
+            }
         }
     }
 
@@ -319,6 +323,9 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     eprintln!("cache-line round trip after the runs: {rt_after:.1} ns");
     let results = output::Results::new(rt_before, &reports);
     print!("{}", output::markdown(&results, &reports));
+    for s in &skipped {
+        println!("- {s}");
+    }
     if let Some(path) = &args.json {
         output::write_json(&results, path)?;
     }
