@@ -249,7 +249,7 @@ extern "C" fn overflow_handler(sig: libc::c_int, info: *mut libc::siginfo_t, uct
                 out,
                 "(core {}, slot {}, generation {}) ",
                 core.index,
-                slot.index,
+                slot.index(),
                 slot.generation().load(Ordering::Relaxed)
             );
         }

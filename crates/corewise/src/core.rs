@@ -280,7 +280,9 @@ mod runtime_core {
         name_len: AtomicUsize,
         /// Owned by the core's kernel thread.
         core: AtomicPtr<Core>,
-        pub(crate) index: usize,
+        /// The slot the context occupies in its core (it moves when the
+        /// thread migrates).
+        index: AtomicUsize,
         context: UnsafeCell<Option<Context>>,
         /// Set by the slot's coroutine when it starts; valid while it lives.
         pub(crate) yielder: Cell<*const crate::context::SlotYielder>,
@@ -302,7 +304,7 @@ mod runtime_core {
                 name_ptr: AtomicPtr::new(std::ptr::null_mut()),
                 name_len: AtomicUsize::new(0),
                 core: AtomicPtr::new(std::ptr::null_mut()),
-                index,
+                index: AtomicUsize::new(index),
                 context: UnsafeCell::new(None),
                 yielder: Cell::new(std::ptr::null()),
             }
@@ -320,12 +322,25 @@ mod runtime_core {
             &self.invocation.generation
         }
 
-        /// The core this slot belongs to.
+        /// The core the context is on now.
         #[inline]
         pub(crate) fn core(&self) -> &'static Core {
-            // SAFETY: set once before the runtime starts; cores are leaked
-            // with their runtime, so the reference is 'static.
-            unsafe { &*self.core.load(Ordering::Relaxed) }
+            // SAFETY: always a pointer to a core of a leaked ('static)
+            // runtime, set before the context is first used.
+            unsafe { &*self.core.load(Ordering::Acquire) }
+        }
+
+        /// The slot index the context occupies in [`core`](Self::core).
+        #[inline]
+        pub(crate) fn index(&self) -> usize {
+            self.index.load(Ordering::Relaxed)
+        }
+
+        /// Moves the context to slot `index` of `core` (migration).
+        pub(crate) fn relocate(&self, core: &'static Core, index: usize) {
+            self.index.store(index, Ordering::Relaxed);
+            self.core
+                .store(core as *const Core as *mut Core, Ordering::Release);
         }
 
         /// The slot's execution context, creating it on first use.
@@ -396,6 +411,27 @@ mod runtime_core {
         pub(crate) dispatches: AtomicU64,
         /// Times the core went to sleep in the kernel.
         pub(crate) sleeps: AtomicU64,
+        /// Clock ticks spent with nothing to run (spinning or asleep).
+        pub(crate) idle_ticks: AtomicU64,
+        /// Runnable threads times ticks, summed over rotations.
+        pub(crate) load_ticks: AtomicU64,
+        /// Start of the idle period going on now (0: busy).
+        pub(crate) idle_since: AtomicU64,
+    }
+
+    impl CoreStats {
+        /// Idle ticks up to `now`, counting an idle period still going on.
+        pub(crate) fn idle_until(&self, now: u64) -> u64 {
+            loop {
+                let before = self.idle_ticks.load(Ordering::Acquire);
+                let since = self.idle_since.load(Ordering::Acquire);
+                let after = self.idle_ticks.load(Ordering::Acquire);
+                if before == after {
+                    let open = if since != 0 { now.saturating_sub(since) } else { 0 };
+                    return before.wrapping_add(open);
+                }
+            }
+        }
     }
 
     /// One core: slots, occupancy, idle gate, lifecycle flags, statistics.
@@ -405,7 +441,10 @@ mod runtime_core {
         /// Set while a kernel thread holds this core and runs its dispatcher.
         pub(crate) active: CachePadded<AtomicBool>,
         pub(crate) stats: CachePadded<CoreStats>,
-        pub(crate) slots: Box<[ThreadContext]>,
+        /// The contexts in this core's slots. Contexts move between cores
+        /// when threads migrate (Arachne swaps them the same way), so a
+        /// slot holds a pointer.
+        slots: Box<[AtomicPtr<ThreadContext>]>,
         pub(crate) index: usize,
         /// The CPU the core's kernel thread runs on while it holds the core.
         pub(crate) cpu: AtomicUsize,
@@ -424,7 +463,14 @@ mod runtime_core {
                 gate: CachePadded::new(IdleGate::new()),
                 active: CachePadded::new(AtomicBool::new(false)),
                 stats: CachePadded::new(CoreStats::default()),
-                slots: (0..SLOTS).map(ThreadContext::new).collect(),
+                slots: {
+                    let contexts: &'static [ThreadContext] =
+                        Box::leak((0..SLOTS).map(ThreadContext::new).collect());
+                    contexts
+                        .iter()
+                        .map(|c| AtomicPtr::new(c as *const ThreadContext as *mut ThreadContext))
+                        .collect()
+                },
                 index,
                 cpu: AtomicUsize::new(usize::MAX),
                 runtime: OnceLock::new(),
@@ -434,10 +480,22 @@ mod runtime_core {
 
         /// Points the slots back at their core and the core at its runtime.
         pub(crate) fn link(&'static self, runtime: &'static Shared) {
-            for slot in self.slots.iter() {
-                slot.core.store(self as *const Core as *mut Core, Ordering::Relaxed);
+            for i in 0..SLOTS {
+                self.slot(i).relocate(self, i);
             }
             let _ = self.runtime.set(runtime);
+        }
+
+        /// The context in slot `i`.
+        #[inline]
+        pub(crate) fn slot(&self, i: usize) -> &'static ThreadContext {
+            // SAFETY: slots always point at leaked ('static) contexts.
+            unsafe { &*self.slots[i].load(Ordering::Acquire) }
+        }
+
+        /// Puts `ctx` into slot `i` (migration).
+        pub(crate) fn set_slot(&self, i: usize, ctx: &'static ThreadContext) {
+            self.slots[i].store(ctx as *const ThreadContext as *mut ThreadContext, Ordering::Release);
         }
 
         /// The runtime this core belongs to.
@@ -454,7 +512,7 @@ mod runtime_core {
             while others != 0 {
                 let i = others.trailing_zeros() as usize;
                 others &= others - 1;
-                let w = self.slots[i].wakeup().load();
+                let w = self.slot(i).wakeup().load();
                 if w == RUNNABLE
                     || (w != BLOCKED && w <= *now.get_or_insert_with(crate::clock::now))
                 {

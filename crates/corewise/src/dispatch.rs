@@ -8,56 +8,114 @@
 //! leaves `BLOCKED` or a deadline. When a full scan finds nothing, the core
 //! spins for the idle budget and then sleeps in the kernel (see
 //! [`crate::idle`]) with the earliest deadline as the timeout.
+//!
+//! The loop also keeps the two statistics of Arachne's core estimation, as
+//! cumulative counters the core manager samples: idle ticks (so utilization
+//! is the rest), and load ticks, the runnable-thread count weighted by time.
+//! A rotation (one round-robin pass over the slots) runs each runnable
+//! thread once, so the runs in a rotation times its length is the load;
+//! that costs one clock read per rotation, not per switch.
+//!
+//! When the arbiter asks for the core back, the dispatcher stops new
+//! threads from landing here and moves every thread it holds into free
+//! slots of the remaining cores ([`migrate_all`]), the way Arachne swaps
+//! thread contexts: blocked threads stay blocked, sleeping ones keep their
+//! deadlines, joins and signals follow the context. Then it returns and the
+//! kernel thread waits for a core again.
 
 use crate::clock;
 use crate::core::{Core, BLOCKED, RUNNABLE, SLOTS};
-use crate::shim::Ordering;
+use crate::policy::ThreadClass;
+use crate::shim::{fence, Ordering};
 
-/// Runs `core` until the arbiter asks for it back and it has no threads.
+/// Per-core cumulative counter update by its only writer.
+#[inline]
+fn bump(counter: &crate::shim::AtomicU64, by: u64) {
+    counter.store(counter.load(Ordering::Relaxed).wrapping_add(by), Ordering::Relaxed);
+}
+
+/// Runs `core` until the arbiter asks for it back and its threads have
+/// moved elsewhere.
 pub(crate) fn run(core: &'static Core) {
     let shared = core.runtime();
     let spin = shared.idle_spin_ticks;
     let mut next = 0usize;
+    // Accounting: when the core went idle (0: busy), when spinning started
+    // (0: not spinning), and the current rotation.
     let mut idle_since = 0u64;
+    let mut spin_since = 0u64;
+    let mut rotation_start = clock::now();
+    let mut rotation_runs = 0u64;
     loop {
         if let Some(i) = find_runnable(core, next) {
-            idle_since = 0;
-            if i < next {
-                // The scan wrapped: one pass is over. Submit its I/O with
-                // one enter and reap completions (a few loads when idle).
-                core.io.pass();
+            if idle_since != 0 {
+                let now = clock::now();
+                bump(&core.stats.idle_ticks, now.wrapping_sub(idle_since));
+                core.stats.idle_since.store(0, Ordering::Release);
+                idle_since = 0;
+                spin_since = 0;
+                rotation_start = now;
             }
+            if i < next {
+                // The scan wrapped: one rotation is over. Submit its I/O
+                // with one enter and reap completions (a few loads when
+                // idle), account its load, and see whether the core must go.
+                core.io.pass();
+                let now = clock::now();
+                bump(
+                    &core.stats.load_ticks,
+                    rotation_runs * now.wrapping_sub(rotation_start),
+                );
+                rotation_start = now;
+                rotation_runs = 0;
+                if must_go(core) {
+                    return;
+                }
+            }
+            rotation_runs += 1;
             run_thread(core, i);
             next = if i + 1 == SLOTS { 0 } else { i + 1 };
             continue;
         }
         if core.io.pass() {
-            idle_since = 0;
             continue;
-        }
-        if core.mask.occupied() == 0 && shared.arbiter.must_release_core(core.index) {
-            return;
         }
         let now = clock::now();
+        if rotation_runs != 0 {
+            bump(
+                &core.stats.load_ticks,
+                rotation_runs * now.wrapping_sub(rotation_start),
+            );
+            rotation_runs = 0;
+        }
+        rotation_start = now;
         if idle_since == 0 {
             idle_since = now;
+            // Published so the core manager counts an idle period that is
+            // still going on (a sleeping core updates nothing).
+            core.stats.idle_since.store(now, Ordering::Release);
+        }
+        if must_go(core) {
+            bump(&core.stats.idle_ticks, now.wrapping_sub(idle_since));
+            core.stats.idle_since.store(0, Ordering::Release);
+            return;
+        }
+        if spin_since == 0 {
+            spin_since = now;
             continue;
         }
-        if now.wrapping_sub(idle_since) < spin {
+        if now.wrapping_sub(spin_since) < spin {
             std::hint::spin_loop();
             continue;
         }
         core.gate.prepare_sleep();
         let (runnable, earliest) = recheck(core);
-        if runnable
-            || (core.mask.occupied() == 0 && shared.arbiter.must_release_core(core.index))
-        {
+        if runnable || shared.arbiter.must_release_core(core.index) {
             core.gate.cancel_sleep();
             continue;
         }
         let timeout = earliest.map(|d| clock::ticks_to_duration(d.saturating_sub(clock::now())));
-        let sleeps = &core.stats.sleeps;
-        sleeps.store(sleeps.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        bump(&core.stats.sleeps, 1);
         // Idle sleep and I/O wait are one wait: in the core's ring (or epoll
         // set), woken by completions, the timer, or the gate's futex word.
         if core.io.idle_wait(&core.gate, timeout) {
@@ -65,8 +123,111 @@ pub(crate) fn run(core: &'static Core) {
         } else {
             core.gate.sleep(timeout);
         }
-        idle_since = 0;
+        spin_since = 0;
     }
+}
+
+/// Whether the dispatcher must return: the arbiter wants the core and its
+/// threads have moved away. If the arbiter changed its mind while threads
+/// were still here, the core takes placements again.
+#[inline]
+fn must_go(core: &'static Core) -> bool {
+    let shared = core.runtime();
+    if shared.arbiter.must_release_core(core.index) {
+        return release(core);
+    }
+    if !core.active.load(Ordering::Relaxed) {
+        core.active.store(true, Ordering::SeqCst);
+        shared.active_mask.fetch_or(1u64 << core.index, Ordering::AcqRel);
+        shared.policy.core_added(core.index);
+    }
+    false
+}
+
+/// The arbiter wants the core: stop placements here and move the threads
+/// away. Returns true when the core is empty and may be given back; false
+/// when no other core can take its threads now (it keeps running them and
+/// tries again on the next pass).
+fn release(core: &'static Core) -> bool {
+    let shared = core.runtime();
+    if shared.shutdown.load(Ordering::Relaxed) {
+        // Shutting down: no core takes threads any more; run them to the end.
+        return core.mask.occupied() == 0;
+    }
+    let bit = 1u64 << core.index;
+    if shared.active_mask.load(Ordering::Relaxed) & bit != 0 {
+        shared.active_mask.fetch_and(!bit, Ordering::AcqRel);
+        core.active.store(false, Ordering::SeqCst);
+        shared.policy.core_removed(core.index);
+    }
+    // No thread may wait on this core's ring or epoll set from another
+    // core: finish or cancel what is in flight (threads resubmit after the
+    // move). Nothing to do, and no system call, when no I/O is in flight.
+    if core.mask.occupied() != 0 {
+        core.io.evacuate();
+    }
+    migrate_all(core)
+}
+
+/// Moves every thread of `core` into a free slot of another active core.
+/// Returns whether `core` is empty afterwards.
+pub(crate) fn migrate_all(core: &'static Core) -> bool {
+    let shared = core.runtime();
+    // A spawner that read the active mask before it changed may still claim
+    // a slot here; such a context is moved like any other (the spawner
+    // writes into the context object, wherever it now sits).
+    for _round in 0..4 {
+        let mask = core.mask.occupied();
+        if mask == 0 {
+            return true;
+        }
+        let mut m = mask;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let Some((target, j)) = claim_elsewhere(core) else {
+                return false;
+            };
+            let moving = core.slot(i);
+            let free = target.slot(j);
+            // The free context takes the vacated slot here; the moving one
+            // is published in the target's slot before its location says
+            // so, so whoever follows `moving.core()` finds it there.
+            free.relocate(core, i);
+            core.set_slot(i, free);
+            target.set_slot(j, moving);
+            moving.relocate(target, j);
+            core.mask.release(i);
+            let class = ThreadClass::from_u32(moving.invocation.class.load(Ordering::Relaxed));
+            shared.policy.thread_migrated(class, core.index, target.index);
+            // Dekker with a signaller that reads `moving.core()` after its
+            // wakeup swap: either it saw the target (and wakes it), or this
+            // read sees its RUNNABLE, which the woken target then sees too.
+            fence(Ordering::SeqCst);
+            let _ = moving.wakeup().load_acquire();
+            target.gate.wake();
+        }
+    }
+    core.mask.occupied() == 0
+}
+
+/// A free slot on the least loaded other active core.
+fn claim_elsewhere(core: &Core) -> Option<(&'static Core, usize)> {
+    let shared = core.runtime();
+    let mut active = shared.active_mask.load(Ordering::Acquire) & !(1u64 << core.index);
+    let mut order: Vec<(u32, usize)> = Vec::new();
+    while active != 0 {
+        let c = active.trailing_zeros() as usize;
+        active &= active - 1;
+        if let Some(k) = shared.cores.get(c) {
+            order.push((k.mask.count(), c));
+        }
+    }
+    order.sort_unstable();
+    order.into_iter().find_map(|(_, c)| {
+        let k = &shared.cores[c];
+        k.mask.claim().map(|j| (k, j))
+    })
 }
 
 /// The first due thread at or after slot `start` (wrapping), taken.
@@ -89,7 +250,7 @@ fn find_runnable(core: &Core, start: usize) -> Option<usize> {
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            if core.slots[i].wakeup().take_if_due(&mut now) {
+            if core.slot(i).wakeup().take_if_due(&mut now) {
                 return Some(i);
             }
         }
@@ -105,7 +266,7 @@ fn recheck(core: &Core) -> (bool, Option<u64>) {
     while m != 0 {
         let i = m.trailing_zeros() as usize;
         m &= m - 1;
-        let w = core.slots[i].wakeup().load_acquire();
+        let w = core.slot(i).wakeup().load_acquire();
         if w == RUNNABLE || (w != BLOCKED && w <= now) {
             return (true, None);
         }
@@ -118,7 +279,7 @@ fn recheck(core: &Core) -> (bool, Option<u64>) {
 
 #[inline]
 fn run_thread(core: &'static Core, i: usize) {
-    let slot = &core.slots[i];
+    let slot = core.slot(i);
     crate::thread::set_current(slot);
     // SAFETY: this is the core's kernel thread; the context exists (made at
     // kernel-thread start) and is not running.

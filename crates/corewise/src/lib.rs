@@ -53,7 +53,9 @@ mod spawn;
 pub mod thread;
 
 pub use error::{BuildError, JoinError, PanicPayload, SpawnError, Timeout};
-pub use policy::{CoreMask, CorePolicy, CoreView, DefaultPolicy, ThreadClass, PRIORITIES};
+pub use policy::{
+    CoreLoad, CoreMask, CorePolicy, CoreView, DefaultPolicy, PolicyConfig, ThreadClass, PRIORITIES,
+};
 
 #[cfg(not(loom))]
 pub use blocking::blocking;

@@ -153,6 +153,12 @@ pub trait CorePolicy: Send + Sync + 'static {
         }
     }
 
+    /// A thread of `class` moved from core `from` to core `to` because
+    /// `from` was released.
+    fn thread_migrated(&self, class: ThreadClass, from: usize, to: usize) {
+        let _ = (class, from, to);
+    }
+
     /// The runtime now holds `core`.
     fn core_added(&self, _core: usize) {}
 
@@ -161,10 +167,66 @@ pub trait CorePolicy: Send + Sync + 'static {
 
     /// Cores wanted at each priority level (index 0 is the highest).
     fn desired_cores(&self) -> [u32; PRIORITIES];
+
+    /// Called once per estimation window by the runtime's core manager with
+    /// the load of every core the runtime holds; a policy that estimates
+    /// its needs updates what `desired_cores` returns.
+    fn estimate(&self, _loads: &[CoreLoad]) {}
+}
+
+/// One core's load over the last estimation window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CoreLoad {
+    /// Runtime core index.
+    pub core: usize,
+    /// Fraction of the window spent running user threads (0 to 1).
+    pub utilization: f64,
+    /// Average number of runnable user threads.
+    pub load_factor: f64,
+}
+
+/// Settings of the default policy's core estimation (Arachne's defaults).
+///
+/// ```
+/// let c = corewise::PolicyConfig::default();
+/// assert_eq!(c.scale_up_load_factor, 2.25);
+/// assert_eq!(c.window, std::time::Duration::from_millis(50));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyConfig {
+    /// Scale up by one core when the mean load factor of the cores running
+    /// normal threads reaches this.
+    pub scale_up_load_factor: f64,
+    /// Scale down by one core when the total utilization falls this much
+    /// (in cores) below the total recorded when that core was added.
+    pub scale_down_hysteresis: f64,
+    /// Statistics are averaged over this window.
+    pub window: std::time::Duration,
+    /// Never fewer cores than this (at least 1).
+    pub min_cores: u32,
+    /// Never more cores than this.
+    pub max_cores: u32,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            scale_up_load_factor: 2.25,
+            scale_down_hysteresis: 0.05,
+            window: std::time::Duration::from_millis(50),
+            min_cores: 1,
+            max_cores: u32::MAX,
+        }
+    }
 }
 
 /// The default policy: `Normal` threads share every core not held by an
-/// `Exclusive` thread; an `Exclusive` thread takes an empty core.
+/// `Exclusive` thread; an `Exclusive` thread takes an empty core. It asks
+/// for one core per exclusive thread plus as many cores as the normal
+/// threads' load needs (Arachne's estimation: scale up by one when the mean
+/// load factor reaches the threshold, record the total utilization at that
+/// moment, scale down by one when utilization falls below the figure
+/// recorded for that core count minus the hysteresis).
 ///
 /// ```
 /// use corewise::{Runtime, ThreadClass};
@@ -175,16 +237,48 @@ pub trait CorePolicy: Send + Sync + 'static {
 #[derive(Debug)]
 pub struct DefaultPolicy {
     exclusive: AtomicU64,
-    max_cores: u32,
+    config: PolicyConfig,
+    state: std::sync::Mutex<Estimation>,
+}
+
+#[derive(Debug, Default)]
+struct Estimation {
+    /// Cores wanted for normal threads.
+    normal: u32,
+    /// `scale_down_at[n]`: total utilization recorded when going from n to
+    /// n + 1 normal cores.
+    scale_down_at: Vec<Option<f64>>,
 }
 
 impl DefaultPolicy {
-    /// A policy that asks for up to `max_cores` cores.
+    /// A policy that asks for up to `max_cores` cores, starting with one.
     pub fn new(max_cores: u32) -> Self {
+        Self::with_config(PolicyConfig {
+            max_cores,
+            ..PolicyConfig::default()
+        })
+    }
+
+    /// A policy with these estimation settings.
+    pub fn with_config(config: PolicyConfig) -> Self {
+        let normal = config.min_cores.max(1).min(config.max_cores.max(1));
         Self {
             exclusive: AtomicU64::new(0),
-            max_cores,
+            config,
+            state: std::sync::Mutex::new(Estimation {
+                normal,
+                scale_down_at: Vec::new(),
+            }),
         }
+    }
+
+    /// The estimation settings.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    fn exclusive_count(&self) -> u32 {
+        self.exclusive.load(Ordering::Relaxed).count_ones()
     }
 }
 
@@ -216,9 +310,56 @@ impl CorePolicy for DefaultPolicy {
         }
     }
 
+    fn thread_migrated(&self, class: ThreadClass, from: usize, to: usize) {
+        if class == ThreadClass::Exclusive {
+            self.exclusive
+                .fetch_and(!CoreMask::single(from).0, Ordering::AcqRel);
+            self.exclusive.fetch_or(CoreMask::single(to).0, Ordering::AcqRel);
+        }
+    }
+
     fn desired_cores(&self) -> [u32; PRIORITIES] {
+        let normal = self.state.lock().map(|s| s.normal).unwrap_or(1);
         let mut d = [0; PRIORITIES];
-        d[0] = self.max_cores;
+        d[0] = (normal + self.exclusive_count()).min(self.config.max_cores.max(1));
         d
+    }
+
+    fn estimate(&self, loads: &[CoreLoad]) {
+        let taken = self.exclusive.load(Ordering::Relaxed);
+        let normal: Vec<&CoreLoad> = loads
+            .iter()
+            .filter(|l| !CoreMask(taken).contains(l.core))
+            .collect();
+        if normal.is_empty() {
+            return;
+        }
+        let n = normal.len() as f64;
+        let mean_load = normal.iter().map(|l| l.load_factor).sum::<f64>() / n;
+        let total_util: f64 = normal.iter().map(|l| l.utilization).sum();
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let max_normal = self
+            .config
+            .max_cores
+            .saturating_sub(self.exclusive_count())
+            .max(1);
+        let held = normal.len() as u32;
+        if mean_load >= self.config.scale_up_load_factor && st.normal < max_normal && held >= st.normal {
+            let at = st.normal as usize;
+            if st.scale_down_at.len() <= at {
+                st.scale_down_at.resize(at + 1, None);
+            }
+            st.scale_down_at[at] = Some(total_util);
+            st.normal += 1;
+        } else if st.normal > self.config.min_cores.max(1) {
+            let below = st.normal as usize - 1;
+            let threshold = st.scale_down_at.get(below).copied().flatten();
+            let idle = threshold.is_none() && total_util < 0.5 * (st.normal - 1) as f64;
+            if idle || threshold.is_some_and(|u| total_util < u - self.config.scale_down_hysteresis) {
+                st.normal -= 1;
+            }
+        }
     }
 }

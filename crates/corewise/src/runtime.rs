@@ -11,7 +11,8 @@
 use crate::arbiter::{CoreArbiter, Local};
 use crate::core::Core;
 use crate::error::{BuildError, JoinError, SpawnError};
-use crate::policy::{CorePolicy, DefaultPolicy, ThreadClass};
+use crate::budget::{BudgetWatcher, NeighbourConfig};
+use crate::policy::{CoreLoad, CorePolicy, DefaultPolicy, PolicyConfig, ThreadClass, PRIORITIES};
 use crate::shim::{AtomicBool, AtomicU64, Ordering};
 use crate::thread::{Builder as ThreadBuilder, JoinHandle};
 use std::time::{Duration, Instant};
@@ -33,6 +34,13 @@ pub(crate) struct Shared {
     pub(crate) shutdown: AtomicBool,
     /// I/O settings, the back end resolved at build time.
     pub(crate) io: crate::io::IoConfig,
+    /// Bounds on the cores asked for, and the estimation window.
+    pub(crate) min_cores: usize,
+    pub(crate) window: Duration,
+    /// The CPU budget and neighbour cap, kept current by a watcher thread.
+    pub(crate) budget: crate::budget::BudgetHandle,
+    /// A limit set at run time with `Runtime::set_max_cores`.
+    pub(crate) max_override: std::sync::atomic::AtomicUsize,
 }
 
 /// Configures and starts a [`Runtime`].
@@ -52,6 +60,8 @@ pub struct Builder {
     idle_spin: Duration,
     policy: Option<Box<dyn CorePolicy>>,
     io: crate::io::IoConfig,
+    policy_config: PolicyConfig,
+    neighbour: Option<NeighbourConfig>,
 }
 
 impl Default for Builder {
@@ -62,6 +72,8 @@ impl Default for Builder {
             idle_spin: DEFAULT_IDLE_SPIN,
             policy: None,
             io: crate::io::IoConfig::default(),
+            policy_config: PolicyConfig::default(),
+            neighbour: Some(NeighbourConfig::default()),
         }
     }
 }
@@ -100,6 +112,33 @@ impl Builder {
     /// be one of the runtime's CPUs.
     pub fn sqpoll(mut self, cpu: Option<usize>) -> Self {
         self.io.sqpoll = Some(cpu);
+        self
+    }
+
+    /// Hold at least `n` cores (default 1), whatever the load, if the CPU
+    /// budget allows; the neighbour cap never goes below it.
+    pub fn min_cores(mut self, n: usize) -> Self {
+        self.policy_config.min_cores = n.max(1) as u32;
+        self
+    }
+
+    /// Hold at most `n` cores (default: every CPU of the budget).
+    pub fn max_cores(mut self, n: usize) -> Self {
+        self.policy_config.max_cores = n.max(1) as u32;
+        self
+    }
+
+    /// Settings of the default policy's core estimation.
+    pub fn policy_config(mut self, config: PolicyConfig) -> Self {
+        self.policy_config = config;
+        self
+    }
+
+    /// Neighbour awareness (friendlypool): cap the active cores at the
+    /// process's share of the machine, `ceil(O · cpu_self / cpu_all · CPUs)`;
+    /// `None` switches the cap off. Default: on, `O = 1`.
+    pub fn neighbour_awareness(mut self, config: Option<NeighbourConfig>) -> Self {
+        self.neighbour = config;
         self
     }
 
@@ -151,9 +190,20 @@ impl Builder {
         let mut io = self.io.clone();
         io.resolve();
         let n = cpus.len();
+        // The CPU budget (affinity, cpusets, quotas, COREWISE_MAX_CORES),
+        // re-read every second, and the neighbour share, every window.
+        let watcher = BudgetWatcher::builder()
+            .neighbour(self.neighbour.clone())
+            .spawn()
+            .map_err(|e| BuildError::Invalid(format!("CPU budget: {e}")))?;
+        let mut policy_config = self.policy_config.clone();
+        policy_config.max_cores = policy_config.max_cores.min(n as u32).max(1);
+        policy_config.min_cores = policy_config.min_cores.clamp(1, policy_config.max_cores);
+        let min_cores = policy_config.min_cores as usize;
+        let window = policy_config.window;
         let policy = self
             .policy
-            .unwrap_or_else(|| Box::new(DefaultPolicy::new(n as u32)));
+            .unwrap_or_else(|| Box::new(DefaultPolicy::with_config(policy_config)));
         let shared: &'static Shared = Box::leak(Box::new(Shared {
             cores: (0..n).map(Core::new).collect(),
             cpus: cpus.clone(),
@@ -164,6 +214,10 @@ impl Builder {
             active_mask: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             io,
+            min_cores,
+            window,
+            budget: watcher.handle().clone(),
+            max_override: std::sync::atomic::AtomicUsize::new(usize::MAX),
         }));
         for core in shared.cores.iter() {
             core.link(shared);
@@ -171,6 +225,7 @@ impl Builder {
         let mut rt = Runtime {
             shared,
             kthreads: Vec::new(),
+            manager: None,
         };
         for k in 0..n {
             let (tx, rx) = std::sync::mpsc::channel();
@@ -188,8 +243,7 @@ impl Builder {
                 }
             }
         }
-        let wanted = shared.policy.desired_cores();
-        shared.arbiter.set_requested_cores(wanted);
+        request_cores(shared);
         let expect = shared.arbiter.granted();
         let start = Instant::now();
         while (shared.active_mask.load(Ordering::Acquire).count_ones() as usize) < expect {
@@ -200,7 +254,84 @@ impl Builder {
             }
             std::thread::sleep(Duration::from_micros(50));
         }
+        let manager = std::thread::Builder::new()
+            .name("corewise-cores".into())
+            .spawn(move || manage_cores(shared, watcher))?;
+        rt.manager = Some(manager);
         Ok(rt)
+    }
+}
+
+/// Asks the arbiter for what the policy wants, within the CPU budget and the
+/// neighbour cap (which never go below `min_cores` unless the budget itself
+/// is smaller).
+fn request_cores(shared: &'static Shared) {
+    let budget = &shared.budget;
+    let desired: u32 = shared.policy.desired_cores().iter().sum();
+    let hard = budget
+        .cores()
+        .min(shared.cpus.len())
+        .min(shared.max_override.load(Ordering::Relaxed))
+        .max(1);
+    let soft = budget.active_cores().max(shared.min_cores).min(hard);
+    let total = (desired as usize).clamp(shared.min_cores.min(hard), soft);
+    let mut per = [0u32; PRIORITIES];
+    per[0] = total as u32;
+    let before = shared.arbiter.granted();
+    shared.arbiter.set_requested_cores(per);
+    if shared.arbiter.granted() != before {
+        // A core asleep would not notice that it must go.
+        for c in shared.cores.iter() {
+            c.gate.wake();
+        }
+    }
+}
+
+/// The core manager: every estimation window it turns the dispatchers'
+/// counters into per-core utilization and load factor, lets the policy
+/// estimate, and asks the arbiter for the result (within the budget). It
+/// sleeps between windows, so an idle runtime costs it a wakeup per window.
+fn manage_cores(shared: &'static Shared, watcher: BudgetWatcher) {
+    // The watcher's thread lives as long as this one.
+    let _watcher = watcher;
+    let n = shared.cores.len();
+    let mut last: Vec<(u64, u64, u64)> = vec![(0, 0, 0); n];
+    let sample = |c: &Core| {
+        let now = crate::clock::now();
+        (
+            now,
+            c.stats.idle_until(now),
+            c.stats.load_ticks.load(Ordering::Relaxed),
+        )
+    };
+    for (k, c) in shared.cores.iter().enumerate() {
+        last[k] = sample(c);
+    }
+    while !shared.shutdown.load(Ordering::Acquire) {
+        std::thread::park_timeout(shared.window);
+        if shared.shutdown.load(Ordering::Acquire) {
+            break;
+        }
+        let active = shared.active_mask.load(Ordering::Acquire);
+        let mut loads = Vec::with_capacity(n);
+        for (k, c) in shared.cores.iter().enumerate() {
+            let now = sample(c);
+            let (t0, idle0, load0) = last[k];
+            last[k] = now;
+            if active & (1 << k) == 0 {
+                continue;
+            }
+            let dt = now.0.wrapping_sub(t0).max(1) as f64;
+            let idle = now.1.wrapping_sub(idle0) as f64;
+            let load = now.2.wrapping_sub(load0) as f64;
+            loads.push(CoreLoad {
+                core: k,
+                utilization: (1.0 - idle / dt).clamp(0.0, 1.0),
+                load_factor: (load / dt).max(0.0),
+            });
+        }
+        shared.policy.estimate(&loads);
+        request_cores(shared);
     }
 }
 
@@ -217,6 +348,7 @@ impl Builder {
 pub struct Runtime {
     shared: &'static Shared,
     kthreads: Vec<std::thread::JoinHandle<()>>,
+    manager: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Runtime {
@@ -283,6 +415,26 @@ impl Runtime {
         &self.shared.cpus
     }
 
+    /// Limits the cores the runtime holds to `n` (at least 1) from now on,
+    /// below whatever the policy and the budget allow; `usize::MAX` lifts
+    /// the limit. Cores above the limit are released: their threads move
+    /// to the remaining cores.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::builder().min_cores(2).build().unwrap();
+    /// rt.set_max_cores(1);
+    /// assert_eq!(rt.block_on(|| 7).unwrap(), 7);
+    /// ```
+    pub fn set_max_cores(&self, n: usize) {
+        self.shared.max_override.store(n.max(1), Ordering::Relaxed);
+        request_cores(self.shared);
+    }
+
+    /// Number of cores the runtime holds now.
+    pub fn active_cores(&self) -> usize {
+        self.shared.active_mask.load(Ordering::Acquire).count_ones() as usize
+    }
+
     /// Statistics of each core.
     pub fn core_stats(&self) -> Vec<CoreStats> {
         self.shared
@@ -339,6 +491,10 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         let shared = self.shared;
         shared.shutdown.store(true, Ordering::SeqCst);
+        if let Some(m) = self.manager.take() {
+            m.thread().unpark();
+            let _ = m.join();
+        }
         shared.arbiter.shutdown();
         for c in shared.cores.iter() {
             c.gate.wake();
@@ -365,7 +521,7 @@ fn kernel_thread(
     crate::context::ensure_signal_stack();
     let core = &shared.cores[k];
     // Every slot gets its stack now: creating a thread never maps memory.
-    for slot in core.slots.iter() {
+    for slot in (0..crate::core::SLOTS).map(|i| core.slot(i)) {
         // SAFETY: this kernel thread owns the core; nothing runs yet.
         if let Err(e) = unsafe { slot.context(shared.stack_size) } {
             let _ = started.send(Err(BuildError::Os(e)));
@@ -392,13 +548,12 @@ fn kernel_thread(
         shared.active_mask.fetch_or(1 << k, Ordering::AcqRel);
         shared.policy.core_added(k);
         crate::dispatch::run(core);
-        shared.active_mask.fetch_and(!(1 << k), Ordering::AcqRel);
-        core.active.store(false, Ordering::SeqCst);
-        shared.policy.core_removed(k);
+        // `dispatch::run` took the core out of the active set before it
+        // moved the threads away.
         shared.arbiter.core_released(k);
     }
     core.io.stop();
-    for slot in core.slots.iter() {
+    for slot in (0..crate::core::SLOTS).map(|i| core.slot(i)) {
         // SAFETY: the dispatcher has returned and the core has no threads.
         unsafe { slot.drop_context() };
     }

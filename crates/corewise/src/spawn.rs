@@ -33,7 +33,7 @@ where
     F: FnOnce() + Send + 'static,
 {
     let (core, slot) = place(shared, &opts)?;
-    let ctx: &'static ThreadContext = &core.slots[slot];
+    let ctx: &'static ThreadContext = core.slot(slot);
     if let Some(name) = opts.name {
         ctx.set_name(Some(name.into_boxed_str()));
     }
@@ -45,7 +45,9 @@ where
     // bump the generation.
     let id = ThreadId::new(ctx);
     inv.wakeup.signal();
-    core.gate.wake_after_rmw();
+    // The context's core, read after the swap: the thread may have been
+    // migrated meanwhile (see `dispatch::migrate_all`).
+    ctx.core().gate.wake_after_rmw();
     Ok(id)
 }
 

@@ -90,7 +90,7 @@ impl std::fmt::Display for ThreadId {
             f,
             "core {} slot {} gen {}",
             self.slot.core().index,
-            self.slot.index,
+            self.slot.index(),
             self.generation
         )
     }
@@ -337,7 +337,7 @@ pub fn yield_now() {
         std::thread::yield_now();
         return;
     };
-    if !slot.core().other_runnable(slot.index) {
+    if !slot.core().other_runnable(slot.index()) {
         return;
     }
     slot.wakeup().set_runnable();
@@ -443,5 +443,5 @@ pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
     inv.generation.store(g.wrapping_add(1), Ordering::Release);
     inv.wakeup.reset();
     core.runtime().policy.thread_exited(class, core.index);
-    core.mask.release(slot.index);
+    core.mask.release(slot.index());
 }

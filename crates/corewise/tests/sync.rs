@@ -9,6 +9,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Both cores held all the time, so the primitives are used across cores.
+fn both_cores() -> Runtime {
+    Runtime::builder()
+        .min_cores(2)
+        .neighbour_awareness(None)
+        .build()
+        .unwrap()
+}
+
 fn spawn_all<T: Send + 'static>(
     rt: &Runtime,
     n: usize,
@@ -22,7 +31,7 @@ fn spawn_all<T: Send + 'static>(
 
 #[test]
 fn mutex_counts_a_million_increments_from_both_cores() {
-    let rt = Runtime::new().unwrap();
+    let rt = both_cores();
     let m = Arc::new(Mutex::new(0u64));
     spawn_all(&rt, 100, |_| {
         let m = m.clone();
@@ -40,7 +49,7 @@ fn mutex_counts_a_million_increments_from_both_cores() {
 
 #[test]
 fn spin_lock_counts_a_million_increments() {
-    let rt = Runtime::new().unwrap();
+    let rt = both_cores();
     let l = Arc::new(SpinLock::new(0u64));
     spawn_all(&rt, 50, |_| {
         let l = l.clone();
@@ -55,7 +64,7 @@ fn spin_lock_counts_a_million_increments() {
 
 #[test]
 fn condvar_ping_pong_never_loses_a_notify() {
-    let rt = Runtime::new().unwrap();
+    let rt = both_cores();
     const ROUNDS: u64 = 100_000;
     let state = Arc::new((Mutex::new(0u64), Condvar::new()));
     let players: Vec<_> = (0..2u64)
@@ -89,7 +98,7 @@ fn condvar_ping_pong_never_loses_a_notify() {
 
 #[test]
 fn condvar_wait_timeout_times_out_and_wakes() {
-    let rt = Runtime::new().unwrap();
+    let rt = both_cores();
     let pair = Arc::new((Mutex::new(false), Condvar::new()));
     let p = pair.clone();
     let timed_out = rt
@@ -121,7 +130,7 @@ fn condvar_wait_timeout_times_out_and_wakes() {
 
 #[test]
 fn semaphore_bounds_concurrency_across_cores() {
-    let rt = Runtime::new().unwrap();
+    let rt = both_cores();
     let sem = Arc::new(Semaphore::new(3));
     let inside = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
@@ -145,7 +154,7 @@ fn semaphore_bounds_concurrency_across_cores() {
 
 #[test]
 fn channel_carries_a_million_items_between_many_threads() {
-    let rt = Runtime::new().unwrap();
+    let rt = both_cores();
     let (tx, rx) = channel::<u64>(64);
     const PRODUCERS: u64 = 8;
     const PER: u64 = 125_000;
@@ -189,7 +198,7 @@ fn channel_carries_a_million_items_between_many_threads() {
 
 #[test]
 fn channel_connects_os_threads_and_user_threads() {
-    let rt = Runtime::new().unwrap();
+    let rt = both_cores();
     let (to_user, from_os) = channel::<u32>(1);
     let (to_os, from_user) = channel::<u32>(1);
     let echo = rt
@@ -213,7 +222,7 @@ fn channel_connects_os_threads_and_user_threads() {
 
 #[test]
 fn mutex_try_lock_for_times_out_while_held_by_a_user_thread() {
-    let rt = Runtime::new().unwrap();
+    let rt = both_cores();
     let m = Arc::new(Mutex::new(()));
     let held = Arc::new(Semaphore::new(0));
     let release = Arc::new(Semaphore::new(0));

@@ -42,8 +42,12 @@ fn on_core<T: Send + 'static>(
 /// Runs every corewise measurement.
 pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
     let mut r = RuntimeReport::new("corewise");
+    // Both cores held throughout (the measurements place threads on each),
+    // whatever the neighbours on this shared machine are doing.
     let rt = Runtime::builder()
         .cpus([ctx.cpu_a, ctx.cpu_b])
+        .min_cores(2)
+        .neighbour_awareness(None)
         .build()
         .map_err(rt_err)?;
     if rt.cpus() != [ctx.cpu_a.min(ctx.cpu_b), ctx.cpu_a.max(ctx.cpu_b)] {

@@ -1,0 +1,233 @@
+//! Core awareness: the runtime scales its cores with load, gives cores back
+//! without losing threads, and stays inside its CPU budget.
+
+use corewise::sync::{channel, Semaphore};
+use corewise::thread::Builder;
+use corewise::{PolicyConfig, Runtime};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn scales_up_under_load_and_back_down_when_idle() {
+    let rt = Runtime::builder()
+        .neighbour_awareness(None)
+        .policy_config(PolicyConfig {
+            window: Duration::from_millis(20),
+            ..PolicyConfig::default()
+        })
+        .build()
+        .unwrap();
+    if rt.cores() < 2 {
+        return;
+    }
+    // Idle: one core.
+    wait_for("one core when idle", Duration::from_secs(10), || {
+        rt.active_cores() == 1
+    });
+    // Many runnable threads: the load factor passes 2.25 and a core is added.
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            rt.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_micros(20) {
+                        std::hint::spin_loop();
+                    }
+                    corewise::yield_now();
+                }
+            })
+            .unwrap()
+        })
+        .collect();
+    wait_for("a second core under load", Duration::from_secs(10), || {
+        rt.active_cores() == 2
+    });
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    wait_for("back to one core when idle", Duration::from_secs(10), || {
+        rt.active_cores() == 1
+    });
+}
+
+#[test]
+fn a_released_core_loses_none_of_its_threads() {
+    let rt = Runtime::builder()
+        .min_cores(2)
+        .neighbour_awareness(None)
+        .build()
+        .unwrap();
+    if rt.cores() < 2 {
+        return;
+    }
+    let (tx, rx) = channel::<u32>(1);
+    let gate = Arc::new(Semaphore::new(0));
+    let on_core1 = |b: Builder| b.core(1);
+    // Blocked in a channel.
+    let blocked = on_core1(Builder::new())
+        .spawn_in(&rt, move || {
+            let v = rx.recv().unwrap();
+            (v, corewise::current_core().unwrap())
+        })
+        .unwrap();
+    // Sleeping with a deadline.
+    let sleeper = on_core1(Builder::new())
+        .spawn_in(&rt, || {
+            let t = Instant::now();
+            corewise::sleep(Duration::from_millis(150));
+            (t.elapsed(), corewise::current_core().unwrap())
+        })
+        .unwrap();
+    // Joining a child that waits on a semaphore.
+    let g = gate.clone();
+    let joiner = on_core1(Builder::new())
+        .spawn_in(&rt, move || {
+            let child = Builder::new()
+                .core(1)
+                .spawn(move || {
+                    g.acquire();
+                    41
+                })
+                .unwrap();
+            (child.join().unwrap() + 1, corewise::current_core().unwrap())
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    rt.set_max_cores(1);
+    wait_for("core 1 released", Duration::from_secs(10), || {
+        rt.active_cores() == 1 && !rt.core_stats()[1].active
+    });
+    assert_eq!(rt.core_stats()[1].threads, 0, "threads left on core 1");
+    tx.send(7).unwrap();
+    gate.release();
+    assert_eq!(blocked.join().unwrap(), (7, 0));
+    let (slept, core) = sleeper.join().unwrap();
+    assert!(slept >= Duration::from_millis(150));
+    assert_eq!(core, 0);
+    assert_eq!(joiner.join().unwrap(), (42, 0));
+    // The limit lifted, the core comes back and takes threads again.
+    rt.set_max_cores(usize::MAX);
+    wait_for("core 1 granted again", Duration::from_secs(10), || {
+        rt.active_cores() == 2
+    });
+    let c = Builder::new()
+        .core(1)
+        .spawn_in(&rt, || corewise::current_core().unwrap())
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(c, 1);
+}
+
+#[test]
+fn an_idle_runtime_holds_one_core() {
+    let rt = Runtime::builder().build().unwrap();
+    rt.spawn(|| ()).unwrap().join().unwrap();
+    wait_for("one core", Duration::from_secs(10), || rt.active_cores() == 1);
+}
+
+/// Runs inside a cgroup whose quota is one CPU: the runtime must not hold
+/// more than one core even when asked for two and loaded.
+#[test]
+fn quota_child() {
+    let Some(procs) = std::env::var_os("COREWISE_QUOTA_CHILD") else {
+        return;
+    };
+    // Move into the cgroup before the runtime (and its threads) exist.
+    std::fs::write(&procs, std::process::id().to_string()).unwrap();
+    let rt = Runtime::builder().min_cores(2).build().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            rt.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    corewise::yield_now();
+                }
+            })
+            .unwrap()
+        })
+        .collect();
+    let mut most = 0;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        most = most.max(rt.active_cores());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    println!("MOST_ACTIVE_CORES={most}");
+}
+
+/// A cgroup v1 `cpu` directory of this test's own, removed on drop (tasks
+/// moved back to the root first).
+struct CpuCgroup(std::path::PathBuf);
+
+impl CpuCgroup {
+    fn new(name: &str) -> Option<Self> {
+        let root = std::path::Path::new("/sys/fs/cgroup/cpu");
+        if !root.join("cpu.cfs_quota_us").exists() {
+            return None;
+        }
+        let dir = root.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        Some(Self(dir))
+    }
+}
+
+impl Drop for CpuCgroup {
+    fn drop(&mut self) {
+        let root = self.0.parent().unwrap().join("cgroup.procs");
+        if let Ok(tasks) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
+            for pid in tasks.split_whitespace() {
+                let _ = std::fs::write(&root, pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_one_cpu_quota_keeps_the_runtime_on_one_core() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return;
+    }
+    let Some(cg) = CpuCgroup::new("corewise-cores-test") else {
+        eprintln!("no writable cgroup v1 cpu hierarchy; skipped");
+        return;
+    };
+    std::fs::write(cg.0.join("cpu.cfs_period_us"), "100000").unwrap();
+    std::fs::write(cg.0.join("cpu.cfs_quota_us"), "100000").unwrap();
+    let exe = std::env::current_exe().unwrap();
+    // The child moves itself into the cgroup before it starts the runtime.
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "quota_child", "--nocapture", "--test-threads=1"])
+        .env("COREWISE_QUOTA_CHILD", cg.0.join("cgroup.procs"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    // The harness prints "test quota_child ... " on the same line.
+    let most: usize = stdout
+        .split("MOST_ACTIVE_CORES=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("child reported its cores");
+    assert_eq!(most, 1, "a 1-CPU quota must keep the runtime on one core");
+    drop(cg);
+}
