@@ -6,7 +6,10 @@
 
 mod affinity;
 mod clock;
+mod cores;
+mod core_grant;
 mod error;
+mod neighbours;
 mod output;
 mod primitives;
 mod procstat;
@@ -29,12 +32,26 @@ enum Command {
     /// Primitive costs: creation, yield, condition notify, signal, creation
     /// throughput and idle CPU, for corewise and every peer.
     Primitives(primitives::Args),
+    /// Core grant latency from the arbiter daemon: a free core, and a core
+    /// reclaimed from a lower-priority application (needs root).
+    CoreGrant(core_grant::CoreGrantArgs),
+    /// The friendlypool experiment: fib tasks at a fixed rate through an
+    /// ignorant, a corewise and an optimal pool beside 0-2 CPU-bound
+    /// neighbour processes.
+    Neighbours(neighbours::Args),
+    /// Cores in use and latency while the load ramps 1 % -> 100 % -> 1 %.
+    Cores(cores::Args),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Primitives(args) => primitives::run(&args),
+        Command::Neighbours(args) => neighbours::run(&args),
+        Command::Cores(args) => cores::run(&args),
+        Command::CoreGrant(args) => core_grant::run(args)
+            .map(|_| ())
+            .map_err(|e| error::BenchError::Machine(format!("core-grant: {e}"))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -71,95 +71,138 @@ impl MaskAndCount {
     }
 }
 
-/// A slot's `wakeup_time`: [`RUNNABLE`], [`BLOCKED`] or a deadline in ticks.
+/// The shared half of a slot's wakeup state: a count of signals, bumped by
+/// any core (it lives in the slot's first cache line).
 ///
-/// Writers: the dispatcher (sets `BLOCKED` just before it runs the thread, so
-/// a signal that arrives while the thread runs is kept), the thread itself
-/// (deadline, or `RUNNABLE` when it yields), and any signaller (`RUNNABLE`).
+/// Arachne keeps one `wakeupTime` word that signallers set to 0 and the
+/// dispatcher sets to "never" before it runs the thread; that second write
+/// costs the dispatcher an extra cache-line upgrade on every wakeup. Here
+/// signallers only count, and the dispatcher remembers (in the core-private
+/// [`LocalWake`]) which count it has seen: a thread is runnable when the
+/// count moved on, or when its own deadline passed. The dispatcher never
+/// writes the shared line, so a wakeup costs one transfer each way.
 #[derive(Debug)]
-pub(crate) struct WakeupTime(AtomicU64);
+pub(crate) struct SignalWord(AtomicU64);
 
-impl WakeupTime {
-    /// A free slot's word.
+impl SignalWord {
+    /// No signal yet.
     pub(crate) fn new() -> Self {
-        Self(AtomicU64::new(BLOCKED))
+        Self(AtomicU64::new(0))
     }
+}
 
+/// The core-private half: the signal count the dispatcher has consumed and
+/// the thread's own deadline ([`RUNNABLE`], [`BLOCKED`] or ticks). Written
+/// only by the kernel thread that runs the slot's core (plain stores).
+#[derive(Debug)]
+pub(crate) struct LocalWake {
+    consumed: AtomicU64,
+    deadline: AtomicU64,
+}
+
+impl LocalWake {
+    /// A free slot's state.
+    pub(crate) fn new() -> Self {
+        Self {
+            consumed: AtomicU64::new(0),
+            deadline: AtomicU64::new(BLOCKED),
+        }
+    }
+}
+
+/// Both halves of one slot's wakeup state, as the protocol uses them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wakeup<'a> {
+    pub(crate) shared: &'a SignalWord,
+    pub(crate) local: &'a LocalWake,
+}
+
+impl Wakeup<'_> {
     /// Makes the thread runnable (a release of everything written before).
-    /// A swap, not a store: it and the dispatcher's take are then ordered
-    /// read-modify-writes of one word, which the loom models can check.
-    /// Follow it with [`IdleGate::wake`](crate::idle::IdleGate::wake), whose
-    /// fence keeps a core that is going to sleep from missing it.
+    /// A read-modify-write: follow it with
+    /// [`IdleGate::wake_after_rmw`](crate::idle::IdleGate::wake_after_rmw).
     #[inline]
     pub(crate) fn signal(&self) {
-        self.0.swap(RUNNABLE, Ordering::Release);
+        self.shared.0.fetch_add(1, Ordering::Release);
     }
 
-    /// Dispatcher: if the thread is due at `now`, marks it `BLOCKED` (it is
-    /// about to run) and returns true. `now` is read only for a deadline.
+    /// Dispatcher: if the thread is due (a new signal, or its deadline at
+    /// `now`), consumes that and returns true; the thread is about to run.
+    /// `now` is read only for a deadline.
     #[inline]
     pub(crate) fn take_if_due(&self, now: &mut impl FnMut() -> u64) -> bool {
-        let w = self.0.load(Ordering::Acquire);
-        if w == BLOCKED || (w != RUNNABLE && w > now()) {
+        let seen = self.shared.0.load(Ordering::Acquire);
+        let consumed = self.local.consumed.load(Ordering::Relaxed);
+        let deadline = self.local.deadline.load(Ordering::Relaxed);
+        if seen == consumed && (deadline == BLOCKED || (deadline != RUNNABLE && deadline > now())) {
             return false;
         }
-        // Only a signal (RUNNABLE) can race with this swap; the thread runs
-        // either way, and the swap's acquire orders it after the signaller.
-        self.0.swap(BLOCKED, Ordering::AcqRel);
+        self.local.consumed.store(seen, Ordering::Relaxed);
+        self.local.deadline.store(BLOCKED, Ordering::Relaxed);
         true
     }
 
-    /// The value, read (acquire) for the re-check before sleeping, which
-    /// follows the gate's fence.
+    /// Whether the thread could run now (`None`), or else its deadline
+    /// (`Some(BLOCKED)` for none): the re-check before sleeping, after the
+    /// gate's fence.
     #[inline]
-    pub(crate) fn load_acquire(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
+    pub(crate) fn due_or_deadline(&self, now: u64) -> Option<u64> {
+        let seen = self.shared.0.load(Ordering::Acquire);
+        let deadline = self.local.deadline.load(Ordering::Relaxed);
+        if seen != self.local.consumed.load(Ordering::Relaxed)
+            || deadline == RUNNABLE
+            || (deadline != BLOCKED && deadline <= now)
+        {
+            None
+        } else {
+            Some(deadline)
+        }
     }
 
-    /// The value, for a scan that only looks.
+    /// Whether the thread could run now; `now` is read only for a deadline.
     #[inline]
-    pub(crate) fn load(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+    pub(crate) fn is_due(&self, now: &mut impl FnMut() -> u64) -> bool {
+        let deadline = self.local.deadline.load(Ordering::Relaxed);
+        self.shared.0.load(Ordering::Relaxed) != self.local.consumed.load(Ordering::Relaxed)
+            || deadline == RUNNABLE
+            || (deadline != BLOCKED && deadline <= now())
     }
 
     /// Thread: be runnable again after switching out (`yield`).
     #[inline]
     pub(crate) fn set_runnable(&self) {
-        self.0.store(RUNNABLE, Ordering::Relaxed);
+        self.local.deadline.store(RUNNABLE, Ordering::Relaxed);
     }
 
-    /// Thread: sleep until `deadline` (ticks) or a signal. Returns false when
-    /// a signal already arrived (it is consumed and the thread need not
-    /// switch out).
+    /// Thread: sleep until `deadline` (ticks, or [`BLOCKED`]) or a signal.
+    /// Returns false when a signal already arrived (it is consumed and the
+    /// thread need not switch out).
     #[inline]
     pub(crate) fn block_until(&self, deadline: u64) -> bool {
-        if deadline == BLOCKED {
-            return !self.consume_signal();
+        if self.consume_signal() {
+            return false;
         }
-        match self
-            .0
-            .compare_exchange(BLOCKED, deadline, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => true,
-            Err(_) => {
-                self.0.swap(BLOCKED, Ordering::AcqRel);
-                false
-            }
-        }
+        self.local.deadline.store(deadline, Ordering::Relaxed);
+        true
     }
 
     /// Thread: consumes a pending signal, if any.
     #[inline]
     pub(crate) fn consume_signal(&self) -> bool {
-        self.0
-            .compare_exchange(RUNNABLE, BLOCKED, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
+        let seen = self.shared.0.load(Ordering::Acquire);
+        if seen != self.local.consumed.load(Ordering::Relaxed) {
+            self.local.consumed.store(seen, Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 
-    /// Slot is being freed.
+    /// Slot is being freed: no deadline, and every signal so far consumed.
     #[inline]
     pub(crate) fn reset(&self) {
-        self.0.store(BLOCKED, Ordering::Relaxed);
+        self.local.deadline.store(BLOCKED, Ordering::Relaxed);
+        let seen = self.shared.0.load(Ordering::Relaxed);
+        self.local.consumed.store(seen, Ordering::Relaxed);
     }
 }
 
@@ -198,8 +241,8 @@ mod runtime_core {
         /// Bumped when a thread leaves the slot, so stale `ThreadId`s are
         /// recognised.
         pub(crate) generation: AtomicU32,
-        /// The slot's wakeup word.
-        pub(crate) wakeup: WakeupTime,
+        /// The shared half of the slot's wakeup state.
+        pub(crate) signals: SignalWord,
     }
 
     impl Invocation {
@@ -209,7 +252,7 @@ mod runtime_core {
                 run: AtomicUsize::new(0),
                 class: AtomicU32::new(0),
                 generation: AtomicU32::new(0),
-                wakeup: WakeupTime::new(),
+                signals: SignalWord::new(),
             }
         }
 
@@ -242,13 +285,16 @@ mod runtime_core {
             if run == 0 {
                 return false;
             }
-            self.run.store(0, Ordering::Relaxed);
             // SAFETY: a non-zero `run` is an `unsafe fn(*mut u8)` stored by
             // `put`, which wrote the matching closure before publishing.
             unsafe {
                 let run: unsafe fn(*mut u8) = std::mem::transmute::<usize, unsafe fn(*mut u8)>(run);
                 run(self.storage.get().cast());
             }
+            // Cleared only now: a write to this line before the thread ran
+            // would cost a cache-line upgrade on the creation path. Nothing
+            // looks at `run` until the slot is free again.
+            self.run.store(0, Ordering::Relaxed);
             true
         }
     }
@@ -272,8 +318,10 @@ mod runtime_core {
     /// One thread slot.
     #[repr(C, align(64))]
     pub(crate) struct ThreadContext {
-        /// Line 0: function, class, generation, wakeup word.
+        /// Line 0: function, class, generation, signal count.
         pub(crate) invocation: Invocation,
+        /// Line 1 on: the core-private half of the wakeup state, ...
+        local: LocalWake,
         /// The thread's name, if it has one (a leaked `Box<str>` while the
         /// thread lives; read by the stack-overflow handler).
         name_ptr: AtomicPtr<u8>,
@@ -301,6 +349,7 @@ mod runtime_core {
         fn new(index: usize) -> Self {
             Self {
                 invocation: Invocation::new(),
+                local: LocalWake::new(),
                 name_ptr: AtomicPtr::new(std::ptr::null_mut()),
                 name_len: AtomicUsize::new(0),
                 core: AtomicPtr::new(std::ptr::null_mut()),
@@ -310,10 +359,13 @@ mod runtime_core {
             }
         }
 
-        /// The slot's wakeup word.
+        /// The slot's wakeup state.
         #[inline]
-        pub(crate) fn wakeup(&self) -> &WakeupTime {
-            &self.invocation.wakeup
+        pub(crate) fn wakeup(&self) -> Wakeup<'_> {
+            Wakeup {
+                shared: &self.invocation.signals,
+                local: &self.local,
+            }
         }
 
         /// The slot's generation counter.
@@ -508,14 +560,17 @@ mod runtime_core {
         #[inline]
         pub(crate) fn other_runnable(&self, me: usize) -> bool {
             let mut others = self.mask.occupied() & !(1u64 << me);
-            let mut now = None;
+            let mut now_cache = 0u64;
+            let mut now = || {
+                if now_cache == 0 {
+                    now_cache = crate::clock::now();
+                }
+                now_cache
+            };
             while others != 0 {
                 let i = others.trailing_zeros() as usize;
                 others &= others - 1;
-                let w = self.slot(i).wakeup().load();
-                if w == RUNNABLE
-                    || (w != BLOCKED && w <= *now.get_or_insert_with(crate::clock::now))
-                {
+                if self.slot(i).wakeup().is_due(&mut now) {
                     return true;
                 }
             }
@@ -542,8 +597,9 @@ mod tests {
     }
 
     #[test]
-    fn wakeup_word_keeps_a_signal_that_arrives_while_running() {
-        let w = WakeupTime::new();
+    fn wakeup_keeps_a_signal_that_arrives_while_running() {
+        let (shared, local) = (SignalWord::new(), LocalWake::new());
+        let w = Wakeup { shared: &shared, local: &local };
         w.signal();
         assert!(w.take_if_due(&mut || 0));
         // The thread runs; a signal arrives; the thread then blocks.
@@ -557,11 +613,25 @@ mod tests {
 
     #[test]
     fn deadlines_are_due_only_when_reached() {
-        let w = WakeupTime::new();
+        let (shared, local) = (SignalWord::new(), LocalWake::new());
+        let w = Wakeup { shared: &shared, local: &local };
         assert!(w.block_until(100));
         assert!(!w.take_if_due(&mut || 99));
+        assert_eq!(w.due_or_deadline(99), Some(100));
         assert!(w.take_if_due(&mut || 100));
-        assert_eq!(w.load(), BLOCKED);
+        assert_eq!(w.due_or_deadline(1000), Some(BLOCKED));
+        w.set_runnable();
+        assert_eq!(w.due_or_deadline(0), None);
+    }
+
+    #[test]
+    fn a_freed_slot_forgets_old_signals() {
+        let (shared, local) = (SignalWord::new(), LocalWake::new());
+        let w = Wakeup { shared: &shared, local: &local };
+        w.signal();
+        w.signal();
+        w.reset();
+        assert!(!w.take_if_due(&mut || 0));
     }
 }
 
@@ -578,7 +648,7 @@ mod loom_tests {
     /// announce sleep, re-check with SeqCst, and sleep.
     fn dispatch_until(
         mask: &MaskAndCount,
-        w: &WakeupTime,
+        w: Wakeup<'_>,
         gate: &IdleGate,
         mut run: impl FnMut() -> bool,
     ) {
@@ -590,7 +660,7 @@ mod loom_tests {
                 continue;
             }
             gate.prepare_sleep();
-            if mask.occupied() & 1 != 0 && w.load_acquire() == RUNNABLE {
+            if mask.occupied() & 1 != 0 && w.due_or_deadline(0).is_none() {
                 gate.cancel_sleep();
                 continue;
             }
@@ -602,23 +672,26 @@ mod loom_tests {
     fn spawn_onto_a_sleeping_core_is_never_lost() {
         loom::model(|| {
             let mask = Arc::new(MaskAndCount::new());
-            let w = Arc::new(WakeupTime::new());
+            let shared = Arc::new(SignalWord::new());
+            let local = LocalWake::new();
             let gate = Arc::new(IdleGate::new());
             let job = Arc::new(UnsafeCell::new(0u32));
             let published = Arc::new(AtomicBool::new(false));
             let spawner = {
-                let (mask, w, gate, job, published) =
-                    (mask.clone(), w.clone(), gate.clone(), job.clone(), published.clone());
+                let (mask, shared, gate, job, published) =
+                    (mask.clone(), shared.clone(), gate.clone(), job.clone(), published.clone());
                 loom::thread::spawn(move || {
                     assert_eq!(mask.claim(), Some(0));
                     // SAFETY: the slot is ours until it is published.
                     job.with_mut(|p| unsafe { *p = 42 });
                     published.store(true, Ordering::Release);
-                    w.signal();
-                    gate.wake();
+                    // The spawner's signal touches only the shared half.
+                    shared.0.fetch_add(1, Ordering::Release);
+                    gate.wake_after_rmw();
                 })
             };
-            dispatch_until(&mask, &w, &gate, || {
+            let w = Wakeup { shared: &shared, local: &local };
+            dispatch_until(&mask, w, &gate, || {
                 // A stale signal may run the slot before it is published:
                 // the slot loop checks the publication flag.
                 if !published.load(Ordering::Acquire) {
@@ -638,21 +711,23 @@ mod loom_tests {
     fn signal_racing_block_is_never_lost() {
         loom::model(|| {
             let mask = Arc::new(MaskAndCount::new());
-            let w = Arc::new(WakeupTime::new());
+            let shared = Arc::new(SignalWord::new());
+            let local = LocalWake::new();
             let gate = Arc::new(IdleGate::new());
             let flag = Arc::new(AtomicBool::new(false));
             assert_eq!(mask.claim(), Some(0));
+            let w = Wakeup { shared: &shared, local: &local };
             w.signal();
             let signaller = {
-                let (w, gate, flag) = (w.clone(), gate.clone(), flag.clone());
+                let (shared, gate, flag) = (shared.clone(), gate.clone(), flag.clone());
                 loom::thread::spawn(move || {
                     flag.store(true, Ordering::Relaxed);
-                    w.signal();
-                    gate.wake();
+                    shared.0.fetch_add(1, Ordering::Release);
+                    gate.wake_after_rmw();
                 })
             };
             // The user thread: wait for the flag with block().
-            dispatch_until(&mask, &w, &gate, || loop {
+            dispatch_until(&mask, w, &gate, || loop {
                 if flag.load(Ordering::Relaxed) {
                     return true;
                 }

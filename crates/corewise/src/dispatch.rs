@@ -24,7 +24,7 @@
 //! kernel thread waits for a core again.
 
 use crate::clock;
-use crate::core::{Core, BLOCKED, RUNNABLE, SLOTS};
+use crate::core::{Core, BLOCKED, SLOTS};
 use crate::policy::ThreadClass;
 use crate::shim::{fence, Ordering};
 
@@ -115,6 +115,12 @@ pub(crate) fn run(core: &'static Core) {
             continue;
         }
         let timeout = earliest.map(|d| clock::ticks_to_duration(d.saturating_sub(clock::now())));
+        // An arbiter whose release requests are not delivered as wakeups
+        // (the daemon writes shared memory) bounds the sleep.
+        let timeout = match shared.arbiter.release_poll() {
+            Some(p) => Some(timeout.map_or(p, |t| t.min(p))),
+            None => timeout,
+        };
         bump(&core.stats.sleeps, 1);
         // Idle sleep and I/O wait are one wait: in the core's ring (or epoll
         // set), woken by completions, the timer, or the gate's futex word.
@@ -204,7 +210,7 @@ pub(crate) fn migrate_all(core: &'static Core) -> bool {
             // wakeup swap: either it saw the target (and wakes it), or this
             // read sees its RUNNABLE, which the woken target then sees too.
             fence(Ordering::SeqCst);
-            let _ = moving.wakeup().load_acquire();
+            let _ = moving.wakeup().due_or_deadline(0);
             target.gate.wake();
         }
     }
@@ -258,7 +264,8 @@ fn find_runnable(core: &Core, start: usize) -> Option<usize> {
     None
 }
 
-/// The sleep re-check (after the gate's fence): is anything runnable, and when is the next deadline?
+/// The sleep re-check (after the gate's fence): is anything runnable, and
+/// when is the next deadline?
 fn recheck(core: &Core) -> (bool, Option<u64>) {
     let mut m = core.mask.occupied();
     let now = clock::now();
@@ -266,12 +273,10 @@ fn recheck(core: &Core) -> (bool, Option<u64>) {
     while m != 0 {
         let i = m.trailing_zeros() as usize;
         m &= m - 1;
-        let w = core.slot(i).wakeup().load_acquire();
-        if w == RUNNABLE || (w != BLOCKED && w <= now) {
-            return (true, None);
-        }
-        if w != BLOCKED {
-            earliest = Some(earliest.map_or(w, |e| e.min(w)));
+        match core.slot(i).wakeup().due_or_deadline(now) {
+            None => return (true, None),
+            Some(BLOCKED) => {}
+            Some(d) => earliest = Some(earliest.map_or(d, |e| e.min(d))),
         }
     }
     (false, earliest)

@@ -44,7 +44,7 @@ where
     // Before the signal: once runnable, the thread may exit at once and
     // bump the generation.
     let id = ThreadId::new(ctx);
-    inv.wakeup.signal();
+    ctx.wakeup().signal();
     // The context's core, read after the swap: the thread may have been
     // migrated meanwhile (see `dispatch::migrate_all`).
     ctx.core().gate.wake_after_rmw();

@@ -441,7 +441,7 @@ pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
     // Only the slot's thread writes the generation: no locked instruction.
     let g = inv.generation.load(Ordering::Relaxed);
     inv.generation.store(g.wrapping_add(1), Ordering::Release);
-    inv.wakeup.reset();
+    slot.wakeup().reset();
     core.runtime().policy.thread_exited(class, core.index);
     core.mask.release(slot.index());
 }
