@@ -10,7 +10,7 @@
 //! (`mem::forget`) leaks its buffers, which keeps that safe too.
 
 use super::op::{self, Ctx, Kind};
-use super::slab::IGNORE;
+use super::slab::{OpCell, EVACUATED, IGNORE};
 use super::Driver;
 use crate::core::Core;
 use crate::net::{sockaddr_to_std, TcpListener, TcpStream};
@@ -44,25 +44,31 @@ enum Data {
 }
 
 enum St {
-    /// Epoll/OS: to be tried (again).
+    /// To be submitted (ring) or tried (epoll, OS thread).
     Ready,
-    /// Ring: operation pending; epoll: readiness pending; OS: waiting for poll.
-    Waiting(u64),
+    /// Submitted to `core`'s ring, or waiting for readiness in its epoll
+    /// set; the result arrives in the entry's cell.
+    Waiting(Via, u64),
+    /// OS thread: waiting for `poll(2)`.
+    Polling,
     Done(io::Result<usize>),
     Taken,
+}
+
+#[derive(Clone, Copy)]
+enum Via {
+    Ring(&'static Core),
+    Epoll(&'static Core),
 }
 
 struct Entry {
     kind: Kind,
     fd: RawFd,
     st: St,
+    /// Ring: the last attempt found the socket not ready; poll first.
+    poll_first: bool,
+    cell: Box<OpCell>,
     data: Data,
-}
-
-enum Mode {
-    Ring(&'static Core),
-    Epoll(&'static Core),
-    Os,
 }
 
 /// A set of socket operations submitted together; wait for any or all.
@@ -103,7 +109,6 @@ enum Mode {
 /// operations live in that thread's core.
 pub struct Batch<'a> {
     entries: Vec<Entry>,
-    mode: Mode,
     left: usize,
     _fds: PhantomData<(&'a (), *const ())>,
 }
@@ -126,14 +131,8 @@ impl std::fmt::Debug for Batch<'_> {
 impl<'a> Batch<'a> {
     /// An empty batch for the calling thread.
     pub fn new() -> Self {
-        let mode = match op::ctx() {
-            Ctx::Ring(c) => Mode::Ring(c),
-            Ctx::Epoll(c) => Mode::Epoll(c),
-            Ctx::Os => Mode::Os,
-        };
         Self {
             entries: Vec::new(),
-            mode,
             left: 0,
             _fds: PhantomData,
         }
@@ -189,25 +188,21 @@ impl<'a> Batch<'a> {
     }
 
     fn add(&mut self, kind: Kind, fd: RawFd, data: Data) -> Token {
-        let st = match self.mode {
-            Mode::Ring(core) => {
-                let me = crate::thread::current();
-                // SAFETY: this thread runs on `core` (a batch is not Send).
-                match unsafe { core.io.driver() } {
-                    Driver::Ring(u) => {
-                        let t = u.slab.alloc(me);
-                        // SAFETY: the buffers are owned by the entry (heap,
-                        // stable) and outlive the operation (see Drop).
-                        unsafe { u.push(&push_sqe(&kind).user_data(t)) };
-                        St::Waiting(t)
-                    }
-                    _ => St::Ready,
-                }
-            }
-            _ => St::Ready,
-        };
-        self.entries.push(Entry { kind, fd, st, data });
+        self.entries.push(Entry {
+            kind,
+            fd,
+            st: St::Ready,
+            poll_first: false,
+            cell: Box::default(),
+            data,
+        });
         self.left += 1;
+        // On the ring the operation goes out with the dispatcher's next
+        // submission, together with everything else of this pass.
+        if let Ctx::Ring(core) = op::ctx() {
+            let i = self.entries.len() - 1;
+            submit(core, &mut self.entries[i]);
+        }
         Token(self.entries.len() - 1)
     }
 
@@ -249,88 +244,61 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Moves finished operations to `Done`, and (epoll/OS) tries ready ones.
+    /// Collects delivered results and starts (again) what is ready, on the
+    /// core the thread runs on now.
     fn progress(&mut self) -> io::Result<()> {
-        match self.mode {
-            Mode::Ring(core) => {
-                // SAFETY: our core's kernel thread; no other reference.
-                let Driver::Ring(u) = (unsafe { core.io.driver() }) else {
-                    return Ok(());
-                };
-                for e in self.entries.iter_mut() {
-                    if let St::Waiting(t) = e.st {
-                        if let Some(r) = u.slab.result(t) {
-                            u.slab.free(t);
-                            e.st = if r == -libc::EAGAIN {
-                                // A non-blocking socket that was not ready:
-                                // wait for it (linked poll) and try again.
-                                let t = u.slab.alloc(crate::thread::current());
-                                let (ev, _) = events(&e.kind);
-                                let poll =
-                                    io_uring::opcode::PollAdd::new(io_uring::types::Fd(e.fd), ev)
-                                        .build()
-                                        .user_data(IGNORE)
-                                        .flags(io_uring::squeue::Flags::IO_LINK);
-                                // SAFETY: as in `add`.
-                                unsafe {
-                                    u.push(&poll);
-                                    u.push(&push_sqe(&e.kind).user_data(t));
-                                }
-                                St::Waiting(t)
-                            } else if r < 0 {
-                                St::Done(Err(io::Error::from_raw_os_error(-r)))
-                            } else {
-                                St::Done(Ok(r as usize))
-                            };
+        let ctx = op::ctx();
+        for e in self.entries.iter_mut() {
+            if let St::Waiting(via, _) = e.st {
+                if let Some(r) = e.cell.get() {
+                    e.st = match via {
+                        _ if r == EVACUATED => St::Ready,
+                        Via::Ring(_) if r == -libc::EAGAIN => {
+                            e.poll_first = true;
+                            St::Ready
                         }
-                    }
+                        Via::Ring(_) if r < 0 => St::Done(Err(io::Error::from_raw_os_error(-r))),
+                        Via::Ring(_) => St::Done(Ok(r as usize)),
+                        Via::Epoll(_) => St::Ready,
+                    };
                 }
             }
-            Mode::Epoll(core) => {
-                for e in self.entries.iter_mut() {
-                    if let St::Waiting(t) = e.st {
-                        // SAFETY: our core's kernel thread; no other reference.
-                        if let Driver::Epoll(ep) = unsafe { core.io.driver() } {
-                            if !ep.slab.is_pending(t) {
-                                ep.slab.free(t);
-                                e.st = St::Ready;
-                            }
-                        }
-                    }
-                    if matches!(e.st, St::Ready) {
-                        // SAFETY: the entry owns the buffers the call uses.
-                        match unsafe { e.kind.now() } {
-                            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                                let me = crate::thread::current();
-                                // SAFETY: as above.
-                                if let Driver::Epoll(ep) = unsafe { core.io.driver() } {
-                                    let t = ep.slab.alloc(me);
-                                    let (_, ev) = events(&e.kind);
-                                    if let Err(err) = ep.arm(e.fd, ev, t) {
+            if !matches!(e.st, St::Ready) {
+                continue;
+            }
+            match ctx {
+                Ctx::Ring(core) => submit(core, e),
+                Ctx::Epoll(core) => {
+                    // SAFETY: the entry owns the buffers the call uses.
+                    match unsafe { e.kind.now() } {
+                        Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                            e.cell.reset();
+                            let me = crate::thread::current();
+                            // SAFETY: our core's kernel thread; no other reference.
+                            if let Driver::Epoll(ep) = unsafe { core.io.driver() } {
+                                // SAFETY: the boxed cell outlives the record
+                                // (Drop frees or waits for it).
+                                let t = unsafe { ep.slab.alloc(&*e.cell, me) };
+                                let (_, ev) = events(&e.kind);
+                                match ep.arm(e.fd, ev, t) {
+                                    Ok(()) => e.st = St::Waiting(Via::Epoll(core), t),
+                                    Err(err) => {
                                         ep.slab.free(t);
                                         e.st = St::Done(Err(err));
-                                    } else {
-                                        e.st = St::Waiting(t);
                                     }
                                 }
                             }
-                            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                            r => e.st = St::Done(r),
                         }
+                        Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                        r => e.st = St::Done(r),
                     }
                 }
-            }
-            Mode::Os => {
-                for e in self.entries.iter_mut() {
-                    if matches!(e.st, St::Ready) {
-                        // SAFETY: the entry owns the buffers the call uses.
-                        match unsafe { e.kind.now() } {
-                            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                                e.st = St::Waiting(0)
-                            }
-                            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                            r => e.st = St::Done(r),
-                        }
+                Ctx::Os => {
+                    // SAFETY: the entry owns the buffers the call uses.
+                    match unsafe { e.kind.now() } {
+                        Err(err) if err.kind() == io::ErrorKind::WouldBlock => e.st = St::Polling,
+                        Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                        r => e.st = St::Done(r),
                     }
                 }
             }
@@ -339,51 +307,47 @@ impl<'a> Batch<'a> {
     }
 
     fn wait(&mut self, deadline: Option<Instant>) -> io::Result<()> {
-        match self.mode {
-            Mode::Ring(_) | Mode::Epoll(_) => {
-                match deadline {
-                    Some(d) => crate::thread::block_until(d),
-                    None => crate::thread::block(),
-                }
-                Ok(())
+        if crate::thread::current().is_some() {
+            match deadline {
+                Some(d) => crate::thread::block_until(d),
+                None => crate::thread::block(),
             }
-            Mode::Os => {
-                let mut fds: Vec<libc::pollfd> = Vec::new();
-                let mut idx = Vec::new();
-                for (i, e) in self.entries.iter().enumerate() {
-                    if matches!(e.st, St::Waiting(_)) {
-                        let (ev, _) = events(&e.kind);
-                        fds.push(libc::pollfd {
-                            fd: e.fd,
-                            events: ev as i16,
-                            revents: 0,
-                        });
-                        idx.push(i);
-                    }
-                }
-                let ms = deadline.map_or(-1, |d| {
-                    d.saturating_duration_since(Instant::now())
-                        .as_millis()
-                        .clamp(1, i32::MAX as u128) as i32
+            return Ok(());
+        }
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut idx = Vec::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            if matches!(e.st, St::Polling) {
+                let (ev, _) = events(&e.kind);
+                fds.push(libc::pollfd {
+                    fd: e.fd,
+                    events: ev as i16,
+                    revents: 0,
                 });
-                // SAFETY: `fds` is a valid array of its length.
-                let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-                if n < 0 {
-                    let e = io::Error::last_os_error();
-                    return if e.kind() == io::ErrorKind::Interrupted {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    };
-                }
-                for (p, i) in fds.iter().zip(idx) {
-                    if p.revents != 0 {
-                        self.entries[i].st = St::Ready;
-                    }
-                }
-                Ok(())
+                idx.push(i);
             }
         }
+        let ms = deadline.map_or(-1, |d| {
+            d.saturating_duration_since(Instant::now())
+                .as_millis()
+                .clamp(1, i32::MAX as u128) as i32
+        });
+        // SAFETY: `fds` is a valid array of its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        for (p, i) in fds.iter().zip(idx) {
+            if p.revents != 0 {
+                self.entries[i].st = St::Ready;
+            }
+        }
+        Ok(())
     }
 
     fn take(&mut self, i: usize) -> Completion {
@@ -411,8 +375,31 @@ impl<'a> Batch<'a> {
     }
 }
 
-fn push_sqe(kind: &Kind) -> io_uring::squeue::Entry {
-    kind.sqe()
+/// Writes `e`'s operation into `core`'s ring (after a linked poll when it
+/// last found its socket not ready).
+fn submit(core: &'static Core, e: &mut Entry) {
+    let me = crate::thread::current();
+    // SAFETY: we run on `core`'s kernel thread; no other reference.
+    let Driver::Ring(u) = (unsafe { core.io.driver() }) else {
+        return;
+    };
+    e.cell.reset();
+    // SAFETY: the boxed cell outlives the record: Drop waits for it.
+    let t = unsafe { u.slab.alloc(&*e.cell, me) };
+    // SAFETY: the buffers are owned by the entry (heap, stable) and
+    // outlive the operation (see Drop).
+    unsafe {
+        if std::mem::take(&mut e.poll_first) {
+            let (ev, _) = events(&e.kind);
+            let poll = io_uring::opcode::PollAdd::new(io_uring::types::Fd(e.fd), ev)
+                .build()
+                .user_data(IGNORE)
+                .flags(io_uring::squeue::Flags::IO_LINK);
+            u.push(&poll);
+        }
+        u.push(&e.kind.sqe().user_data(t));
+    }
+    e.st = St::Waiting(Via::Ring(core), t);
 }
 
 /// (poll events, epoll events) an entry waits for.
@@ -425,67 +412,37 @@ fn events(kind: &Kind) -> (u32, u32) {
 
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
-        match self.mode {
-            Mode::Ring(core) => {
-                // Cancel what is pending, then wait for every CQE: the
-                // buffers must outlive the kernel's use of them.
-                // SAFETY: our core's kernel thread; no other reference.
-                if let Driver::Ring(u) = unsafe { core.io.driver() } {
-                    for e in &self.entries {
-                        if let St::Waiting(t) = e.st {
-                            if u.slab.is_pending(t) {
-                                let c = io_uring::opcode::AsyncCancel::new(t)
-                                    .build()
-                                    .user_data(IGNORE);
-                                // SAFETY: a cancel carries no pointers.
-                                unsafe { u.push(&c) };
+        // Cancel what is pending, then wait for every result: the buffers
+        // must outlive the kernel's use of them.
+        for e in &self.entries {
+            if let St::Waiting(via, t) = e.st {
+                if e.cell.get().is_none() {
+                    match via {
+                        Via::Ring(core) => super::cancel::post(core, t),
+                        // Not delivered, so this thread has not moved:
+                        // nothing of the kernel's points at the cell.
+                        Via::Epoll(core) => {
+                            // SAFETY: we run on `core`'s kernel thread.
+                            if let Driver::Epoll(ep) = unsafe { core.io.driver() } {
+                                ep.slab.free(t);
                             }
                         }
                     }
                 }
-                loop {
-                    // SAFETY: as above; the reference ends before we block.
-                    let busy = match unsafe { core.io.driver() } {
-                        Driver::Ring(u) => self
-                            .entries
-                            .iter()
-                            .any(|e| matches!(e.st, St::Waiting(t) if u.slab.is_pending(t))),
-                        _ => false,
-                    };
-                    if !busy {
-                        break;
-                    }
-                    crate::thread::block();
-                }
-                // SAFETY: as above.
-                if let Driver::Ring(u) = unsafe { core.io.driver() } {
-                    for e in &self.entries {
-                        if let St::Waiting(t) = e.st {
-                            // An accepted socket nobody took is closed.
-                            if let (Some(fd), Data::Accept(_)) = (u.slab.result(t), &e.data) {
-                                if fd >= 0 {
-                                    // SAFETY: an fd the kernel gave us and nobody owns.
-                                    unsafe { libc::close(fd) };
-                                }
-                            }
-                            u.slab.free(t);
-                        }
-                    }
-                }
             }
-            Mode::Epoll(core) => {
-                // SAFETY: our core's kernel thread; no other reference.
-                if let Driver::Epoll(ep) = unsafe { core.io.driver() } {
-                    for e in &self.entries {
-                        if let St::Waiting(t) = e.st {
-                            ep.slab.free(t);
-                        }
-                    }
-                }
-            }
-            Mode::Os => {}
         }
         for e in &mut self.entries {
+            if let St::Waiting(Via::Ring(_), _) = e.st {
+                let r = loop {
+                    if let Some(r) = e.cell.get() {
+                        break r;
+                    }
+                    crate::thread::block();
+                };
+                if r >= 0 && matches!(e.data, Data::Accept(_)) {
+                    e.st = St::Done(Ok(r as usize));
+                }
+            }
             if let (St::Done(Ok(fd)), Data::Accept(_)) = (&e.st, &e.data) {
                 // SAFETY: an accepted fd that was never handed out.
                 unsafe { libc::close(*fd as RawFd) };

@@ -87,7 +87,7 @@ impl Drop for Registration<'_> {
     }
 }
 
-fn post(core: &'static Core, token: u64) {
+pub(crate) fn post(core: &'static Core, token: u64) {
     core.io.queue_cancel(token);
     core.gate.wake();
 }

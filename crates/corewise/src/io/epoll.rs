@@ -165,6 +165,16 @@ impl Epoll {
         woken
     }
 
+    /// The core is being released: wake every waiter as if its fd were
+    /// ready; each tries its call again and, if it would still block,
+    /// waits on the core it has moved to.
+    pub(crate) fn evacuate(&mut self) {
+        for t in self.slab.complete_all(0) {
+            crate::thread::signal(t);
+        }
+        self.fds.clear();
+    }
+
     /// Completes a waiter as cancelled.
     pub(crate) fn cancel(&mut self, token: u64) {
         if let Some(Some(t)) = self.slab.complete(token, -libc::ECANCELED) {

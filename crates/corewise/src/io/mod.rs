@@ -287,6 +287,21 @@ impl CoreIo {
         }
     }
 
+    /// Before the core's threads migrate (the core is being released):
+    /// finish or cancel every operation in flight here, so that no thread
+    /// waits on this core's ring or epoll set from another core.
+    pub(crate) fn evacuate(&self) {
+        if self.cancel_flag.load(Ordering::Acquire) {
+            self.forward_cancels();
+        }
+        // SAFETY: called by the dispatcher on the core's kernel thread.
+        match unsafe { self.driver() } {
+            Driver::Ring(u) => u.evacuate(),
+            Driver::Epoll(e) => e.evacuate(),
+            Driver::None => {}
+        }
+    }
+
     /// The idle sleep, after `prepare_sleep` and an empty re-check. Returns
     /// false when the core has no I/O driver (the caller sleeps on the gate).
     pub(crate) fn idle_wait(&self, gate: &'static IdleGate, timeout: Option<Duration>) -> bool {

@@ -11,7 +11,7 @@
 //! `run` returns, and a stack is never freed under a pending operation.
 
 use super::cancel::{cancelled_error, CancelState};
-use super::slab::IGNORE;
+use super::slab::{OpCell, EVACUATED, IGNORE};
 use super::Driver;
 use crate::core::Core;
 use io_uring::{opcode, squeue, types};
@@ -295,57 +295,64 @@ pub(crate) unsafe fn run(
     deadline: Option<Instant>,
     cancel: Option<&CancelState>,
 ) -> io::Result<usize> {
-    if cancel.is_some_and(|c| c.is_cancelled()) {
-        return Err(cancelled_error());
-    }
-    match ctx() {
-        Ctx::Ring(core) => loop {
-            // SAFETY: per our contract; ring_wait waits for the CQE.
-            let r = unsafe { ring_wait(core, kind.sqe(), deadline, cancel) };
-            if r >= 0 {
-                return Ok(r as usize);
+    // Each round looks up the caller's core anew: a thread whose core was
+    // released between rounds continues on the core it moved to.
+    loop {
+        if cancel.is_some_and(|c| c.is_cancelled()) {
+            return Err(cancelled_error());
+        }
+        match ctx() {
+            Ctx::Ring(core) => {
+                // SAFETY: per our contract; ring_wait waits for the CQE.
+                let r = unsafe { ring_wait(core, kind.sqe(), deadline, cancel) };
+                if r >= 0 {
+                    return Ok(r as usize);
+                }
+                if r == EVACUATED {
+                    continue;
+                }
+                match (-r, kind.readiness()) {
+                    (libc::EAGAIN, Some((fd, ev))) => {
+                        let p = Kind::Poll { fd, events: ev };
+                        // SAFETY: a poll carries no pointers.
+                        let pr = unsafe { ring_wait(core, p.sqe(), deadline, cancel) };
+                        if pr < 0 && pr != EVACUATED {
+                            return Err(ring_error(pr, deadline, cancel));
+                        }
+                    }
+                    _ => return Err(ring_error(r, deadline, cancel)),
+                }
             }
-            match (-r, kind.readiness()) {
-                (libc::EAGAIN, Some((fd, ev))) => {
-                    let p = Kind::Poll { fd, events: ev };
-                    // SAFETY: a poll carries no pointers.
-                    let pr = unsafe { ring_wait(core, p.sqe(), deadline, cancel) };
-                    if pr < 0 {
-                        return Err(ring_error(pr, deadline, cancel));
+            Ctx::Epoll(core) => match kind.readiness() {
+                Some((fd, ev)) => {
+                    // SAFETY: per our contract.
+                    match unsafe { kind.now() } {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            epoll_ready(core, fd, ev, deadline, cancel)?
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        r => return r,
                     }
                 }
-                _ => return Err(ring_error(r, deadline, cancel)),
-            }
-        },
-        Ctx::Epoll(core) => match kind.readiness() {
-            Some((fd, ev)) => loop {
+                None => {
+                    let job = AssertSend(kind);
+                    // SAFETY: `run_scoped` returns only after the job ran,
+                    // so the pointers are used within our contract.
+                    return unsafe { crate::blocking::run_scoped(move || job.call()) };
+                }
+            },
+            Ctx::Os => {
                 // SAFETY: per our contract.
                 match unsafe { kind.now() } {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        epoll_ready(core, fd, ev, deadline, cancel)?
-                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match kind.readiness() {
+                        Some((fd, ev)) => os_ready(fd, ev, deadline, cancel)?,
+                        None => return Err(e),
+                    },
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     r => return r,
                 }
-            },
-            None => {
-                let job = AssertSend(kind);
-                // SAFETY: `run_scoped` returns only after the job ran, so the
-                // pointers are used within our contract.
-                unsafe { crate::blocking::run_scoped(move || job.call()) }
             }
-        },
-        Ctx::Os => loop {
-            // SAFETY: per our contract.
-            match unsafe { kind.now() } {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match kind.readiness() {
-                    Some((fd, ev)) => os_ready(fd, ev, deadline, cancel)?,
-                    None => return Err(e),
-                },
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                r => return r,
-            }
-        },
+        }
     }
 }
 
@@ -378,7 +385,7 @@ fn ring_error(r: i32, deadline: Option<Instant>, cancel: Option<&CancelState>) -
 }
 
 /// Submits `sqe` through `core`'s ring and waits for its CQE; returns the
-/// CQE's result.
+/// CQE's result ([`EVACUATED`] when the core was released meanwhile).
 ///
 /// # Safety
 /// What `sqe` points to stays valid until this returns (it returns only
@@ -390,6 +397,7 @@ pub(crate) unsafe fn ring_wait(
     cancel: Option<&CancelState>,
 ) -> i32 {
     let me = crate::thread::current();
+    let cell = OpCell::default();
     // The linked timeout's timespec lives here, on the waiting thread's
     // stack, until the submission (which copies it) has happened.
     let ts = deadline.map(|d| {
@@ -402,7 +410,9 @@ pub(crate) unsafe fn ring_wait(
     // and hold no other reference to its driver.
     let token = match unsafe { core.io.driver() } {
         Driver::Ring(u) => {
-            let token = u.slab.alloc(me);
+            // SAFETY: `cell` outlives the record: we return only once the
+            // record has delivered into it.
+            let token = unsafe { u.slab.alloc(&cell, me) };
             // SAFETY: the caller keeps the SQE's memory valid until its CQE;
             // `ts` lives until after this thread's next switch (the
             // dispatcher submits before it resumes us).
@@ -417,34 +427,24 @@ pub(crate) unsafe fn ring_wait(
             }
             token
         }
-        _ => return -libc::ENXIO,
+        _ => return EVACUATED,
     };
     let reg = cancel.map(|c| c.register(core, token));
-    loop {
-        // SAFETY: as above; the reference ends before we block.
-        let pending = match unsafe { core.io.driver() } {
-            Driver::Ring(u) => u.slab.is_pending(token),
-            _ => false,
-        };
-        if !pending {
-            break;
+    // Only the cell is read from here on: if this thread migrates, its old
+    // core completed the record (evacuation) before the move.
+    let r = loop {
+        if let Some(r) = cell.get() {
+            break r;
         }
         crate::thread::block();
-    }
+    };
     drop(reg);
-    // SAFETY: as above.
-    match unsafe { core.io.driver() } {
-        Driver::Ring(u) => {
-            let r = u.slab.result(token).unwrap_or(-libc::ECANCELED);
-            u.slab.free(token);
-            r
-        }
-        _ => -libc::ENXIO,
-    }
+    r
 }
 
 /// Waits (blocking the user thread) until `fd` is ready for `events`
-/// according to `core`'s epoll set.
+/// according to `core`'s epoll set. `Ok` may be spurious (the caller tries
+/// its call again).
 fn epoll_ready(
     core: &'static Core,
     fd: RawFd,
@@ -453,49 +453,49 @@ fn epoll_ready(
     cancel: Option<&CancelState>,
 ) -> io::Result<()> {
     let me = crate::thread::current();
+    let cell = OpCell::default();
     // SAFETY: we run on `core`'s kernel thread and hold no other reference.
     let token = match unsafe { core.io.driver() } {
         Driver::Epoll(e) => {
-            let token = e.slab.alloc(me);
+            // SAFETY: the record is completed or freed before `cell` dies
+            // (below: on timeout we free it, on this same core).
+            let token = unsafe { e.slab.alloc(&cell, me) };
             if let Err(err) = e.arm(fd, events, token) {
                 e.slab.free(token);
                 return Err(err);
             }
             token
         }
-        _ => return Err(io::Error::from_raw_os_error(libc::ENXIO)),
+        _ => return Ok(()),
     };
     let reg = cancel.map(|c| c.register(core, token));
-    loop {
-        // SAFETY: as above; the reference ends before we block.
-        let pending = match unsafe { core.io.driver() } {
-            Driver::Epoll(e) => e.slab.is_pending(token),
-            _ => false,
-        };
-        if !pending {
-            break;
+    let r = loop {
+        if let Some(r) = cell.get() {
+            break Some(r);
         }
         match deadline {
-            Some(d) if Instant::now() >= d => break,
+            Some(d) if Instant::now() >= d => break None,
             Some(d) => crate::thread::block_until(d),
             None => crate::thread::block(),
         }
-    }
-    drop(reg);
-    // SAFETY: as above.
-    let r = match unsafe { core.io.driver() } {
-        Driver::Epoll(e) => {
-            let r = e.slab.result(token);
-            e.slab.free(token);
-            r
-        }
-        _ => None,
     };
+    drop(reg);
     match r {
         Some(r) if r == -libc::ECANCELED => Err(cancelled_error()),
         Some(_) => Ok(()),
-        None if cancel.is_some_and(|c| c.is_cancelled()) => Err(cancelled_error()),
-        None => Err(io::Error::from(io::ErrorKind::TimedOut)),
+        None => {
+            // Still pending, so this thread has not moved (a core completes
+            // all its records before its threads migrate): free it here.
+            // SAFETY: we run on `core`'s kernel thread.
+            if let Driver::Epoll(e) = unsafe { core.io.driver() } {
+                e.slab.free(token);
+            }
+            if cancel.is_some_and(|c| c.is_cancelled()) {
+                Err(cancelled_error())
+            } else {
+                Err(io::Error::from(io::ErrorKind::TimedOut))
+            }
+        }
     }
 }
 

@@ -15,7 +15,7 @@
 //! `io_uring_enter` that waits for I/O also waits for wakeups and (as its
 //! timeout) for the next timer.
 
-use super::slab::{Slab, GATE, IGNORE};
+use super::slab::{Slab, EVACUATED, GATE, IGNORE};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
@@ -43,6 +43,8 @@ pub(crate) struct Uring {
     /// SQEs written but not yet submitted.
     queued: u32,
     gate_armed: bool,
+    /// Set while [`evacuate`](Self::evacuate) runs.
+    evacuating: bool,
     pub(crate) slab: Slab,
     /// Setup flags that the kernel accepted, for the start-up report.
     pub(crate) setup: &'static str,
@@ -128,6 +130,7 @@ impl Uring {
                         inflight: 0,
                         queued: 0,
                         gate_armed: false,
+                        evacuating: false,
                         slab: Slab::with_capacity(256),
                         setup: name,
                     });
@@ -194,6 +197,7 @@ impl Uring {
             slab,
             inflight,
             gate_armed,
+            evacuating,
             ..
         } = self;
         for cqe in ring.completion() {
@@ -202,7 +206,11 @@ impl Uring {
                 IGNORE => *inflight -= 1,
                 token => {
                     *inflight -= 1;
-                    if let Some(waiter) = slab.complete(token, cqe.result()) {
+                    let mut r = cqe.result();
+                    if *evacuating && r == -libc::ECANCELED {
+                        r = EVACUATED;
+                    }
+                    if let Some(waiter) = slab.complete(token, r) {
                         if let Some(t) = waiter {
                             crate::thread::signal(t);
                         }
@@ -212,6 +220,30 @@ impl Uring {
             }
         }
         woken
+    }
+
+    /// The core is being released and its threads will move: cancel every
+    /// operation in flight and wait for all their completions, so nothing
+    /// of this ring refers to a thread that runs elsewhere afterwards.
+    /// Cancelled operations complete as [`EVACUATED`] and are submitted
+    /// again by their threads on their new core.
+    pub(crate) fn evacuate(&mut self) {
+        if self.slab.pending() == 0 {
+            return;
+        }
+        self.evacuating = true;
+        let all = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+            .build()
+            .user_data(IGNORE);
+        // SAFETY: a cancel carries no pointers.
+        unsafe { self.push(&all) };
+        while self.slab.pending() != 0 {
+            if self.ring.submitter().submit_and_wait(1).is_ok() {
+                self.queued = self.ring.submission().len() as u32;
+            }
+            self.reap();
+        }
+        self.evacuating = false;
     }
 
     /// The idle sleep: waits in the ring for a completion, a futex wake on
