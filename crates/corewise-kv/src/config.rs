@@ -1,0 +1,237 @@
+//! The server's settings, read from memcached's command-line flags.
+//!
+//! Why memcached's flags: scripts and load generators that start memcached
+//! start this server unchanged. Flags that make no sense here (UDP, SASL,
+//! slab tuning) are not accepted, so a typo is not silently ignored; `-U 0`
+//! (UDP off) is accepted because it is what scripts usually pass.
+
+use clap::Parser;
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// How connections map to user threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// One user thread per connection, blocked in read (Fred/libfibre).
+    Conn,
+    /// One dispatch thread waits on every connection and creates a
+    /// short-lived user thread per ready connection (Arachne).
+    Dispatch,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Conn => "conn",
+            Mode::Dispatch => "dispatch",
+        })
+    }
+}
+
+/// A bad flag value.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `-I` is not a size, or outside 1 KiB..1 GiB.
+    #[error("-I: item size limit {0:?} must be between 1k and 1024m (a number with an optional k or m suffix)")]
+    ItemSize(String),
+    /// `-m` is zero.
+    #[error("-m: the memory limit must be at least 1 MB")]
+    Memory,
+    /// `-c` is zero.
+    #[error("-c: the connection limit must be at least 1")]
+    Connections,
+    /// `-t` is zero.
+    #[error("-t: the core count must be at least 1")]
+    Threads,
+    /// The item size limit exceeds the memory limit.
+    #[error("-I {item} is larger than the memory limit -m {memory_mb} MB")]
+    ItemOverMemory {
+        /// `-I` in bytes.
+        item: usize,
+        /// `-m`.
+        memory_mb: usize,
+    },
+    /// `--cpus` is not a CPU list.
+    #[error("--cpus: {0:?} is not a CPU list like 0,2-3")]
+    Cpus(String),
+    /// `-U` other than 0.
+    #[error("-U: UDP is not supported; only -U 0 is accepted")]
+    Udp,
+}
+
+/// Command line of `corewise-kv` (memcached's flags).
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "corewise-kv",
+    version,
+    about = "A memcached-compatible server on corewise user threads"
+)]
+pub struct Args {
+    /// TCP port to listen on.
+    #[arg(short = 'p', long = "port", default_value_t = 11211)]
+    pub port: u16,
+    /// Interface to listen on.
+    #[arg(short = 'l', long = "listen", default_value = "127.0.0.1")]
+    pub listen: String,
+    /// Item memory in megabytes.
+    #[arg(short = 'm', long = "memory-limit", default_value_t = 64)]
+    pub memory_mb: usize,
+    /// Maximum simultaneous connections.
+    #[arg(short = 'c', long = "conn-limit", default_value_t = 1024)]
+    pub max_conns: usize,
+    /// Item size limit (bytes, or with k/m suffix).
+    #[arg(short = 'I', long = "max-item-size", default_value = "1m")]
+    pub item_size: String,
+    /// Maximum cores the runtime may use (memcached's thread count; the
+    /// runtime grows and shrinks its cores with load up to this number).
+    /// Default: every CPU the process may run on.
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// UDP port: only 0 (off) is accepted.
+    #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
+    pub udp_port: u16,
+    /// Verbose: log connections and errors to stderr.
+    #[arg(short = 'v', action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Connection handling: a user thread per connection, or a dispatch
+    /// thread creating a user thread per ready connection.
+    #[arg(long = "mode", value_enum, default_value_t = Mode::Conn)]
+    pub mode: Mode,
+    /// CPUs the runtime may use, e.g. `0` or `2-3` (default: all allowed).
+    #[arg(long = "cpus")]
+    pub cpus: Option<String>,
+    /// Core arbiter daemon socket. The runtime's builder has no arbiter
+    /// socket option yet, so this is accepted and reported; cores come from
+    /// the in-process arbiter.
+    #[arg(long = "arbiter")]
+    pub arbiter: Option<PathBuf>,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// TCP port.
+    pub port: u16,
+    /// Listen address.
+    pub listen: String,
+    /// Memory limit in MB.
+    pub memory_mb: usize,
+    /// Connection limit.
+    pub max_conns: usize,
+    /// Item size limit in bytes.
+    pub item_max: usize,
+    /// Maximum cores.
+    pub threads: usize,
+    /// Connection handling.
+    pub mode: Mode,
+    /// CPUs for the runtime.
+    pub cpus: Option<Vec<usize>>,
+    /// Arbiter socket (reported, not used).
+    pub arbiter: Option<PathBuf>,
+    /// Verbosity.
+    pub verbose: u8,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            port: 11211,
+            listen: "127.0.0.1".into(),
+            memory_mb: 64,
+            max_conns: 1024,
+            item_max: 1024 * 1024,
+            threads: 1,
+            mode: Mode::Conn,
+            cpus: None,
+            arbiter: None,
+            verbose: 0,
+        }
+    }
+}
+
+/// Parses a size like `1m`, `512k`, `2048`.
+///
+/// ```
+/// assert_eq!(corewise_kv::config::parse_size("1m"), Some(1 << 20));
+/// assert_eq!(corewise_kv::config::parse_size("512K"), Some(512 << 10));
+/// assert_eq!(corewise_kv::config::parse_size("x"), None);
+/// ```
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (digits, mult) = match s.as_bytes().last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1024),
+        b'm' | b'M' => (&s[..s.len() - 1], 1024 * 1024),
+        _ => (s, 1),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+/// Parses a CPU list like `0,2-3`.
+///
+/// ```
+/// assert_eq!(corewise_kv::config::parse_cpus("0,2-3"), Some(vec![0, 2, 3]));
+/// assert_eq!(corewise_kv::config::parse_cpus("3-1"), None);
+/// ```
+pub fn parse_cpus(s: &str) -> Option<Vec<usize>> {
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if a > b || b >= 1024 {
+                    return None;
+                }
+                v.extend(a..=b);
+            }
+            None => v.push(part.trim().parse().ok()?),
+        }
+    }
+    (!v.is_empty()).then_some(v)
+}
+
+impl Args {
+    /// Checks the flags and turns them into a [`Config`].
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let item_max = parse_size(&self.item_size)
+            .filter(|&n| (1024..=1024 * 1024 * 1024).contains(&n))
+            .ok_or_else(|| ConfigError::ItemSize(self.item_size.clone()))?;
+        if self.memory_mb == 0 {
+            return Err(ConfigError::Memory);
+        }
+        if self.max_conns == 0 {
+            return Err(ConfigError::Connections);
+        }
+        if self.udp_port != 0 {
+            return Err(ConfigError::Udp);
+        }
+        if item_max > self.memory_mb.saturating_mul(1024 * 1024) {
+            return Err(ConfigError::ItemOverMemory {
+                item: item_max,
+                memory_mb: self.memory_mb,
+            });
+        }
+        let cpus = match &self.cpus {
+            Some(s) => Some(parse_cpus(s).ok_or_else(|| ConfigError::Cpus(s.clone()))?),
+            None => None,
+        };
+        let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = match self.threads {
+            Some(0) => return Err(ConfigError::Threads),
+            Some(n) => n,
+            None => cpus.as_ref().map_or(available, Vec::len),
+        };
+        Ok(Config {
+            port: self.port,
+            listen: self.listen,
+            memory_mb: self.memory_mb,
+            max_conns: self.max_conns,
+            item_max,
+            threads,
+            mode: self.mode,
+            cpus,
+            arbiter: self.arbiter,
+            verbose: self.verbose,
+        })
+    }
+}

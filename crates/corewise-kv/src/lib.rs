@@ -1,0 +1,17 @@
+//! corewise-kv: a memcached-compatible key-value server on corewise user
+//! threads.
+//!
+//! The crate is split by role: [`protocol`] turns bytes into requests (a
+//! pure, fuzzable parser), [`store`] holds the items (sharded, LRU, memory
+//! limit, expiry, CAS), [`exec`] runs a request against the store and
+//! writes memcached's reply, [`config`] reads memcached's command-line
+//! flags, and [`server`] moves bytes between sockets and the rest, either
+//! with one user thread per connection or with a dispatch thread that
+//! creates a short-lived user thread per ready connection (Arachne's
+//! memcached port).
+
+pub mod config;
+pub mod exec;
+pub mod protocol;
+pub mod server;
+pub mod store;

@@ -1,0 +1,75 @@
+//! `corewise-kv`: memcached's command line, corewise underneath.
+
+use clap::Parser;
+use corewise_kv::config::{Args, Mode};
+use corewise_kv::exec::Shared;
+use corewise_kv::server;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match args.into_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("corewise-kv: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    if let Some(p) = &config.arbiter {
+        eprintln!(
+            "corewise-kv: --arbiter {}: the corewise runtime builder has no arbiter socket option yet; using the in-process arbiter",
+            p.display()
+        );
+    }
+    server::raise_fd_limit();
+    let mut b = corewise::Runtime::builder().max_cores(config.threads);
+    let cpus_allowed = config
+        .cpus
+        .as_ref()
+        .map_or(config.threads, |c| c.len().min(config.threads));
+    if config.mode == Mode::Dispatch && cpus_allowed >= 2 {
+        // The dispatcher holds a core of its own; without a second core
+        // held from the start, the workers would have none until the
+        // policy scales up (and none at all under a neighbour cap of 1).
+        b = b.min_cores(2);
+    }
+    if let Some(cpus) = &config.cpus {
+        b = b.cpus(cpus.clone());
+    }
+    let rt = match b.build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("corewise-kv: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match server::bind(&config.listen, config.port) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "corewise-kv: cannot listen on {}:{}: {e}",
+                config.listen, config.port
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    if config.verbose > 0 {
+        eprintln!(
+            "corewise-kv: listening on {}:{} ({} mode, {} cores max, {} backend)",
+            config.listen,
+            config.port,
+            config.mode,
+            config.threads,
+            rt.io_backend()
+        );
+    }
+    let shared = Arc::new(Shared::new(config));
+    match server::serve(&rt, listener, shared) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("corewise-kv: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Meta command flags: one letter per token, some with an argument glued
+//! on (`T30`, `Oabc`), parsed once into a struct; the raw tokens are kept
+//! so return flags are echoed in the order the client gave them.
+
+use super::ProtoError;
+
+/// A mode token (`ms M<mode>`, `ma M<mode>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaMode {
+    /// `E`: add.
+    Add,
+    /// `A`: append.
+    Append,
+    /// `P`: prepend.
+    Prepend,
+    /// `R`: replace.
+    Replace,
+    /// `S`: set.
+    Set,
+    /// `I` or `+`: increment.
+    Incr,
+    /// `D` or `-`: decrement.
+    Decr,
+}
+
+/// The flags of one meta command.
+///
+/// ```
+/// use corewise_kv::protocol::MetaFlags;
+/// let f = MetaFlags::parse(b"v t T30 Oab q").unwrap();
+/// assert!(f.value && f.ret_ttl && f.quiet);
+/// assert_eq!(f.ttl, Some(30));
+/// assert_eq!(f.opaque, Some(&b"ab"[..]));
+/// assert!(MetaFlags::parse(b"v v").is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MetaFlags<'a> {
+    raw: &'a [u8],
+    /// `b`: the key is base64.
+    pub base64: bool,
+    /// `q`: quiet (suppress the common-case reply).
+    pub quiet: bool,
+    /// `v`: return the value.
+    pub value: bool,
+    /// `c`: return the CAS.
+    pub ret_cas: bool,
+    /// `f`: return the client flags.
+    pub ret_flags: bool,
+    /// `h`: return whether it was hit before.
+    pub ret_hit: bool,
+    /// `k`: return the key.
+    pub ret_key: bool,
+    /// `l`: return seconds since last access.
+    pub ret_access: bool,
+    /// `s`: return the value size.
+    pub ret_size: bool,
+    /// `t`: return the remaining TTL.
+    pub ret_ttl: bool,
+    /// `O`: opaque token echoed back.
+    pub opaque: Option<&'a [u8]>,
+    /// `T`: new TTL.
+    pub ttl: Option<i64>,
+    /// `C`: compare CAS.
+    pub compare_cas: Option<u64>,
+    /// `E`: explicit new CAS.
+    pub new_cas: Option<u64>,
+    /// `F`: client flags to store.
+    pub client_flags: Option<u32>,
+    /// `I`: invalidate (accepted; treated as a plain operation).
+    pub invalidate: bool,
+    /// `M`: mode.
+    pub mode: Option<MetaMode>,
+    /// `D`: delta (ma).
+    pub delta: Option<u64>,
+    /// `J`: initial value on auto-create (ma).
+    pub initial: Option<u64>,
+    /// `N`: auto-create on miss with this TTL.
+    pub vivify: Option<i64>,
+    /// `R`: recache threshold (accepted; no win/stale logic).
+    pub recache: Option<i64>,
+    /// `x`: md removes the value but keeps the item (treated as delete).
+    pub remove_value: bool,
+}
+
+fn num<T: std::str::FromStr>(arg: &[u8]) -> Result<T, ProtoError> {
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(ProtoError::BadFlag)
+}
+
+impl<'a> MetaFlags<'a> {
+    /// Parses space-separated flag tokens.
+    pub fn parse(raw: &'a [u8]) -> Result<Self, ProtoError> {
+        let mut f = MetaFlags {
+            raw,
+            ..MetaFlags::default()
+        };
+        let mut seen = 0u64;
+        for tok in raw.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
+            let (&c, arg) = tok.split_first().ok_or(ProtoError::BadFlag)?;
+            let bit = match c {
+                b'A'..=b'Z' => 1u64 << (c - b'A'),
+                b'a'..=b'z' => 1u64 << (c - b'a' + 26),
+                _ => return Err(ProtoError::BadFlag),
+            };
+            if seen & bit != 0 {
+                return Err(ProtoError::DuplicateFlag);
+            }
+            seen |= bit;
+            match c {
+                b'b' => f.base64 = true,
+                b'q' => f.quiet = true,
+                b'v' => f.value = true,
+                b'c' => f.ret_cas = true,
+                b'f' => f.ret_flags = true,
+                b'h' => f.ret_hit = true,
+                b'k' => f.ret_key = true,
+                b'l' => f.ret_access = true,
+                b's' => f.ret_size = true,
+                b't' => f.ret_ttl = true,
+                b'u' | b'S' | b'P' | b'L' => {}
+                b'O' => {
+                    if arg.len() > 32 {
+                        return Err(ProtoError::BadFlag);
+                    }
+                    f.opaque = Some(arg);
+                }
+                b'T' => f.ttl = Some(num(arg)?),
+                b'C' => f.compare_cas = Some(num(arg)?),
+                b'E' => f.new_cas = Some(num(arg)?),
+                b'F' => f.client_flags = Some(num(arg)?),
+                b'I' => f.invalidate = true,
+                b'x' => f.remove_value = true,
+                b'D' => f.delta = Some(num(arg)?),
+                b'J' => f.initial = Some(num(arg)?),
+                b'N' => f.vivify = Some(num(arg)?),
+                b'R' => f.recache = Some(num(arg)?),
+                b'M' => {
+                    f.mode = Some(match arg {
+                        b"E" | b"e" => MetaMode::Add,
+                        b"A" | b"a" => MetaMode::Append,
+                        b"P" | b"p" => MetaMode::Prepend,
+                        b"R" | b"r" => MetaMode::Replace,
+                        b"S" | b"s" => MetaMode::Set,
+                        b"I" | b"i" | b"+" => MetaMode::Incr,
+                        b"D" | b"d" | b"-" => MetaMode::Decr,
+                        _ => return Err(ProtoError::BadMode),
+                    })
+                }
+                _ => return Err(ProtoError::BadFlag),
+            }
+        }
+        Ok(f)
+    }
+
+    /// The flag letters that ask for something back, in request order
+    /// (`O`, `k` echo; `c f h l s t` return values; `b` is echoed right
+    /// after `k`, as memcached does).
+    pub fn returned(&self) -> impl Iterator<Item = u8> + 'a {
+        self.raw
+            .split(|&b| b == b' ')
+            .filter_map(|t| t.first().copied())
+            .filter(|c| b"Okcfhlst".contains(c))
+    }
+}

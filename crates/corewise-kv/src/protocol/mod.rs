@@ -1,0 +1,226 @@
+//! memcached's text protocol: the classic commands and the meta commands.
+//!
+//! Why a separate, pure module: the parser is the one piece of the server
+//! that sees arbitrary bytes from the network, so it is a total function
+//! over a byte buffer — no I/O, no store, no allocation of request data
+//! (requests borrow keys and values from the connection's buffer) — and can
+//! be property-tested and fuzzed on its own. [`Decoder`] is incremental: it
+//! is handed whatever the connection has buffered and either returns one
+//! request (and how many bytes it used), asks for more bytes, or reports a
+//! protocol error and how much input the error swallowed, exactly as
+//! memcached does, so one bad request never costs the connection.
+
+mod base64;
+mod meta;
+mod parse;
+
+pub use base64::{decode_base64, encode_base64};
+pub use meta::{MetaFlags, MetaMode};
+pub use parse::{Decoded, Decoder, Limits, KEY_MAX, MAX_LINE};
+
+use thiserror::Error;
+
+/// A protocol error: its `Display` is the exact line memcached sends
+/// (without the CRLF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ProtoError {
+    /// Unknown command or wrong number of arguments.
+    #[error("ERROR")]
+    Unknown,
+    /// A malformed command line (bad number, key too long, ...).
+    #[error("CLIENT_ERROR bad command line format")]
+    BadFormat,
+    /// A command line longer than [`MAX_LINE`]; the rest of the line is
+    /// skipped.
+    #[error("CLIENT_ERROR line too long")]
+    LineTooLong,
+    /// A value larger than the item size limit; the data block is skipped.
+    #[error("SERVER_ERROR object too large for cache")]
+    TooLarge,
+    /// The data block was not followed by CRLF.
+    #[error("CLIENT_ERROR bad data chunk")]
+    BadChunk,
+    /// incr/decr with a delta that is not a 64-bit unsigned number.
+    #[error("CLIENT_ERROR invalid numeric delta argument")]
+    BadDelta,
+    /// touch/gat with an exptime that is not a number.
+    #[error("CLIENT_ERROR invalid exptime argument")]
+    BadExptime,
+    /// delete with an argument other than `0` or `noreply`.
+    #[error("CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]")]
+    DeleteUsage,
+    /// A meta command with an unknown or malformed flag.
+    #[error("CLIENT_ERROR invalid flag")]
+    BadFlag,
+    /// A meta command with the same flag twice.
+    #[error("CLIENT_ERROR duplicate flag")]
+    DuplicateFlag,
+    /// `ms` with an unknown mode.
+    #[error("CLIENT_ERROR invalid mode for ms M token")]
+    BadMode,
+    /// A base64 key (meta `b` flag) that does not decode.
+    #[error("CLIENT_ERROR error decoding key")]
+    BadKeyEncoding,
+}
+
+/// get, gets, gat, gats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetKind {
+    /// `get`: value and flags.
+    Get,
+    /// `gets`: also the CAS value.
+    Gets,
+    /// `gat`: get and touch.
+    Gat,
+    /// `gats`: get and touch, with CAS.
+    Gats,
+}
+
+/// The classic storage commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreCmd {
+    /// `set`.
+    Set,
+    /// `add`.
+    Add,
+    /// `replace`.
+    Replace,
+    /// `append`.
+    Append,
+    /// `prepend`.
+    Prepend,
+    /// `cas`.
+    Cas,
+}
+
+/// The keys of a retrieval, borrowed from the request line and split
+/// lazily.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keys<'a>(pub(crate) &'a [u8]);
+
+impl<'a> Keys<'a> {
+    /// The keys, in request order.
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.0.split(|&b| b == b' ').filter(|k| !k.is_empty())
+    }
+}
+
+/// One parsed request; keys and values borrow the connection's buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Request<'a> {
+    /// get, gets, gat, gats.
+    Get {
+        /// Which of the four.
+        kind: GetKind,
+        /// New expiry (gat, gats).
+        exptime: i64,
+        /// The keys.
+        keys: Keys<'a>,
+    },
+    /// set, add, replace, append, prepend, cas.
+    Store {
+        /// Which command.
+        cmd: StoreCmd,
+        /// The key.
+        key: &'a [u8],
+        /// Client flags.
+        flags: u32,
+        /// Expiry argument.
+        exptime: i64,
+        /// The value.
+        data: &'a [u8],
+        /// The CAS value (cas only).
+        cas: u64,
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// delete.
+    Delete {
+        /// The key.
+        key: &'a [u8],
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// incr (`incr` true) or decr.
+    Arith {
+        /// The key.
+        key: &'a [u8],
+        /// incr or decr.
+        incr: bool,
+        /// The amount.
+        delta: u64,
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// touch.
+    Touch {
+        /// The key.
+        key: &'a [u8],
+        /// New expiry.
+        exptime: i64,
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// flush_all, with an optional delay.
+    FlushAll {
+        /// Delay (expiry rules), 0 for now.
+        delay: i64,
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// stats, with an optional group name.
+    Stats {
+        /// The group (`settings`, `items`, `slabs`, ...).
+        group: Option<&'a [u8]>,
+    },
+    /// version.
+    Version,
+    /// verbosity.
+    Verbosity {
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// quit.
+    Quit,
+    /// Meta get (`mg`).
+    MetaGet {
+        /// The key (base64 when `flags.base64`).
+        key: &'a [u8],
+        /// The flags.
+        flags: MetaFlags<'a>,
+    },
+    /// Meta set (`ms`).
+    MetaSet {
+        /// The key (base64 when `flags.base64`).
+        key: &'a [u8],
+        /// The value.
+        data: &'a [u8],
+        /// The flags.
+        flags: MetaFlags<'a>,
+    },
+    /// Meta delete (`md`).
+    MetaDelete {
+        /// The key (base64 when `flags.base64`).
+        key: &'a [u8],
+        /// The flags.
+        flags: MetaFlags<'a>,
+    },
+    /// Meta arithmetic (`ma`).
+    MetaArith {
+        /// The key (base64 when `flags.base64`).
+        key: &'a [u8],
+        /// The flags.
+        flags: MetaFlags<'a>,
+    },
+    /// Meta no-op (`mn`).
+    MetaNoop,
+    /// Meta debug (`me`).
+    MetaDebug {
+        /// The key (base64 when `flags.base64`).
+        key: &'a [u8],
+        /// The flags.
+        flags: MetaFlags<'a>,
+    },
+}

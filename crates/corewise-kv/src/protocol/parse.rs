@@ -1,0 +1,550 @@
+//! The incremental decoder.
+//!
+//! A request is a line (`\n`-terminated, an optional `\r` before it) and,
+//! for storage commands, a data block of the announced length plus CRLF.
+//! The decoder looks at the buffered bytes, and returns a request only when
+//! all of it is there; until then it consumes nothing, so the caller keeps
+//! the bytes and calls again with more. Errors that leave input behind that
+//! must not be read as commands (an oversized value, an endless line) put
+//! the decoder into a skipping state that eats exactly that input, as
+//! memcached's "swallow" state does.
+
+use super::meta::MetaFlags;
+use super::{GetKind, Keys, ProtoError, Request, StoreCmd};
+
+/// Longest key memcached accepts.
+pub const KEY_MAX: usize = 250;
+
+/// Longest command line (a multi-key get can be long; memcached's own
+/// bound is a few kilobytes per key batch).
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// Limits the decoder enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest value accepted (memcached's `-I`).
+    pub item_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            item_max: 1024 * 1024,
+        }
+    }
+}
+
+/// What one call to [`Decoder::decode`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decoded<'a> {
+    /// Not enough bytes for a whole request (some may have been skipped).
+    Incomplete,
+    /// A request.
+    Request(Request<'a>),
+    /// A bad request: send this error line.
+    Error(ProtoError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Skip {
+    None,
+    /// Skip this many more bytes.
+    Bytes(usize),
+    /// Skip through the next newline.
+    Line,
+}
+
+/// The incremental decoder of one connection.
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request};
+/// let mut d = Decoder::new(Limits::default());
+/// let buf = b"set k 0 0 2\r\nhi\r\nget k\r\n";
+/// let (n, r) = d.decode(buf);
+/// assert!(matches!(r, Decoded::Request(Request::Store { data: b"hi", .. })));
+/// let (m, r) = d.decode(&buf[n..]);
+/// assert!(matches!(r, Decoded::Request(Request::Get { .. })));
+/// assert_eq!(n + m, buf.len());
+/// assert_eq!(d.decode(b"get k"), (0, Decoded::Incomplete));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    limits: Limits,
+    skip: Skip,
+}
+
+fn find_newline(buf: &[u8]) -> Option<usize> {
+    buf.iter().position(|&b| b == b'\n')
+}
+
+fn parse_num<T: std::str::FromStr>(tok: &[u8]) -> Option<T> {
+    // `str::parse` accepts a leading '+', which memcached's strtol also
+    // does; anything else non-numeric fails.
+    std::str::from_utf8(tok).ok()?.parse().ok()
+}
+
+fn key_ok(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= KEY_MAX
+}
+
+/// The line split into at most `N` space-separated tokens; the last holds
+/// the rest of the line.
+struct Tokens<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Tokens<'a> {
+    fn next_token(&mut self) -> Option<&'a [u8]> {
+        let start = self.rest.iter().position(|&b| b != b' ')?;
+        let rest = self.rest.get(start..)?;
+        let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
+        let (tok, tail) = rest.split_at(end);
+        self.rest = tail;
+        Some(tok)
+    }
+
+    fn rest(&self) -> &'a [u8] {
+        let start = self
+            .rest
+            .iter()
+            .position(|&b| b != b' ')
+            .unwrap_or(self.rest.len());
+        self.rest.get(start..).unwrap_or(&[])
+    }
+
+    fn collect_all(mut self) -> Vec<&'a [u8]> {
+        let mut v = Vec::new();
+        while let Some(t) = self.next_token() {
+            v.push(t);
+            if v.len() > 24 {
+                break;
+            }
+        }
+        v
+    }
+}
+
+impl Decoder {
+    /// A decoder with these limits.
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            skip: Skip::None,
+        }
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Decodes the first request of `buf`: returns how many bytes it used
+    /// (drop them from the buffer) and what it found. Never panics,
+    /// whatever `buf` holds.
+    pub fn decode<'a>(&mut self, buf: &'a [u8]) -> (usize, Decoded<'a>) {
+        let mut used = 0;
+        loop {
+            let rest = buf.get(used..).unwrap_or(&[]);
+            match self.skip {
+                Skip::None => break,
+                Skip::Bytes(n) => {
+                    let k = n.min(rest.len());
+                    used += k;
+                    if k < n {
+                        self.skip = Skip::Bytes(n - k);
+                        return (used, Decoded::Incomplete);
+                    }
+                    self.skip = Skip::None;
+                }
+                Skip::Line => match find_newline(rest) {
+                    Some(p) => {
+                        used += p + 1;
+                        self.skip = Skip::None;
+                    }
+                    None => return (used + rest.len(), Decoded::Incomplete),
+                },
+            }
+        }
+        let buf = buf.get(used..).unwrap_or(&[]);
+        let Some(nl) = find_newline(buf) else {
+            if buf.len() > MAX_LINE {
+                self.skip = Skip::Line;
+                return (used + buf.len(), Decoded::Error(ProtoError::LineTooLong));
+            }
+            return (used, Decoded::Incomplete);
+        };
+        if nl > MAX_LINE {
+            return (used + nl + 1, Decoded::Error(ProtoError::LineTooLong));
+        }
+        let line = buf.get(..nl).unwrap_or(&[]);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let after = buf.get(nl + 1..).unwrap_or(&[]);
+        let (extra, d) = self.command(line, after);
+        match d {
+            Decoded::Incomplete => (used, Decoded::Incomplete),
+            d => (used + nl + 1 + extra, d),
+        }
+    }
+
+    /// One command line; `after` is what follows it (the data block of a
+    /// storage command). Returns the data bytes used and the result.
+    fn command<'a>(&mut self, line: &'a [u8], after: &'a [u8]) -> (usize, Decoded<'a>) {
+        let mut toks = Tokens { rest: line };
+        let Some(cmd) = toks.next_token() else {
+            return (0, Decoded::Error(ProtoError::Unknown));
+        };
+        let r = match cmd {
+            b"get" => self.get(GetKind::Get, toks),
+            b"gets" => self.get(GetKind::Gets, toks),
+            b"gat" => self.get(GetKind::Gat, toks),
+            b"gats" => self.get(GetKind::Gats, toks),
+            b"set" => return self.store(StoreCmd::Set, toks, after),
+            b"add" => return self.store(StoreCmd::Add, toks, after),
+            b"replace" => return self.store(StoreCmd::Replace, toks, after),
+            b"append" => return self.store(StoreCmd::Append, toks, after),
+            b"prepend" => return self.store(StoreCmd::Prepend, toks, after),
+            b"cas" => return self.store(StoreCmd::Cas, toks, after),
+            b"ms" => return self.meta_set(toks, after),
+            b"delete" => delete(toks),
+            b"incr" => arith(true, toks),
+            b"decr" => arith(false, toks),
+            b"touch" => touch(toks),
+            b"flush_all" => flush_all(toks),
+            b"stats" => {
+                let t = toks.collect_all();
+                match t.as_slice() {
+                    [] => Ok(Request::Stats { group: None }),
+                    [g] => Ok(Request::Stats { group: Some(g) }),
+                    _ => Err(ProtoError::Unknown),
+                }
+            }
+            // memcached ignores arguments of version and quit.
+            b"version" => Ok(Request::Version),
+            b"quit" => Ok(Request::Quit),
+            b"verbosity" => {
+                let t = toks.collect_all();
+                let level_ok = |l: &[u8]| parse_num::<u32>(l).is_some();
+                match t.as_slice() {
+                    [b"noreply"] => Ok(Request::Verbosity { noreply: true }),
+                    [l] if level_ok(l) => Ok(Request::Verbosity { noreply: false }),
+                    [_] => Err(ProtoError::BadFormat),
+                    [_, b"noreply"] => Ok(Request::Verbosity { noreply: true }),
+                    [l, _] if level_ok(l) => Ok(Request::Verbosity { noreply: false }),
+                    [_, _] => Err(ProtoError::BadFormat),
+                    _ => Err(ProtoError::Unknown),
+                }
+            }
+            b"mn" => Ok(Request::MetaNoop),
+            b"mg" | b"md" | b"ma" | b"me" => meta(cmd, toks),
+            _ => Err(ProtoError::Unknown),
+        };
+        match r {
+            Ok(r) => (0, Decoded::Request(r)),
+            Err(e) => (0, Decoded::Error(e)),
+        }
+    }
+
+    fn get<'a>(&self, kind: GetKind, mut toks: Tokens<'a>) -> Result<Request<'a>, ProtoError> {
+        let exptime = match kind {
+            GetKind::Gat | GetKind::Gats => {
+                let t = toks.next_token().ok_or(ProtoError::Unknown)?;
+                parse_num(t).ok_or(ProtoError::BadExptime)?
+            }
+            _ => 0,
+        };
+        let keys = Keys(toks.rest());
+        let mut n = 0;
+        for k in keys.iter() {
+            if k.len() > KEY_MAX {
+                return Err(ProtoError::BadFormat);
+            }
+            n += 1;
+        }
+        if n == 0 {
+            return Err(ProtoError::Unknown);
+        }
+        Ok(Request::Get {
+            kind,
+            exptime,
+            keys,
+        })
+    }
+
+    /// The data block of `len` bytes after a command line: the request
+    /// (given the data), a wait for more bytes, or an error.
+    fn data_block<'a>(
+        &mut self,
+        len: usize,
+        after: &'a [u8],
+        make: impl FnOnce(&'a [u8]) -> Request<'a>,
+    ) -> (usize, Decoded<'a>) {
+        if len > self.limits.item_max {
+            // Skip the data block (and its CRLF), whenever it arrives.
+            self.skip = Skip::Bytes(len.saturating_add(2));
+            return (0, Decoded::Error(ProtoError::TooLarge));
+        }
+        let Some(block) = after.get(..len + 2) else {
+            return (0, Decoded::Incomplete);
+        };
+        let (data, end) = block.split_at(len);
+        if end != b"\r\n" {
+            return (len + 2, Decoded::Error(ProtoError::BadChunk));
+        }
+        (len + 2, Decoded::Request(make(data)))
+    }
+
+    fn store<'a>(
+        &mut self,
+        cmd: StoreCmd,
+        toks: Tokens<'a>,
+        after: &'a [u8],
+    ) -> (usize, Decoded<'a>) {
+        let t = toks.collect_all();
+        let want = if cmd == StoreCmd::Cas { 5 } else { 4 };
+        let noreply = match t.len() {
+            n if n == want => false,
+            n if n == want + 1 && t.get(want) == Some(&&b"noreply"[..]) => true,
+            n if n == want + 1 => false,
+            _ => return (0, Decoded::Error(ProtoError::Unknown)),
+        };
+        let parsed = (|| {
+            let key = *t.first()?;
+            let flags: u32 = parse_num(t.get(1)?)?;
+            let exptime: i64 = parse_num(t.get(2)?)?;
+            let len: i64 = parse_num(t.get(3)?)?;
+            let cas: u64 = if cmd == StoreCmd::Cas {
+                parse_num(t.get(4)?)?
+            } else {
+                0
+            };
+            if !key_ok(key) || len < 0 {
+                return None;
+            }
+            Some((key, flags, exptime, usize::try_from(len).ok()?, cas))
+        })();
+        let Some((key, flags, exptime, len, cas)) = parsed else {
+            return (0, Decoded::Error(ProtoError::BadFormat));
+        };
+        self.data_block(len, after, |data| Request::Store {
+            cmd,
+            key,
+            flags,
+            exptime,
+            data,
+            cas,
+            noreply,
+        })
+    }
+
+    fn meta_set<'a>(&mut self, mut toks: Tokens<'a>, after: &'a [u8]) -> (usize, Decoded<'a>) {
+        let (Some(key), Some(len)) = (toks.next_token(), toks.next_token()) else {
+            return (0, Decoded::Error(ProtoError::BadFormat));
+        };
+        let Some(len) = parse_num::<usize>(len) else {
+            return (0, Decoded::Error(ProtoError::BadFormat));
+        };
+        let flags = match MetaFlags::parse(toks.rest()) {
+            Ok(f) => f,
+            Err(e) => {
+                // The data block still follows: skip it (if it is not
+                // absurd) so it is not read as commands.
+                if len <= self.limits.item_max {
+                    self.skip = Skip::Bytes(len + 2);
+                }
+                return (0, Decoded::Error(e));
+            }
+        };
+        if !meta_key_ok(key, flags.base64) {
+            if len <= self.limits.item_max {
+                self.skip = Skip::Bytes(len + 2);
+            }
+            return (0, Decoded::Error(ProtoError::BadFormat));
+        }
+        self.data_block(len, after, |data| Request::MetaSet { key, data, flags })
+    }
+}
+
+fn meta_key_ok(key: &[u8], base64: bool) -> bool {
+    if base64 {
+        !key.is_empty() && key.len() <= KEY_MAX.div_ceil(3) * 4
+    } else {
+        key_ok(key)
+    }
+}
+
+fn meta<'a>(cmd: &[u8], mut toks: Tokens<'a>) -> Result<Request<'a>, ProtoError> {
+    let key = toks.next_token().ok_or(ProtoError::Unknown)?;
+    let flags = MetaFlags::parse(toks.rest())?;
+    if !meta_key_ok(key, flags.base64) {
+        return Err(ProtoError::BadFormat);
+    }
+    Ok(match cmd {
+        b"mg" => Request::MetaGet { key, flags },
+        b"md" => Request::MetaDelete { key, flags },
+        b"ma" => Request::MetaArith { key, flags },
+        _ => Request::MetaDebug { key, flags },
+    })
+}
+
+fn delete(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
+    let t = toks.collect_all();
+    let (key, noreply) = match t.as_slice() {
+        [k] => (*k, false),
+        [k, b"noreply"] => (*k, true),
+        [k, b"0"] => (*k, false),
+        [k, b"0", b"noreply"] => (*k, true),
+        [_, ..] if t.len() <= 3 => return Err(ProtoError::DeleteUsage),
+        _ => return Err(ProtoError::Unknown),
+    };
+    if !key_ok(key) {
+        return Err(ProtoError::BadFormat);
+    }
+    Ok(Request::Delete { key, noreply })
+}
+
+fn arith(incr: bool, toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
+    let t = toks.collect_all();
+    let (key, delta, noreply) = match t.as_slice() {
+        [k, d] => (*k, *d, false),
+        [k, d, b"noreply"] => (*k, *d, true),
+        _ => return Err(ProtoError::Unknown),
+    };
+    if !key_ok(key) {
+        return Err(ProtoError::BadFormat);
+    }
+    if !delta.iter().all(u8::is_ascii_digit) {
+        return Err(ProtoError::BadDelta);
+    }
+    let delta = parse_num(delta).ok_or(ProtoError::BadDelta)?;
+    Ok(Request::Arith {
+        key,
+        incr,
+        delta,
+        noreply,
+    })
+}
+
+fn touch(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
+    let t = toks.collect_all();
+    let (key, exptime, noreply) = match t.as_slice() {
+        [k, e] => (*k, *e, false),
+        [k, e, b"noreply"] => (*k, *e, true),
+        _ => return Err(ProtoError::Unknown),
+    };
+    if !key_ok(key) {
+        return Err(ProtoError::BadFormat);
+    }
+    let exptime = parse_num(exptime).ok_or(ProtoError::BadExptime)?;
+    Ok(Request::Touch {
+        key,
+        exptime,
+        noreply,
+    })
+}
+
+fn flush_all(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
+    let t = toks.collect_all();
+    let (delay, noreply) = match t.as_slice() {
+        [] => (None, false),
+        [b"noreply"] => (None, true),
+        [d] => (Some(*d), false),
+        [d, b"noreply"] => (Some(*d), true),
+        _ => return Err(ProtoError::Unknown),
+    };
+    let delay = match delay {
+        None => 0,
+        Some(d) => parse_num(d).ok_or(ProtoError::BadExptime)?,
+    };
+    Ok(Request::FlushAll { delay, noreply })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(buf: &[u8]) -> (usize, Decoded<'_>) {
+        Decoder::new(Limits::default()).decode(buf)
+    }
+
+    #[test]
+    fn classic_commands() {
+        let (n, d) = one(b"cas k 5 10 3 99 noreply\r\nabc\r\n");
+        assert_eq!(n, 30);
+        assert_eq!(
+            d,
+            Decoded::Request(Request::Store {
+                cmd: StoreCmd::Cas,
+                key: b"k",
+                flags: 5,
+                exptime: 10,
+                data: b"abc",
+                cas: 99,
+                noreply: true
+            })
+        );
+        let (_, d) = one(b"gat 10 a b  c\n");
+        let Decoded::Request(Request::Get { keys, exptime, .. }) = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(exptime, 10);
+        assert_eq!(keys.iter().collect::<Vec<_>>(), vec![&b"a"[..], b"b", b"c"]);
+        assert_eq!(one(b"bogus\r\n").1, Decoded::Error(ProtoError::Unknown));
+        assert_eq!(one(b"incr k x\r\n").1, Decoded::Error(ProtoError::BadDelta));
+        assert_eq!(
+            one(b"delete k 5\r\n").1,
+            Decoded::Error(ProtoError::DeleteUsage)
+        );
+        assert_eq!(
+            one(b"set k 0 0 -1\r\n").1,
+            Decoded::Error(ProtoError::BadFormat)
+        );
+        let long = format!("get {}\r\n", "k".repeat(251));
+        assert_eq!(
+            one(long.as_bytes()).1,
+            Decoded::Error(ProtoError::BadFormat)
+        );
+    }
+
+    #[test]
+    fn too_large_is_skipped() {
+        let mut d = Decoder::new(Limits { item_max: 4 });
+        let buf = b"set k 0 0 10\r\n0123456789\r\nget k\r\n";
+        let (n, r) = d.decode(buf);
+        assert_eq!(r, Decoded::Error(ProtoError::TooLarge));
+        let (m, r) = d.decode(&buf[n..]);
+        assert!(matches!(r, Decoded::Request(Request::Get { .. })), "{r:?}");
+        assert_eq!(n + m, buf.len());
+    }
+
+    #[test]
+    fn long_line_is_skipped_in_pieces() {
+        let mut d = Decoder::new(Limits::default());
+        let big = vec![b'x'; MAX_LINE + 10];
+        let (n, r) = d.decode(&big);
+        assert_eq!((n, r), (big.len(), Decoded::Error(ProtoError::LineTooLong)));
+        assert_eq!(d.decode(b"xxxx"), (4, Decoded::Incomplete));
+        let (n, r) = d.decode(b"xx\r\nversion\r\n");
+        assert_eq!((n, r), (13, Decoded::Request(Request::Version)));
+    }
+
+    #[test]
+    fn bad_chunk() {
+        let (n, r) = one(b"set k 0 0 1\r\nabc\r\n");
+        assert_eq!(r, Decoded::Error(ProtoError::BadChunk));
+        assert_eq!(n, 16);
+    }
+
+    #[test]
+    fn meta() {
+        let (_, r) = one(b"ms k 2 T10 F3 MA\r\nhi\r\n");
+        let Decoded::Request(Request::MetaSet { key, data, flags }) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!((key, data), (&b"k"[..], &b"hi"[..]));
+        assert_eq!(flags.ttl, Some(10));
+        assert_eq!(flags.client_flags, Some(3));
+        assert_eq!(flags.mode, Some(super::super::MetaMode::Append));
+        assert_eq!(one(b"mg k v z!\r\n").1, Decoded::Error(ProtoError::BadFlag));
+        assert_eq!(one(b"mn\r\n").1, Decoded::Request(Request::MetaNoop));
+    }
+}

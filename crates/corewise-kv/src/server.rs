@@ -1,0 +1,591 @@
+//! Moving bytes between sockets and the protocol, in two ways.
+//!
+//! `--mode conn` gives each connection a user thread that blocks in
+//! `read` (the Fred/libfibre way): simple, and a blocked thread costs its
+//! core nothing. Its limit is the runtime's thread slots (56 per core): a
+//! connection that finds no slot is refused like one over `-c`.
+//!
+//! `--mode dispatch` is Arachne's memcached: one dispatch thread (its own
+//! core when the runtime may use two or more) waits on every connection at
+//! once through an epoll set, and for each connection that has input it
+//! creates a short-lived user thread that reads what is there, runs the
+//! requests, writes the replies and re-arms the connection. Idle
+//! connections cost no thread, so the connection count is bounded only by
+//! `-c` and file descriptors. The dispatch thread polls the epoll set
+//! without blocking while work keeps arriving, yielding to the workers
+//! between polls, and sleeps in `epoll_wait` on a corewise syscall thread
+//! ([`corewise::blocking`]) once it has been idle for a short while.
+//!
+//! Both modes share [`Connection`]: a read buffer that the decoder parses
+//! in place, and an output buffer written once per batch of requests.
+
+use crate::config::Mode;
+use crate::exec::{execute, write_error, Flow, Shared};
+use crate::protocol::{Decoded, Decoder, Limits, MAX_LINE};
+use corewise::net::{TcpListener, TcpStream};
+use corewise::sync::SpinLock;
+use corewise::ThreadClass;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The reply to a connection over the limit.
+pub const TOO_MANY: &[u8] = b"SERVER_ERROR Too many open connections\r\n";
+
+const INITIAL_BUF: usize = 16 * 1024;
+
+/// One client connection: its socket, buffers and decoder.
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    rbuf: Vec<u8>,
+    pos: usize,
+    filled: usize,
+    max_buf: usize,
+    wbuf: Vec<u8>,
+    scratch: Vec<u8>,
+    decoder: Decoder,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.shared
+            .conns
+            .curr_connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Connection {
+    /// Wraps an accepted stream (and counts it as open).
+    pub fn new(stream: TcpStream, shared: Arc<Shared>) -> Self {
+        let _ = stream.set_nodelay(true);
+        let item_max = shared.config.item_max;
+        shared
+            .conns
+            .curr_connections
+            .fetch_add(1, Ordering::Relaxed);
+        Self {
+            stream,
+            rbuf: vec![0; INITIAL_BUF],
+            pos: 0,
+            filled: 0,
+            // A whole value plus its command line always fits.
+            max_buf: item_max + MAX_LINE + 1024,
+            wbuf: Vec::with_capacity(4096),
+            scratch: Vec::new(),
+            decoder: Decoder::new(Limits { item_max }),
+            shared,
+        }
+    }
+
+    /// Room at the end of the read buffer: compacts or grows it.
+    fn make_room(&mut self) -> io::Result<()> {
+        if self.pos == self.filled {
+            self.pos = 0;
+            self.filled = 0;
+        }
+        if self.filled < self.rbuf.len() {
+            return Ok(());
+        }
+        if self.pos > 0 {
+            self.rbuf.copy_within(self.pos..self.filled, 0);
+            self.filled -= self.pos;
+            self.pos = 0;
+            return Ok(());
+        }
+        if self.rbuf.len() >= self.max_buf {
+            return Err(io::Error::other(
+                "request does not fit the connection buffer",
+            ));
+        }
+        let n = (self.rbuf.len() * 2).min(self.max_buf);
+        self.rbuf.resize(n, 0);
+        Ok(())
+    }
+
+    /// Reads what the socket has, blocking the user thread (not the core)
+    /// until something arrives; 0 at end of stream.
+    pub fn fill_blocking(&mut self) -> io::Result<usize> {
+        self.make_room()?;
+        let n = loop {
+            match self.stream.read(&mut self.rbuf[self.filled..]) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r?,
+            }
+        };
+        self.filled += n;
+        self.shared
+            .conns
+            .bytes_read
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Reads what the socket has now without waiting (`WouldBlock` if
+    /// nothing); 0 at end of stream.
+    pub fn fill_now(&mut self) -> io::Result<usize> {
+        self.make_room()?;
+        let buf = &mut self.rbuf[self.filled..];
+        // SAFETY: `buf` is valid for writes of its length.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        self.filled += n;
+        self.shared
+            .conns
+            .bytes_read
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Runs every complete request in the read buffer, appending replies.
+    pub fn process(&mut self) -> Flow {
+        loop {
+            let buf = &self.rbuf[self.pos..self.filled];
+            let (used, d) = self.decoder.decode(buf);
+            let done = matches!(d, Decoded::Incomplete);
+            let flow = match d {
+                Decoded::Incomplete => Flow::Continue,
+                Decoded::Request(r) => execute(&self.shared, &r, &mut self.wbuf, &mut self.scratch),
+                Decoded::Error(e) => {
+                    write_error(e, &mut self.wbuf);
+                    Flow::Continue
+                }
+            };
+            self.pos += used;
+            if flow == Flow::Close {
+                return Flow::Close;
+            }
+            if done {
+                return Flow::Continue;
+            }
+        }
+    }
+
+    /// Writes the replies: straight to the socket while it takes them,
+    /// then through corewise's blocking write (the user thread waits).
+    pub fn flush(&mut self) -> io::Result<()> {
+        let mut off = 0;
+        while off < self.wbuf.len() {
+            let rest = &self.wbuf[off..];
+            // SAFETY: `rest` is valid for reads of its length.
+            let n = unsafe {
+                libc::send(
+                    self.stream.as_raw_fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => {
+                        self.stream.write_all(rest)?;
+                        off = self.wbuf.len();
+                        break;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            off += n as usize;
+        }
+        self.shared
+            .conns
+            .bytes_written
+            .fetch_add(off as u64, Ordering::Relaxed);
+        self.wbuf.clear();
+        if self.wbuf.capacity() > 1 << 20 {
+            self.wbuf.shrink_to(4096);
+        }
+        Ok(())
+    }
+
+    fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
+/// Refuses a connection over the limit: the error line, then close.
+fn refuse(stream: TcpStream, shared: &Shared) {
+    shared
+        .conns
+        .rejected_connections
+        .fetch_add(1, Ordering::Relaxed);
+    // SAFETY: TOO_MANY is valid for reads of its length.
+    unsafe {
+        libc::send(
+            stream.as_raw_fd(),
+            TOO_MANY.as_ptr().cast(),
+            TOO_MANY.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+}
+
+/// Accepts one connection within the limit, or refuses it.
+fn admit(stream: TcpStream, shared: &Arc<Shared>) -> Option<Connection> {
+    shared
+        .conns
+        .total_connections
+        .fetch_add(1, Ordering::Relaxed);
+    if shared.conns.curr_connections.load(Ordering::Relaxed) as usize >= shared.config.max_conns {
+        refuse(stream, shared);
+        return None;
+    }
+    Some(Connection::new(stream, Arc::clone(shared)))
+}
+
+/// Runs the server on `listener` until an unrecoverable accept error.
+/// Call it on a user thread of `rt`; `rt` is used to create the dispatch
+/// thread in dispatch mode.
+pub fn serve(rt: &corewise::Runtime, listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
+    match shared.config.mode {
+        Mode::Conn => {
+            let h = rt
+                .spawn(move || serve_conn(listener, shared))
+                .map_err(io::Error::other)?;
+            h.join().map_err(|e| io::Error::other(e.to_string()))?
+        }
+        Mode::Dispatch => {
+            // An exclusive core for the dispatcher only when there is
+            // another core for the workers.
+            let exclusive = rt.cores() >= 2 && shared.config.threads >= 2;
+            let class = if exclusive {
+                ThreadClass::Exclusive
+            } else {
+                ThreadClass::Normal
+            };
+            let l = Arc::new(listener);
+            let s = Arc::clone(&shared);
+            let h = match rt.spawn_with(class, {
+                let l = Arc::clone(&l);
+                move || serve_dispatch(&l, s)
+            }) {
+                Ok(h) => h,
+                Err(_) => rt
+                    .spawn(move || serve_dispatch(&l, shared))
+                    .map_err(io::Error::other)?,
+            };
+            h.join().map_err(|e| io::Error::other(e.to_string()))?
+        }
+    }
+}
+
+/// Conn mode: a user thread per connection.
+fn serve_conn(listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
+    loop {
+        let (stream, _) = match listener.accept() {
+            Ok(a) => a,
+            Err(e) if transient(&e) => {
+                corewise::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(conn) = admit(stream, &shared) else {
+            continue;
+        };
+        let verbose = shared.config.verbose;
+        let spawned = corewise::thread::Builder::new().spawn_detached(move || {
+            let mut conn = conn;
+            if let Err(e) = run_conn(&mut conn) {
+                if verbose > 0 {
+                    eprintln!("corewise-kv: connection: {e}");
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            // The closure (and the connection in it) is dropped: count it
+            // as refused. The socket is already closed, so nothing can be
+            // said to the client; with the slot table full that is all
+            // memcached could do too.
+            shared
+                .conns
+                .rejected_connections
+                .fetch_add(1, Ordering::Relaxed);
+            if verbose > 0 {
+                eprintln!("corewise-kv: cannot create a connection thread: {e}");
+            }
+        }
+    }
+}
+
+fn run_conn(conn: &mut Connection) -> io::Result<()> {
+    loop {
+        if conn.fill_blocking()? == 0 {
+            return Ok(());
+        }
+        let flow = conn.process();
+        conn.flush()?;
+        if flow == Flow::Close {
+            return Ok(());
+        }
+    }
+}
+
+/// Errors after which accepting goes on (a client that left, fd limits).
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNABORTED
+                | libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::EPROTO
+                | libc::EPERM
+                | libc::EINTR
+        )
+    ) || e.kind() == io::ErrorKind::TimedOut
+}
+
+/// The connections the dispatcher watches, by epoll token.
+#[derive(Debug, Default)]
+struct Table {
+    slots: Vec<Option<Connection>>,
+    free: Vec<usize>,
+}
+
+impl Table {
+    fn insert(&mut self, c: Connection) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(c);
+                i
+            }
+            None => {
+                self.slots.push(Some(c));
+                self.slots.len() - 1
+            }
+        }
+    }
+}
+
+struct Epoll {
+    fd: OwnedFd,
+}
+
+const LISTENER: u64 = u64::MAX;
+
+impl Epoll {
+    fn new() -> io::Result<Self> {
+        // SAFETY: plain system call.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: epoll_create1 returned a new fd that nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self { fd })
+    }
+
+    fn ctl(&self, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: `ev` is a valid event for the call's duration.
+        if unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout_ms` (0: just looks) into `evs`.
+    fn wait(epfd: RawFd, evs: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<usize> {
+        // SAFETY: `evs` is valid for writes of its length.
+        let n = unsafe { libc::epoll_wait(epfd, evs.as_mut_ptr(), evs.len() as i32, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(n as usize)
+    }
+}
+
+const CONN_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+
+/// How long the dispatcher keeps polling after the last event before it
+/// sleeps in the kernel.
+const DISPATCH_SPIN: Duration = Duration::from_micros(50);
+
+struct Dispatch {
+    ep: Epoll,
+    table: SpinLock<Table>,
+    shared: Arc<Shared>,
+}
+
+/// Dispatch mode: the Arachne way.
+fn serve_dispatch(listener: &TcpListener, shared: Arc<Shared>) -> io::Result<()> {
+    let ep = Epoll::new()?;
+    ep.ctl(
+        libc::EPOLL_CTL_ADD,
+        listener.as_raw_fd(),
+        libc::EPOLLIN as u32,
+        LISTENER,
+    )?;
+    listener.set_timeout(Some(Duration::from_millis(10)))?;
+    let d = Arc::new(Dispatch {
+        ep,
+        table: SpinLock::new(Table::default()),
+        shared,
+    });
+    let epfd = d.ep.fd.as_raw_fd();
+    let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    let mut last_event = Instant::now();
+    loop {
+        let mut n = Epoll::wait(epfd, &mut evs, 0)?;
+        if n == 0 {
+            if last_event.elapsed() < DISPATCH_SPIN {
+                corewise::yield_now();
+                continue;
+            }
+            // Sleep in the kernel on a syscall thread; this user thread
+            // blocks, its core runs the workers or sleeps.
+            let (r, back) = corewise::blocking(move || {
+                let mut evs = evs;
+                let r = Epoll::wait(epfd, &mut evs, 1000);
+                (r, evs)
+            });
+            evs = back;
+            n = r?;
+            if n == 0 {
+                continue;
+            }
+        }
+        last_event = Instant::now();
+        for ev in &evs[..n] {
+            let token = ev.u64;
+            if token == LISTENER {
+                accept_one(listener, &d);
+                continue;
+            }
+            // The worker takes the connection out of the table itself, so
+            // a failed spawn leaves it here to be served inline.
+            let dd = Arc::clone(&d);
+            let token = token as usize;
+            let r = corewise::thread::Builder::new()
+                .wait_for_slot(true)
+                .spawn_detached(move || serve_token(&dd, token));
+            if let Err(e) = r {
+                if d.shared.config.verbose > 1 {
+                    eprintln!("corewise-kv: serving inline: {e}");
+                }
+                serve_token(&d, token);
+            }
+        }
+    }
+}
+
+/// Takes connection `token` out of the table and serves it.
+fn serve_token(d: &Dispatch, token: usize) {
+    let conn = d.table.lock().slots.get_mut(token).and_then(Option::take);
+    if let Some(conn) = conn {
+        serve_ready(d, token, conn);
+    }
+}
+
+fn accept_one(listener: &TcpListener, d: &Arc<Dispatch>) {
+    let stream = match listener.accept() {
+        Ok((s, _)) => s,
+        Err(e) => {
+            if d.shared.config.verbose > 0 && !transient(&e) {
+                eprintln!("corewise-kv: accept: {e}");
+            }
+            return;
+        }
+    };
+    let Some(conn) = admit(stream, &d.shared) else {
+        return;
+    };
+    let fd = conn.fd();
+    let token = d.table.lock().insert(conn);
+    if d.ep
+        .ctl(libc::EPOLL_CTL_ADD, fd, CONN_EVENTS, token as u64)
+        .is_err()
+    {
+        let mut t = d.table.lock();
+        t.slots[token] = None;
+        t.free.push(token);
+    }
+}
+
+/// A worker: serves what a ready connection has sent, then hands the
+/// connection back to the dispatcher (or closes it).
+fn serve_ready(d: &Dispatch, token: usize, mut conn: Connection) {
+    let keep = loop {
+        match conn.fill_now() {
+            Ok(0) => break false,
+            Ok(_) => {
+                let flow = conn.process();
+                if conn.flush().is_err() || flow == Flow::Close {
+                    break false;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break false,
+        }
+    };
+    let fd = conn.fd();
+    if keep {
+        d.table.lock().slots[token] = Some(conn);
+        if d.ep
+            .ctl(libc::EPOLL_CTL_MOD, fd, CONN_EVENTS, token as u64)
+            .is_ok()
+        {
+            return;
+        }
+        conn = match d.table.lock().slots[token].take() {
+            Some(c) => c,
+            None => return,
+        };
+    }
+    let _ = d.ep.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0);
+    drop(conn);
+    d.table.lock().free.push(token);
+}
+
+/// Raises the open-file limit to its hard limit (memcached does the same
+/// for `-c`); returns the new soft limit.
+pub fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        let mut rl: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 {
+            return 0;
+        }
+        if rl.rlim_cur < rl.rlim_max {
+            rl.rlim_cur = rl.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+        }
+        rl.rlim_cur as u64
+    }
+}
+
+/// Binds the listening socket.
+pub fn bind(listen: &str, port: u16) -> io::Result<TcpListener> {
+    TcpListener::bind((listen, port))
+}
+
+#[allow(dead_code)]
+fn _assert_send() {
+    fn s<T: Send>() {}
+    s::<Connection>();
+}

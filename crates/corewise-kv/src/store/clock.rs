@@ -1,0 +1,121 @@
+//! Server time and memcached's expiry rule.
+//!
+//! Items carry their deadline as whole seconds on a server clock that starts
+//! at 1 when the store is created (0 means "never expires"), as memcached
+//! does: a monotonic clock cannot jump when the wall clock is set, and a
+//! 32-bit second counter keeps items small. Clients give expiry either as a
+//! relative number of seconds (up to 30 days) or as an absolute unix time;
+//! [`Clock::deadline`] turns both into server time.
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Relative expiry times above this many seconds (30 days) are absolute
+/// unix times.
+pub const MAX_RELATIVE_EXPIRY: i64 = 60 * 60 * 24 * 30;
+
+/// What an expiry argument means for an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deadline {
+    /// Never expires.
+    Never,
+    /// Expires at this server second (the item is gone once now ≥ it).
+    At(u32),
+    /// Already expired: storing it is a no-op that still answers success,
+    /// and it removes an existing item.
+    Past,
+}
+
+/// The server clock: seconds since the store started, plus the unix time
+/// of that start.
+///
+/// ```
+/// use corewise_kv::store::{Clock, Deadline};
+/// let c = Clock::new();
+/// assert_eq!(c.deadline(0), Deadline::Never);
+/// assert_eq!(c.deadline(-1), Deadline::Past);
+/// assert!(matches!(c.deadline(10), Deadline::At(t) if t >= 11));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Clock {
+    start: Instant,
+    start_unix: i64,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock {
+    /// A clock that starts now.
+    pub fn new() -> Self {
+        let start_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        Self {
+            start: Instant::now(),
+            start_unix,
+        }
+    }
+
+    /// Server seconds now (1 at start).
+    pub fn now(&self) -> u32 {
+        (self.start.elapsed().as_secs().min(u32::MAX as u64 - 1) as u32).saturating_add(1)
+    }
+
+    /// Unix time now, as the server sees it.
+    pub fn unix_now(&self) -> i64 {
+        self.start_unix + i64::from(self.now()) - 1
+    }
+
+    /// Unix time of the server start.
+    pub fn start_unix(&self) -> i64 {
+        self.start_unix
+    }
+
+    /// The deadline an expiry argument names (memcached's rule: 0 never,
+    /// negative already past, up to 30 days relative, else absolute).
+    pub fn deadline(&self, exptime: i64) -> Deadline {
+        if exptime == 0 {
+            return Deadline::Never;
+        }
+        if exptime < 0 {
+            return Deadline::Past;
+        }
+        let server = if exptime > MAX_RELATIVE_EXPIRY {
+            // Absolute unix time; anything at or before our start is past.
+            if exptime <= self.start_unix {
+                return Deadline::Past;
+            }
+            exptime - self.start_unix + 1
+        } else {
+            i64::from(self.now()) + exptime
+        };
+        Deadline::At(server.clamp(1, i64::from(u32::MAX)) as u32)
+    }
+
+    /// Seconds left before `at` (for `mg t`, `me`): -1 for never.
+    pub fn ttl_left(&self, at: u32) -> i64 {
+        if at == 0 {
+            -1
+        } else {
+            (i64::from(at) - i64::from(self.now())).max(0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absolute_times() {
+        let c = Clock::new();
+        let future = c.unix_now() + 100;
+        assert!(matches!(c.deadline(future), Deadline::At(t) if t > 90));
+        assert_eq!(c.deadline(MAX_RELATIVE_EXPIRY + 1), Deadline::Past);
+        assert!(matches!(c.deadline(MAX_RELATIVE_EXPIRY), Deadline::At(_)));
+    }
+}

@@ -1,0 +1,678 @@
+//! The item store: memcached's data model (key, value, flags, expiry, CAS)
+//! behind a fixed number of shards.
+//!
+//! Why shards with runtime locks: every request touches one key, so a
+//! key-hash shard choice spreads requests from different cores over
+//! different locks. The critical sections are short and never block, and
+//! user threads are not preempted while they hold a lock, so each shard is
+//! a [`corewise::sync::SpinLock`]: a waiter spins for the few hundred
+//! nanoseconds an operation takes instead of blocking its user thread. The
+//! memory limit is split evenly over the shards; each evicts from its own
+//! LRU tail, which approximates a global LRU closely when keys hash evenly.
+//!
+//! `flush_all` does not walk the shards: it raises a CAS floor, and every
+//! item whose CAS is at or below it counts as gone (reclaimed on access or
+//! by eviction). A delayed flush records its deadline and raises the floor
+//! at the first operation after it.
+
+mod clock;
+mod hash;
+mod shard;
+
+pub use clock::{Clock, Deadline, MAX_RELATIVE_EXPIRY};
+pub use hash::{hash_key, FxBuild, FxHasher};
+pub use shard::{Item, Miss, Shard, ShardCounters, ITEM_OVERHEAD};
+
+use corewise::sync::SpinLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How a storage request treats an existing item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetMode {
+    /// Store unconditionally.
+    Set,
+    /// Store only if the key is absent.
+    Add,
+    /// Store only if the key is present.
+    Replace,
+    /// Add the data after the existing value (flags and expiry kept).
+    Append,
+    /// Add the data before the existing value (flags and expiry kept).
+    Prepend,
+}
+
+/// The outcome of a storage request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOutcome {
+    /// Stored; the item's new CAS.
+    Stored(u64),
+    /// A condition (add, replace, append, prepend) did not hold.
+    NotStored,
+    /// CAS given and the item changed since (or, for `cas`, it is absent:
+    /// see [`StoreOutcome::NotFound`]).
+    Exists,
+    /// CAS given and the item is absent.
+    NotFound,
+    /// Larger than the memory a shard may hold.
+    NoMemory,
+}
+
+/// The outcome of incr/decr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArithOutcome {
+    /// The new value and the item's new CAS.
+    Value(u64, u64),
+    /// No such item (and no auto-create asked).
+    NotFound,
+    /// The value is not a decimal number.
+    NonNumeric,
+    /// CAS given and it did not match.
+    Exists,
+}
+
+/// The outcome of a delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    /// Removed.
+    Deleted,
+    /// No such item.
+    NotFound,
+    /// CAS given and it did not match.
+    Exists,
+}
+
+/// What a read saw of an item before it touched it (for meta flags).
+#[derive(Debug, Clone, Copy)]
+pub struct Before {
+    /// It had been fetched before this read.
+    pub fetched: bool,
+    /// Seconds since its previous access.
+    pub idle: u32,
+}
+
+/// Totals over the store, for `stats`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreStats {
+    /// Items held.
+    pub curr_items: u64,
+    /// Bytes charged.
+    pub bytes: u64,
+    /// Memory limit in bytes.
+    pub limit_maxbytes: u64,
+    /// Shard counters, summed.
+    pub counters: ShardCounters,
+    /// Age of the oldest item (seconds since its last access).
+    pub oldest_age: u32,
+}
+
+/// Request counters (memcached's `stats` names).
+#[derive(Debug, Default)]
+pub struct OpCounters {
+    /// Keys asked for by retrievals.
+    pub cmd_get: AtomicU64,
+    /// Storage requests.
+    pub cmd_set: AtomicU64,
+    /// Touch requests (incl. gat).
+    pub cmd_touch: AtomicU64,
+    /// flush_all requests.
+    pub cmd_flush: AtomicU64,
+    /// Retrieval hits.
+    pub get_hits: AtomicU64,
+    /// Retrieval misses.
+    pub get_misses: AtomicU64,
+    /// Misses on expired items.
+    pub get_expired: AtomicU64,
+    /// Misses on flushed items.
+    pub get_flushed: AtomicU64,
+    /// Deletes that removed an item.
+    pub delete_hits: AtomicU64,
+    /// Deletes of absent keys.
+    pub delete_misses: AtomicU64,
+    /// Increments that found their item.
+    pub incr_hits: AtomicU64,
+    /// Increments of absent keys.
+    pub incr_misses: AtomicU64,
+    /// Decrements that found their item.
+    pub decr_hits: AtomicU64,
+    /// Decrements of absent keys.
+    pub decr_misses: AtomicU64,
+    /// CAS requests that stored.
+    pub cas_hits: AtomicU64,
+    /// CAS requests on absent keys.
+    pub cas_misses: AtomicU64,
+    /// CAS requests with a stale CAS value.
+    pub cas_badval: AtomicU64,
+    /// Touches that found their item.
+    pub touch_hits: AtomicU64,
+    /// Touches of absent keys.
+    pub touch_misses: AtomicU64,
+}
+
+impl OpCounters {
+    /// Sets every counter to zero (`stats reset`).
+    pub fn reset(&self) {
+        for c in [
+            &self.cmd_get,
+            &self.cmd_set,
+            &self.cmd_touch,
+            &self.cmd_flush,
+            &self.get_hits,
+            &self.get_misses,
+            &self.get_expired,
+            &self.get_flushed,
+            &self.delete_hits,
+            &self.delete_misses,
+            &self.incr_hits,
+            &self.incr_misses,
+            &self.decr_hits,
+            &self.decr_misses,
+            &self.cas_hits,
+            &self.cas_misses,
+            &self.cas_badval,
+            &self.touch_hits,
+            &self.touch_misses,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The store.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store, StoreOutcome};
+/// let s = Store::new(1 << 20, 1);
+/// assert!(matches!(s.store(SetMode::Set, b"k", 7, Deadline::Never, b"v", None), StoreOutcome::Stored(_)));
+/// let mut got = Vec::new();
+/// assert!(s.get(b"k", None, |it, _| got.extend_from_slice(&it.value)));
+/// assert_eq!(got, b"v");
+/// ```
+#[derive(Debug)]
+pub struct Store {
+    shards: Box<[SpinLock<Shard>]>,
+    mask: u64,
+    clock: Clock,
+    next_cas: AtomicU64,
+    cas_floor: AtomicU64,
+    flush_at: AtomicU64,
+    limit: usize,
+    /// Request counters.
+    pub ops: OpCounters,
+}
+
+impl Store {
+    /// A store holding at most `limit` bytes in `shards` shards (rounded
+    /// up to a power of two, at least 1).
+    pub fn new(limit: usize, shards: usize) -> Self {
+        let n = shards.clamp(1, 1024).next_power_of_two();
+        let per = limit / n;
+        Self {
+            shards: (0..n).map(|_| SpinLock::new(Shard::new(per))).collect(),
+            mask: n as u64 - 1,
+            clock: Clock::new(),
+            next_cas: AtomicU64::new(1),
+            cas_floor: AtomicU64::new(0),
+            flush_at: AtomicU64::new(0),
+            limit,
+            ops: OpCounters::default(),
+        }
+    }
+
+    /// The shard count that suits a memory limit and item size limit: up to
+    /// 64 shards, each able to hold at least four maximal items.
+    pub fn shards_for(limit: usize, item_max: usize) -> usize {
+        let per = item_max
+            .saturating_add(ITEM_OVERHEAD + 512)
+            .saturating_mul(4)
+            .max(1);
+        (limit / per).clamp(1, 64)
+    }
+
+    /// The server clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The memory limit.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn shard(&self, key: &[u8]) -> &SpinLock<Shard> {
+        let i = (hash_key(key) >> 40) & self.mask;
+        &self.shards[i as usize]
+    }
+
+    fn new_cas(&self) -> u64 {
+        self.next_cas.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// (now, cas floor), applying a delayed flush whose time has come.
+    fn now_floor(&self) -> (u32, u64) {
+        let now = self.clock.now();
+        let at = self.flush_at.load(Ordering::Relaxed);
+        if at != 0
+            && u64::from(now) >= at
+            && self
+                .flush_at
+                .compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            let cas = self.next_cas.fetch_add(1, Ordering::AcqRel);
+            self.cas_floor.fetch_max(cas, Ordering::AcqRel);
+        }
+        (now, self.cas_floor.load(Ordering::Acquire))
+    }
+
+    /// Reads `key`: calls `f` with the item (and what it was before this
+    /// read) and returns true on a hit. `touch` also sets a new expiry
+    /// (gat, mg T); a past deadline makes the item expire after this read.
+    pub fn get(&self, key: &[u8], touch: Option<Deadline>, f: impl FnOnce(&Item, Before)) -> bool {
+        let (now, floor) = self.now_floor();
+        bump(&self.ops.cmd_get);
+        if touch.is_some() {
+            bump(&self.ops.cmd_touch);
+        }
+        let mut shard = self.shard(key).lock();
+        match shard.lookup(key, now, floor, true) {
+            Ok(it) => {
+                let before = Before {
+                    fetched: it.fetched,
+                    idle: now.saturating_sub(it.last_access),
+                };
+                it.fetched = true;
+                it.last_access = now;
+                match touch {
+                    Some(Deadline::Never) => it.exptime = 0,
+                    Some(Deadline::At(t)) => it.exptime = t,
+                    Some(Deadline::Past) => it.exptime = now,
+                    None => {}
+                }
+                f(it, before);
+                drop(shard);
+                bump(&self.ops.get_hits);
+                if touch.is_some() {
+                    bump(&self.ops.touch_hits);
+                }
+                true
+            }
+            Err(m) => {
+                drop(shard);
+                bump(&self.ops.get_misses);
+                if touch.is_some() {
+                    bump(&self.ops.touch_misses);
+                }
+                match m {
+                    Miss::Expired => bump(&self.ops.get_expired),
+                    Miss::Flushed => bump(&self.ops.get_flushed),
+                    Miss::Absent => {}
+                }
+                false
+            }
+        }
+    }
+
+    /// A storage request. `compare` is the CAS a `cas` (or `ms C`) request
+    /// carries; `new_cas` an explicit CAS to give the item (`ms E`).
+    pub fn store(
+        &self,
+        mode: SetMode,
+        key: &[u8],
+        flags: u32,
+        deadline: Deadline,
+        data: &[u8],
+        compare: Option<u64>,
+    ) -> StoreOutcome {
+        self.store_with(mode, key, flags, deadline, data, compare, None)
+    }
+
+    /// [`store`](Self::store) with an explicit new CAS value.
+    #[allow(clippy::too_many_arguments)]
+    pub fn store_with(
+        &self,
+        mode: SetMode,
+        key: &[u8],
+        flags: u32,
+        deadline: Deadline,
+        data: &[u8],
+        compare: Option<u64>,
+        new_cas: Option<u64>,
+    ) -> StoreOutcome {
+        let (now, floor) = self.now_floor();
+        bump(&self.ops.cmd_set);
+        let mut shard = self.shard(key).lock();
+        let existing = shard.lookup(key, now, floor, false).ok();
+        if let Some(c) = compare {
+            match &existing {
+                None => {
+                    drop(shard);
+                    bump(&self.ops.cas_misses);
+                    return StoreOutcome::NotFound;
+                }
+                Some(it) if it.cas != c => {
+                    drop(shard);
+                    bump(&self.ops.cas_badval);
+                    return StoreOutcome::Exists;
+                }
+                Some(_) => {}
+            }
+        }
+        let present = existing.is_some();
+        let ok = match mode {
+            SetMode::Set => true,
+            SetMode::Add => !present,
+            SetMode::Replace | SetMode::Append | SetMode::Prepend => present,
+        };
+        if !ok {
+            return StoreOutcome::NotStored;
+        }
+        let cas = new_cas.unwrap_or_else(|| self.new_cas());
+        let item = match (mode, existing) {
+            (SetMode::Append | SetMode::Prepend, Some(old)) => {
+                let mut v = Vec::with_capacity(old.value.len() + data.len());
+                if mode == SetMode::Append {
+                    v.extend_from_slice(&old.value);
+                    v.extend_from_slice(data);
+                } else {
+                    v.extend_from_slice(data);
+                    v.extend_from_slice(&old.value);
+                }
+                Item::new(key, v, old.flags, old.exptime, cas, now)
+            }
+            _ => {
+                let exptime = match deadline {
+                    Deadline::Never => 0,
+                    Deadline::At(t) => t,
+                    Deadline::Past => {
+                        shard.remove(key);
+                        drop(shard);
+                        if compare.is_some() {
+                            bump(&self.ops.cas_hits);
+                        }
+                        return StoreOutcome::Stored(cas);
+                    }
+                };
+                Item::new(key, data.to_vec(), flags, exptime, cas, now)
+            }
+        };
+        let stored = shard.insert(item, now);
+        drop(shard);
+        if !stored {
+            return StoreOutcome::NoMemory;
+        }
+        if compare.is_some() {
+            bump(&self.ops.cas_hits);
+        }
+        StoreOutcome::Stored(cas)
+    }
+
+    /// incr (`incr` true) or decr by `delta`. Increments wrap at 2^64,
+    /// decrements stop at 0. `create` makes a missing item with this
+    /// initial value and expiry (meta `ma N`); `compare` is `ma C`.
+    pub fn arith(
+        &self,
+        key: &[u8],
+        incr: bool,
+        delta: u64,
+        create: Option<(u64, Deadline)>,
+        compare: Option<u64>,
+    ) -> ArithOutcome {
+        let (now, floor) = self.now_floor();
+        let (hits, misses) = if incr {
+            (&self.ops.incr_hits, &self.ops.incr_misses)
+        } else {
+            (&self.ops.decr_hits, &self.ops.decr_misses)
+        };
+        let mut shard = self.shard(key).lock();
+        match shard.lookup(key, now, floor, true) {
+            Ok(it) => {
+                if compare.is_some_and(|c| c != it.cas) {
+                    return ArithOutcome::Exists;
+                }
+                let Some(v) = parse_counter(&it.value) else {
+                    return ArithOutcome::NonNumeric;
+                };
+                let v = if incr {
+                    v.wrapping_add(delta)
+                } else {
+                    v.saturating_sub(delta)
+                };
+                let old = it.size();
+                it.value.clear();
+                it.value.extend_from_slice(v.to_string().as_bytes());
+                it.cas = self.new_cas();
+                it.last_access = now;
+                let cas = it.cas;
+                shard.resized(key, old, now);
+                drop(shard);
+                bump(hits);
+                ArithOutcome::Value(v, cas)
+            }
+            Err(_) => {
+                bump(misses);
+                let Some((initial, deadline)) = create else {
+                    return ArithOutcome::NotFound;
+                };
+                let exptime = match deadline {
+                    Deadline::Never => 0,
+                    Deadline::At(t) => t,
+                    Deadline::Past => now,
+                };
+                let cas = self.new_cas();
+                let item = Item::new(key, initial.to_string().into_bytes(), 0, exptime, cas, now);
+                if shard.insert(item, now) {
+                    ArithOutcome::Value(initial, cas)
+                } else {
+                    ArithOutcome::NotFound
+                }
+            }
+        }
+    }
+
+    /// Deletes `key` (only if its CAS is `compare`, when given).
+    pub fn delete(&self, key: &[u8], compare: Option<u64>) -> DeleteOutcome {
+        let (now, floor) = self.now_floor();
+        let mut shard = self.shard(key).lock();
+        let cas = match shard.lookup(key, now, floor, false) {
+            Ok(it) => it.cas,
+            Err(_) => {
+                drop(shard);
+                bump(&self.ops.delete_misses);
+                return DeleteOutcome::NotFound;
+            }
+        };
+        if compare.is_some_and(|c| c != cas) {
+            return DeleteOutcome::Exists;
+        }
+        shard.remove(key);
+        drop(shard);
+        bump(&self.ops.delete_hits);
+        DeleteOutcome::Deleted
+    }
+
+    /// Sets a new expiry on `key`; false if absent.
+    pub fn touch(&self, key: &[u8], deadline: Deadline) -> bool {
+        let (now, floor) = self.now_floor();
+        bump(&self.ops.cmd_touch);
+        let mut shard = self.shard(key).lock();
+        let hit = match shard.lookup(key, now, floor, true) {
+            Ok(it) => {
+                it.exptime = match deadline {
+                    Deadline::Never => 0,
+                    Deadline::At(t) => t,
+                    Deadline::Past => now,
+                };
+                true
+            }
+            Err(_) => false,
+        };
+        drop(shard);
+        bump(if hit {
+            &self.ops.touch_hits
+        } else {
+            &self.ops.touch_misses
+        });
+        hit
+    }
+
+    /// Invalidates every item now (`Deadline::Never`/`Past`) or at a
+    /// deadline.
+    pub fn flush(&self, when: Deadline) {
+        bump(&self.ops.cmd_flush);
+        match when {
+            Deadline::At(t) if t > self.clock.now() => {
+                self.flush_at.store(u64::from(t), Ordering::Release);
+            }
+            _ => {
+                self.flush_at.store(0, Ordering::Release);
+                let cas = self.next_cas.fetch_add(1, Ordering::AcqRel);
+                self.cas_floor.fetch_max(cas, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Totals over all shards.
+    pub fn stats(&self) -> StoreStats {
+        let now = self.clock.now();
+        let mut s = StoreStats {
+            limit_maxbytes: self.limit as u64,
+            ..StoreStats::default()
+        };
+        for sh in self.shards.iter() {
+            let g = sh.lock();
+            s.curr_items += g.len() as u64;
+            s.bytes += g.used() as u64;
+            s.counters.evictions += g.counters.evictions;
+            s.counters.evicted_unfetched += g.counters.evicted_unfetched;
+            s.counters.reclaimed += g.counters.reclaimed;
+            s.counters.expired_unfetched += g.counters.expired_unfetched;
+            s.counters.total_items += g.counters.total_items;
+            s.oldest_age = s.oldest_age.max(g.oldest_age(now));
+        }
+        s
+    }
+
+    /// Debug view of one item without touching it (meta `me`): (expiry
+    /// left or -1, seconds since last access, cas, fetched, value size).
+    pub fn inspect(&self, key: &[u8]) -> Option<(i64, u32, u64, bool, usize)> {
+        let (now, floor) = self.now_floor();
+        let mut shard = self.shard(key).lock();
+        let it = shard.lookup(key, now, floor, false).ok()?;
+        Some((
+            self.clock.ttl_left(it.exptime),
+            now.saturating_sub(it.last_access),
+            it.cas,
+            it.fetched,
+            it.value.len(),
+        ))
+    }
+}
+
+/// A counter value: ASCII digits (memcached also accepts trailing spaces),
+/// fitting in 64 bits.
+fn parse_counter(v: &[u8]) -> Option<u64> {
+    let end = v.iter().rposition(|&b| b != b' ').map_or(0, |p| p + 1);
+    let digits = &v[..end];
+    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(s: &Store, k: &[u8], v: &[u8]) -> StoreOutcome {
+        s.store(SetMode::Set, k, 0, Deadline::Never, v, None)
+    }
+
+    fn value(s: &Store, k: &[u8]) -> Option<Vec<u8>> {
+        let mut out = None;
+        s.get(k, None, |it, _| out = Some(it.value.clone()));
+        out
+    }
+
+    #[test]
+    fn modes() {
+        let s = Store::new(1 << 20, 4);
+        assert_eq!(
+            s.store(SetMode::Replace, b"a", 0, Deadline::Never, b"1", None),
+            StoreOutcome::NotStored
+        );
+        assert!(matches!(
+            s.store(SetMode::Add, b"a", 0, Deadline::Never, b"1", None),
+            StoreOutcome::Stored(_)
+        ));
+        assert_eq!(
+            s.store(SetMode::Add, b"a", 0, Deadline::Never, b"2", None),
+            StoreOutcome::NotStored
+        );
+        s.store(SetMode::Append, b"a", 0, Deadline::Never, b"3", None);
+        s.store(SetMode::Prepend, b"a", 0, Deadline::Never, b"0", None);
+        assert_eq!(value(&s, b"a").unwrap(), b"013");
+    }
+
+    #[test]
+    fn cas_and_arith() {
+        let s = Store::new(1 << 20, 4);
+        let StoreOutcome::Stored(c) = set(&s, b"n", b"10") else {
+            panic!()
+        };
+        assert_eq!(
+            s.store(SetMode::Set, b"n", 0, Deadline::Never, b"x", Some(c + 100)),
+            StoreOutcome::Exists
+        );
+        assert_eq!(
+            s.store(SetMode::Set, b"m", 0, Deadline::Never, b"x", Some(1)),
+            StoreOutcome::NotFound
+        );
+        assert!(matches!(
+            s.arith(b"n", true, 5, None, None),
+            ArithOutcome::Value(15, _)
+        ));
+        assert!(matches!(
+            s.arith(b"n", false, 100, None, None),
+            ArithOutcome::Value(0, _)
+        ));
+        set(&s, b"big", u64::MAX.to_string().as_bytes());
+        assert!(matches!(
+            s.arith(b"big", true, 2, None, None),
+            ArithOutcome::Value(1, _)
+        ));
+        set(&s, b"t", b"abc");
+        assert_eq!(s.arith(b"t", true, 1, None, None), ArithOutcome::NonNumeric);
+        assert_eq!(
+            s.arith(b"none", true, 1, None, None),
+            ArithOutcome::NotFound
+        );
+    }
+
+    #[test]
+    fn flush_and_delete() {
+        let s = Store::new(1 << 20, 4);
+        set(&s, b"a", b"1");
+        s.flush(Deadline::Never);
+        assert_eq!(value(&s, b"a"), None);
+        set(&s, b"a", b"2");
+        assert_eq!(value(&s, b"a").unwrap(), b"2");
+        assert_eq!(s.delete(b"a", None), DeleteOutcome::Deleted);
+        assert_eq!(s.delete(b"a", None), DeleteOutcome::NotFound);
+    }
+
+    #[test]
+    fn memory_limit_holds() {
+        let s = Store::new(64 * 1024, 4);
+        for i in 0..1000 {
+            set(&s, format!("key{i}").as_bytes(), &[0u8; 500]);
+        }
+        let st = s.stats();
+        assert!(st.bytes <= 64 * 1024);
+        assert!(st.counters.evictions > 0);
+        assert!(value(&s, b"key999").is_some());
+    }
+}

@@ -1,0 +1,364 @@
+//! One shard of the store: a hash map from key to a slot in a slab of
+//! items, and an LRU list threaded through the slab by index.
+//!
+//! Indices instead of pointers keep the list safe code; the slab reuses
+//! freed slots so a steady workload stops allocating list nodes. The key is
+//! kept twice (map and item) so eviction can find the map entry from the
+//! list tail without unsafe aliasing; the memory accounting counts both.
+
+use super::hash::FxBuild;
+use std::collections::HashMap;
+
+const NIL: u32 = u32::MAX;
+
+/// Bytes an item costs beyond its key and value (two key copies, the slab
+/// node, the map entry): an estimate that makes `-m` mean roughly what it
+/// means for memcached.
+pub const ITEM_OVERHEAD: usize = 96;
+
+/// A stored item.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// The key.
+    pub key: Box<[u8]>,
+    /// The value bytes.
+    pub value: Vec<u8>,
+    /// The client's opaque flags.
+    pub flags: u32,
+    /// Expiry in server seconds, 0 for never.
+    pub exptime: u32,
+    /// The item's CAS value (unique per modification).
+    pub cas: u64,
+    /// Server second of the last access.
+    pub last_access: u32,
+    /// Whether it has been read since it was stored.
+    pub fetched: bool,
+    prev: u32,
+    next: u32,
+}
+
+impl Item {
+    /// A new item, not yet linked anywhere.
+    pub fn new(key: &[u8], value: Vec<u8>, flags: u32, exptime: u32, cas: u64, now: u32) -> Self {
+        Self {
+            key: key.into(),
+            value,
+            flags,
+            exptime,
+            cas,
+            last_access: now,
+            fetched: false,
+            prev: NIL,
+            next: NIL,
+        }
+    }
+
+    /// Bytes this item is charged.
+    pub fn size(&self) -> usize {
+        2 * self.key.len() + self.value.len() + ITEM_OVERHEAD
+    }
+}
+
+/// Per-shard counters (summed by [`super::Store::stats`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ShardCounters {
+    /// Items evicted to make room.
+    pub evictions: u64,
+    /// Evicted items that were never read.
+    pub evicted_unfetched: u64,
+    /// Expired items whose memory was reclaimed.
+    pub reclaimed: u64,
+    /// Expired items that were never read.
+    pub expired_unfetched: u64,
+    /// Items stored since start.
+    pub total_items: u64,
+}
+
+/// An LRU-ordered map with a memory limit.
+#[derive(Debug)]
+pub struct Shard {
+    map: HashMap<Box<[u8]>, u32, FxBuild>,
+    slab: Vec<Option<Item>>,
+    free: Vec<u32>,
+    head: u32,
+    tail: u32,
+    used: usize,
+    limit: usize,
+    /// Counters of this shard.
+    pub counters: ShardCounters,
+}
+
+/// Why an item was not found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// No such key.
+    Absent,
+    /// It had expired (and is now gone).
+    Expired,
+    /// A flush made it invalid (and it is now gone).
+    Flushed,
+}
+
+impl Shard {
+    /// An empty shard that holds at most `limit` bytes of items.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            map: HashMap::with_hasher(FxBuild),
+            slab: Vec::new(),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            used: 0,
+            limit,
+            counters: ShardCounters::default(),
+        }
+    }
+
+    /// Items held (some may be expired and not yet reclaimed).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the shard holds no item.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Bytes charged to the items held.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+
+    /// The memory limit.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Looks `key` up; an expired or flushed item is removed and reported
+    /// as a miss. `bump` moves a hit to the head of the LRU.
+    pub fn lookup(
+        &mut self,
+        key: &[u8],
+        now: u32,
+        cas_floor: u64,
+        bump: bool,
+    ) -> Result<&mut Item, Miss> {
+        let Some(&i) = self.map.get(key) else {
+            return Err(Miss::Absent);
+        };
+        let (expired, flushed) = match self.item(i) {
+            Some(it) => (it.exptime != 0 && it.exptime <= now, it.cas <= cas_floor),
+            None => return Err(Miss::Absent),
+        };
+        if expired || flushed {
+            if let Some(it) = self.unlink(i) {
+                if expired {
+                    self.counters.reclaimed += 1;
+                    if !it.fetched {
+                        self.counters.expired_unfetched += 1;
+                    }
+                }
+            }
+            return Err(if expired {
+                Miss::Expired
+            } else {
+                Miss::Flushed
+            });
+        }
+        if bump {
+            self.detach(i);
+            self.push_head(i);
+        }
+        self.slab
+            .get_mut(i as usize)
+            .and_then(Option::as_mut)
+            .ok_or(Miss::Absent)
+    }
+
+    /// Inserts `item`, replacing an item of the same key and evicting from
+    /// the LRU tail until it fits. `false` (nothing stored, the old item
+    /// removed) when it cannot fit even in an empty shard.
+    pub fn insert(&mut self, item: Item, now: u32) -> bool {
+        self.remove(&item.key);
+        let size = item.size();
+        if size > self.limit {
+            return false;
+        }
+        while self.used + size > self.limit {
+            if !self.evict_one(now) {
+                return false;
+            }
+        }
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.slab.len() >= NIL as usize {
+                    return false;
+                }
+                self.slab.push(None);
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.used += size;
+        self.map.insert(item.key.clone(), i);
+        if let Some(slot) = self.slab.get_mut(i as usize) {
+            *slot = Some(item);
+        }
+        self.push_head(i);
+        self.counters.total_items += 1;
+        true
+    }
+
+    /// Removes `key`; the removed item, if there was one.
+    pub fn remove(&mut self, key: &[u8]) -> Option<Item> {
+        let i = *self.map.get(key)?;
+        self.unlink(i)
+    }
+
+    /// Changes the charged size after an in-place edit of an item's value
+    /// (`old` was its size before); evicts others if it grew past the limit.
+    pub fn resized(&mut self, key: &[u8], old: usize, now: u32) {
+        let Some(&i) = self.map.get(key) else {
+            return;
+        };
+        let new = self.item(i).map_or(old, Item::size);
+        self.used = self.used.saturating_sub(old) + new;
+        while self.used > self.limit && self.tail != i && self.evict_one(now) {}
+    }
+
+    /// Removes every item.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.slab.clear();
+        self.free.clear();
+        self.head = NIL;
+        self.tail = NIL;
+        self.used = 0;
+    }
+
+    /// Items in LRU order, most recent first (for tests and `stats`).
+    pub fn iter_lru(&self) -> impl Iterator<Item = &Item> + '_ {
+        let mut at = self.head;
+        std::iter::from_fn(move || {
+            let it = self.item(at)?;
+            at = it.next;
+            Some(it)
+        })
+    }
+
+    /// Age in seconds of the least recently used item.
+    pub fn oldest_age(&self, now: u32) -> u32 {
+        self.item(self.tail)
+            .map_or(0, |it| now.saturating_sub(it.last_access))
+    }
+
+    fn evict_one(&mut self, now: u32) -> bool {
+        let t = self.tail;
+        let Some(it) = self.unlink(t) else {
+            return false;
+        };
+        if it.exptime != 0 && it.exptime <= now {
+            self.counters.reclaimed += 1;
+        } else {
+            self.counters.evictions += 1;
+            if !it.fetched {
+                self.counters.evicted_unfetched += 1;
+            }
+        }
+        true
+    }
+
+    fn item(&self, i: u32) -> Option<&Item> {
+        self.slab.get(i as usize).and_then(Option::as_ref)
+    }
+
+    fn links(&mut self, i: u32) -> Option<&mut Item> {
+        self.slab.get_mut(i as usize).and_then(Option::as_mut)
+    }
+
+    fn unlink(&mut self, i: u32) -> Option<Item> {
+        self.detach(i);
+        let it = self.slab.get_mut(i as usize)?.take()?;
+        self.map.remove(&it.key);
+        self.free.push(i);
+        self.used = self.used.saturating_sub(it.size());
+        Some(it)
+    }
+
+    fn detach(&mut self, i: u32) {
+        let Some((prev, next)) = self.item(i).map(|it| (it.prev, it.next)) else {
+            return;
+        };
+        match self.links(prev) {
+            Some(p) => p.next = next,
+            None => self.head = next,
+        }
+        match self.links(next) {
+            Some(n) => n.prev = prev,
+            None => self.tail = prev,
+        }
+        if let Some(it) = self.links(i) {
+            it.prev = NIL;
+            it.next = NIL;
+        }
+    }
+
+    fn push_head(&mut self, i: u32) {
+        let old = self.head;
+        if let Some(it) = self.links(i) {
+            it.prev = NIL;
+            it.next = old;
+        }
+        match self.links(old) {
+            Some(h) => h.prev = i,
+            None => self.tail = i,
+        }
+        self.head = i;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(k: &str, n: usize) -> Item {
+        Item::new(k.as_bytes(), vec![b'x'; n], 0, 0, 1, 1)
+    }
+
+    #[test]
+    fn evicts_least_recently_used() {
+        let size = item("a", 100).size();
+        let mut s = Shard::new(3 * size);
+        assert!(s.insert(item("a", 100), 1));
+        assert!(s.insert(item("b", 100), 1));
+        assert!(s.insert(item("c", 100), 1));
+        assert!(s.lookup(b"a", 1, 0, true).is_ok());
+        assert!(s.insert(item("d", 100), 1));
+        assert_eq!(s.lookup(b"b", 1, 0, false).err(), Some(Miss::Absent));
+        assert!(s.lookup(b"a", 1, 0, false).is_ok());
+        assert_eq!(s.counters.evictions, 1);
+        let keys: Vec<_> = s.iter_lru().map(|i| i.key.to_vec()).collect();
+        assert_eq!(keys, vec![b"d".to_vec(), b"a".to_vec(), b"c".to_vec()]);
+        assert!(s.used() <= s.limit());
+    }
+
+    #[test]
+    fn too_big_is_refused() {
+        let mut s = Shard::new(100);
+        assert!(!s.insert(item("a", 1000), 1));
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn expired_and_flushed_are_misses() {
+        let mut s = Shard::new(1 << 20);
+        let mut it = item("a", 1);
+        it.exptime = 5;
+        s.insert(it, 1);
+        assert!(s.lookup(b"a", 4, 0, true).is_ok());
+        assert_eq!(s.lookup(b"a", 5, 0, true).err(), Some(Miss::Expired));
+        s.insert(item("b", 1), 1);
+        assert_eq!(s.lookup(b"b", 1, 1, true).err(), Some(Miss::Flushed));
+        assert_eq!(s.used(), 0);
+    }
+}
