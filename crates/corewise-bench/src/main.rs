@@ -8,6 +8,7 @@ mod affinity;
 mod clock;
 mod cores;
 mod core_grant;
+mod echo;
 mod error;
 mod neighbours;
 mod output;
@@ -41,6 +42,9 @@ enum Command {
     Neighbours(neighbours::Args),
     /// Cores in use and latency while the load ramps 1 % -> 100 % -> 1 %.
     Cores(cores::Args),
+    /// Echo server: corewise (io_uring, epoll) against tokio and a plain
+    /// epoll loop, 1-1000 connections: throughput, p50/p99, syscalls/request.
+    Echo(echo::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,6 +53,7 @@ fn main() -> std::process::ExitCode {
         Command::Primitives(args) => primitives::run(&args),
         Command::Neighbours(args) => neighbours::run(&args),
         Command::Cores(args) => cores::run(&args),
+        Command::Echo(args) => echo::run(&args),
         Command::CoreGrant(args) => core_grant::run(args)
             .map(|_| ())
             .map_err(|e| error::BenchError::Machine(format!("core-grant: {e}"))),

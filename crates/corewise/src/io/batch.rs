@@ -20,7 +20,8 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-/// Names one operation of a [`Batch`] (its position, from 0).
+/// Names one operation of a [`Batch`] until its completion is taken (the
+/// batch then reuses the number for a later operation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Token(pub usize);
 
@@ -109,6 +110,8 @@ struct Entry {
 /// operations live in that thread's core.
 pub struct Batch<'a> {
     entries: Vec<Entry>,
+    /// Entries whose results were taken: reused by later operations.
+    free: Vec<usize>,
     left: usize,
     _fds: PhantomData<(&'a (), *const ())>,
 }
@@ -133,6 +136,7 @@ impl<'a> Batch<'a> {
     pub fn new() -> Self {
         Self {
             entries: Vec::new(),
+            free: Vec::new(),
             left: 0,
             _fds: PhantomData,
         }
@@ -165,7 +169,13 @@ impl<'a> Batch<'a> {
 
     /// Adds a read of up to `len` bytes from a socket.
     pub fn read(&mut self, socket: &'a impl AsRawFd, len: usize) -> Token {
-        let mut buf = vec![0u8; len];
+        self.read_into(socket, vec![0u8; len])
+    }
+
+    /// Adds a read of up to `buf.len()` bytes into `buf` (handed back in
+    /// the [`Completion`], so a loop can reuse its buffers).
+    pub fn read_into(&mut self, socket: &'a impl AsRawFd, mut buf: Vec<u8>) -> Token {
+        let len = buf.len();
         let fd = socket.as_raw_fd();
         let kind = Kind::Recv {
             fd,
@@ -188,22 +198,35 @@ impl<'a> Batch<'a> {
     }
 
     fn add(&mut self, kind: Kind, fd: RawFd, data: Data) -> Token {
-        self.entries.push(Entry {
-            kind,
-            fd,
-            st: St::Ready,
-            poll_first: false,
-            cell: Box::default(),
-            data,
-        });
+        let i = match self.free.pop() {
+            Some(i) => {
+                let e = &mut self.entries[i];
+                e.kind = kind;
+                e.fd = fd;
+                e.st = St::Ready;
+                e.poll_first = false;
+                e.data = data;
+                i
+            }
+            None => {
+                self.entries.push(Entry {
+                    kind,
+                    fd,
+                    st: St::Ready,
+                    poll_first: false,
+                    cell: Box::default(),
+                    data,
+                });
+                self.entries.len() - 1
+            }
+        };
         self.left += 1;
         // On the ring the operation goes out with the dispatcher's next
         // submission, together with everything else of this pass.
         if let Ctx::Ring(core) = op::ctx() {
-            let i = self.entries.len() - 1;
             submit(core, &mut self.entries[i]);
         }
-        Token(self.entries.len() - 1)
+        Token(i)
     }
 
     /// Waits until every remaining operation has completed and returns
@@ -356,6 +379,7 @@ impl<'a> Batch<'a> {
             unreachable!("take is called on finished entries only")
         };
         self.left -= 1;
+        self.free.push(i);
         let data = std::mem::replace(&mut e.data, Data::Read(Vec::new()));
         match data {
             Data::Accept(addr) => Completion::Accepted(r.and_then(|fd| {

@@ -43,6 +43,10 @@ pub(crate) struct Epoll {
     bridge: Arc<AtomicU32>,
     bridge_thread: Option<std::thread::JoinHandle<()>>,
     gate: &'static AtomicU32,
+    /// When a pass last polled and found nothing (ticks; 0: it found work).
+    idle_poll_at: u64,
+    /// Least time between two empty polls of a busy dispatcher.
+    poll_gap: u64,
 }
 
 impl std::fmt::Debug for Epoll {
@@ -83,6 +87,8 @@ impl Epoll {
             bridge,
             bridge_thread: Some(thread),
             gate,
+            idle_poll_at: 0,
+            poll_gap: crate::clock::duration_to_ticks(Duration::from_micros(5)),
         })
     }
 
@@ -110,12 +116,20 @@ impl Epoll {
         self.slab.pending() != 0
     }
 
-    /// One pass: collect ready fds without waiting.
+    /// One pass: collect ready fds without waiting. After a poll that
+    /// found nothing, the next waits at least `poll_gap`, so a spinning
+    /// dispatcher does not turn into a loop of `epoll_wait` calls.
     pub(crate) fn pass(&mut self) -> usize {
         if !self.busy() {
             return 0;
         }
-        self.poll(Some(Duration::ZERO))
+        let now = crate::clock::now();
+        if self.idle_poll_at != 0 && now.wrapping_sub(self.idle_poll_at) < self.poll_gap {
+            return 0;
+        }
+        let n = self.poll(Some(Duration::ZERO));
+        self.idle_poll_at = if n == 0 { now } else { 0 };
+        n
     }
 
     fn poll(&mut self, timeout: Option<Duration>) -> usize {
