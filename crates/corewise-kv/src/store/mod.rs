@@ -10,10 +10,11 @@
 //! memory limit is split evenly over the shards; each evicts from its own
 //! LRU tail, which approximates a global LRU closely when keys hash evenly.
 //!
-//! `flush_all` does not walk the shards: it raises a CAS floor, and every
-//! item whose CAS is at or below it counts as gone (reclaimed on access or
-//! by eviction). A delayed flush records its deadline and raises the floor
-//! at the first operation after it.
+//! `flush_all` raises a CAS floor: every item whose CAS is at or below it
+//! counts as gone, whichever shard it is in and whenever that shard is next
+//! locked. An immediate flush then also empties the shards one by one; a
+//! delayed flush records its deadline, raises the floor at the first
+//! operation after it, and leaves reclaiming to lookups and eviction.
 
 mod clock;
 mod hash;
@@ -531,6 +532,11 @@ impl Store {
                 self.flush_at.store(0, Ordering::Release);
                 let cas = self.next_cas.fetch_add(1, Ordering::AcqRel);
                 self.cas_floor.fetch_max(cas, Ordering::AcqRel);
+                // An immediate flush also frees the memory now, one shard
+                // at a time, so `curr_items` and `bytes` say what is there.
+                for sh in self.shards.iter() {
+                    sh.lock().clear();
+                }
             }
         }
     }

@@ -1,0 +1,179 @@
+//! Starts the real `corewise-kv` binary on a free port and talks to it.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server; killed on drop.
+pub struct Server {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+impl Server {
+    /// Starts the server with these extra flags and waits until it accepts.
+    pub fn start(extra: &[&str]) -> Server {
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = Command::new(env!("CARGO_BIN_EXE_corewise-kv"))
+                .args(["-p", &port.to_string(), "-l", "127.0.0.1"])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("cannot start corewise-kv");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Server { child, port };
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("corewise-kv did not start");
+    }
+
+    /// A new client.
+    pub fn client(&self) -> Client {
+        Client::connect(self.port)
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal text-protocol client.
+pub struct Client {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Client {
+    /// Connects to 127.0.0.1:`port`.
+    pub fn connect(port: u16) -> Client {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.set_nodelay(true).unwrap();
+        Client {
+            r: BufReader::new(s.try_clone().unwrap()),
+            w: s,
+        }
+    }
+
+    /// Sends raw bytes.
+    pub fn send(&mut self, b: &[u8]) {
+        self.w.write_all(b).expect("send");
+    }
+
+    /// Reads one line (without CRLF); empty string at end of stream.
+    pub fn line(&mut self) -> String {
+        let mut v = Vec::new();
+        self.r.read_until(b'\n', &mut v).expect("read line");
+        String::from_utf8_lossy(&v)
+            .trim_end_matches(['\r', '\n'])
+            .to_string()
+    }
+
+    /// Reads exactly `n` bytes plus CRLF.
+    pub fn block(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0; n + 2];
+        self.r.read_exact(&mut v).expect("read block");
+        assert_eq!(&v[n..], b"\r\n");
+        v.truncate(n);
+        v
+    }
+
+    /// Sends a command line and reads the one-line reply.
+    pub fn cmd(&mut self, line: &str) -> String {
+        self.send(format!("{line}\r\n").as_bytes());
+        self.line()
+    }
+
+    /// A storage command with its data block; the reply line.
+    pub fn store(&mut self, head: &str, data: &[u8]) -> String {
+        let mut b = format!("{head}\r\n").into_bytes();
+        b.extend_from_slice(data);
+        b.extend_from_slice(b"\r\n");
+        self.send(&b);
+        self.line()
+    }
+
+    /// `set key 0 0 <len>`.
+    pub fn set(&mut self, key: &str, data: &[u8]) -> String {
+        self.store(&format!("set {key} 0 0 {}", data.len()), data)
+    }
+
+    /// A retrieval: the VALUE lines (header, data) until END.
+    pub fn get_all(&mut self, line: &str) -> Vec<(String, Vec<u8>)> {
+        self.send(format!("{line}\r\n").as_bytes());
+        let mut out = Vec::new();
+        loop {
+            let l = self.line();
+            if l == "END" {
+                return out;
+            }
+            assert!(l.starts_with("VALUE "), "unexpected {l:?}");
+            let n: usize = l.split(' ').nth(3).unwrap().parse().unwrap();
+            let data = self.block(n);
+            out.push((l, data));
+        }
+    }
+
+    /// The value of `key`, if any.
+    pub fn get(&mut self, key: &str) -> Option<Vec<u8>> {
+        self.get_all(&format!("get {key}")).pop().map(|(_, d)| d)
+    }
+
+    /// `stats [group]` as (name, value) pairs.
+    pub fn stats(&mut self, group: &str) -> Vec<(String, String)> {
+        self.send(format!("stats {group}\r\n").as_bytes());
+        let mut out = Vec::new();
+        loop {
+            let l = self.line();
+            if l == "END" {
+                return out;
+            }
+            let mut p = l.splitn(3, ' ');
+            assert_eq!(p.next(), Some("STAT"), "unexpected {l:?}");
+            out.push((
+                p.next().unwrap().to_string(),
+                p.next().unwrap_or("").to_string(),
+            ));
+        }
+    }
+
+    /// One general stat as a number.
+    pub fn stat(&mut self, name: &str) -> u64 {
+        self.stats("")
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("no stat {name}"))
+    }
+}

@@ -1,0 +1,166 @@
+//! Malformed input and connection storms: the server answers the other
+//! clients throughout and keeps its data.
+
+mod common;
+
+use common::{Client, Server};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+fn check(c: &mut Client) {
+    assert_eq!(c.get("precious").as_deref(), Some(&b"data"[..]));
+}
+
+fn malformed(mode: &str) {
+    let s = Server::start(&["--mode", mode, "-I", "10k"]);
+    let mut keeper = s.client();
+    assert_eq!(keeper.set("precious", b"data"), "STORED");
+
+    // Garbage bytes, including NULs and invalid UTF-8.
+    let mut c = s.client();
+    c.send(b"\x00\x01\xff\xfe garbage \x80\r\n");
+    assert_eq!(c.line(), "ERROR");
+    check(&mut c);
+
+    // A 2 MB line: one error, then the connection works again.
+    let mut c = s.client();
+    let mut big = vec![b'g'; 2 * 1024 * 1024];
+    big.extend_from_slice(b"\r\n");
+    c.send(&big);
+    assert_eq!(c.line(), "CLIENT_ERROR line too long");
+    check(&mut c);
+    check(&mut keeper);
+
+    // A negative length.
+    let mut c = s.client();
+    assert_eq!(
+        c.cmd("set k 0 0 -5"),
+        "CLIENT_ERROR bad command line format"
+    );
+    check(&mut c);
+
+    // A value larger than -I: refused, its data skipped, stored items kept.
+    let mut c = s.client();
+    let value = vec![b'x'; 20 * 1024];
+    assert_eq!(
+        c.store("set big 0 0 20480", &value),
+        "SERVER_ERROR object too large for cache"
+    );
+    assert_eq!(c.get("big"), None);
+    check(&mut c);
+    assert_eq!(
+        c.store("ms big 20480", &value),
+        "SERVER_ERROR object too large for cache"
+    );
+    check(&mut c);
+
+    // A data block without its CRLF.
+    assert_eq!(
+        c.store("set k 0 0 2", b"abcd"),
+        "CLIENT_ERROR bad data chunk"
+    );
+    // As with memcached, the announced length plus two bytes were the
+    // block; the CRLF after it is an empty command line.
+    assert_eq!(c.line(), "ERROR");
+    check(&mut c);
+
+    // Key length: 250 is fine, 251 is not.
+    let k250 = "k".repeat(250);
+    assert_eq!(c.set(&k250, b"1"), "STORED");
+    assert_eq!(c.get(&k250).unwrap(), b"1");
+    assert_eq!(
+        c.cmd(&format!("get {}", "k".repeat(251))),
+        "CLIENT_ERROR bad command line format"
+    );
+
+    // A client that disconnects mid-value.
+    {
+        let mut raw = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        raw.write_all(b"set half 0 0 100\r\nabc").unwrap();
+    }
+    check(&mut keeper);
+    assert_eq!(keeper.get("half"), None);
+}
+
+#[test]
+fn malformed_input_conn_mode() {
+    malformed("conn");
+}
+
+#[test]
+fn malformed_input_dispatch_mode() {
+    malformed("dispatch");
+}
+
+fn storm(mode: &str) {
+    let mut s = Server::start(&["--mode", mode, "-c", "4096"]);
+    let mut keeper = s.client();
+    assert_eq!(keeper.set("precious", b"data"), "STORED");
+    // 10 000 connections, 500 open at a time, some sending half a request.
+    for wave in 0..20 {
+        let conns: Vec<TcpStream> = (0..500)
+            .filter_map(|i| {
+                let c = TcpStream::connect(("127.0.0.1", s.port)).ok()?;
+                if i % 7 == 0 {
+                    let _ = (&c).write_all(b"get prec");
+                }
+                Some(c)
+            })
+            .collect();
+        assert!(
+            conns.len() >= 450,
+            "wave {wave}: only {} connected",
+            conns.len()
+        );
+        check(&mut keeper);
+        drop(conns);
+    }
+    check(&mut keeper);
+    assert!(s.alive());
+    // New clients are still served.
+    let mut c = s.client();
+    check(&mut c);
+}
+
+#[test]
+fn ten_thousand_connections_dispatch_mode() {
+    storm("dispatch");
+}
+
+#[test]
+fn ten_thousand_connections_conn_mode() {
+    storm("conn");
+}
+
+#[test]
+fn connection_limit_refuses_politely() {
+    let s = Server::start(&["--mode", "dispatch", "-c", "3"]);
+    let mut keeper = s.client();
+    assert_eq!(keeper.set("precious", b"data"), "STORED");
+    let mut a = s.client();
+    let mut b = s.client();
+    check(&mut a);
+    check(&mut b);
+    let mut extra = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    extra
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let mut reply = String::new();
+    extra.read_to_string(&mut reply).unwrap();
+    assert_eq!(reply, "SERVER_ERROR Too many open connections\r\n");
+    check(&mut keeper);
+    drop(a);
+    // A freed place can be taken again (the close is seen asynchronously).
+    let mut ok = false;
+    for _ in 0..200 {
+        let mut c = s.client();
+        c.send(b"version\r\n");
+        if c.line().starts_with("VERSION") {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(ok, "a place freed by a closed connection was never reused");
+    check(&mut keeper);
+}
