@@ -250,6 +250,13 @@ pub fn execute(
             out.extend_from_slice(b"VERSION ");
             line(out, VERSION.as_bytes());
         }
+        Request::MemLimit { mb, noreply } => {
+            let bytes = usize::try_from(mb.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX);
+            store.set_limit(bytes);
+            if !noreply {
+                line(out, b"OK");
+            }
+        }
         Request::Verbosity { noreply } => {
             shared.verbosity.store(1, Ordering::Relaxed);
             if !noreply {

@@ -177,6 +177,13 @@ pub enum Request<'a> {
     },
     /// version.
     Version,
+    /// cache_memlimit: a new memory limit in megabytes.
+    MemLimit {
+        /// Megabytes.
+        mb: u64,
+        /// No reply wanted.
+        noreply: bool,
+    },
     /// verbosity.
     Verbosity {
         /// No reply wanted.

@@ -234,6 +234,18 @@ impl Decoder {
                     _ => Err(ProtoError::Unknown),
                 }
             }
+            b"cache_memlimit" => {
+                let t = toks.collect_all();
+                let (mb, noreply) = match t.as_slice() {
+                    [m] => (*m, false),
+                    [m, b"noreply"] => (*m, true),
+                    _ => return (0, Decoded::Error(ProtoError::Unknown)),
+                };
+                match parse_num::<u64>(mb) {
+                    Some(mb) if mb > 0 => Ok(Request::MemLimit { mb, noreply }),
+                    _ => Err(ProtoError::BadFormat),
+                }
+            }
             b"mn" => Ok(Request::MetaNoop),
             b"mg" | b"md" | b"ma" | b"me" => meta(cmd, toks),
             _ => Err(ProtoError::Unknown),

@@ -200,7 +200,7 @@ pub struct Store {
     next_cas: AtomicU64,
     cas_floor: AtomicU64,
     flush_at: AtomicU64,
-    limit: usize,
+    limit: AtomicU64,
     /// Request counters.
     pub ops: OpCounters,
 }
@@ -218,7 +218,7 @@ impl Store {
             next_cas: AtomicU64::new(1),
             cas_floor: AtomicU64::new(0),
             flush_at: AtomicU64::new(0),
-            limit,
+            limit: AtomicU64::new(limit as u64),
             ops: OpCounters::default(),
         }
     }
@@ -240,7 +240,17 @@ impl Store {
 
     /// The memory limit.
     pub fn limit(&self) -> usize {
-        self.limit
+        self.limit.load(Ordering::Relaxed) as usize
+    }
+
+    /// Changes the memory limit (`cache_memlimit`); shrinking evicts.
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit as u64, Ordering::Relaxed);
+        let per = limit / self.shards.len();
+        let now = self.clock.now();
+        for sh in self.shards.iter() {
+            sh.lock().set_limit(per, now);
+        }
     }
 
     fn shard(&self, key: &[u8]) -> &SpinLock<Shard> {
@@ -545,7 +555,7 @@ impl Store {
     pub fn stats(&self) -> StoreStats {
         let now = self.clock.now();
         let mut s = StoreStats {
-            limit_maxbytes: self.limit as u64,
+            limit_maxbytes: self.limit() as u64,
             ..StoreStats::default()
         };
         for sh in self.shards.iter() {

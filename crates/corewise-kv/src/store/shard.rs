@@ -134,6 +134,12 @@ impl Shard {
         self.limit
     }
 
+    /// Changes the memory limit; a smaller limit evicts at once.
+    pub fn set_limit(&mut self, limit: usize, now: u32) {
+        self.limit = limit;
+        while self.used > self.limit && self.evict_one(now) {}
+    }
+
     /// Looks `key` up; an expired or flushed item is removed and reported
     /// as a miss. `bump` moves a hit to the head of the LRU.
     pub fn lookup(
