@@ -6,8 +6,8 @@
 
 mod affinity;
 mod clock;
-mod cores;
 mod core_grant;
+mod cores;
 mod echo;
 mod error;
 mod neighbours;

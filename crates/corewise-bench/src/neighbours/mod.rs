@@ -1,0 +1,628 @@
+//! `corewise-bench neighbours`: the friendlypool experiment (Jeffery et al.,
+//! §5, Figure 7): a CPU-bound service beside CPU-bound neighbours.
+//!
+//! **Workload.** An open-loop generator (one OS thread) submits naive
+//! `fib(N)` tasks at a fixed rate. `N` is 30 as in the paper unless
+//! `fib(30)` takes more than `--max-task-ms` (5 ms) here, in which case the
+//! largest N that fits is used (see [`fib`]); the table header says which.
+//! The rate is `load · CPUs / t(fib(N))` with `--load` 0.75 by default, so
+//! the pool alone keeps the machine about 75 % busy. Beside neighbours the
+//! same rate is an overload (the pool's fair share is smaller), as in the
+//! paper: what differs between pools is how the overload shows up.
+//!
+//! **Pools.**
+//! - `ignorant`: one OS worker per CPU, a locked FIFO; it never looks at
+//!   its neighbours (the paper's "Ignorant").
+//! - `corewise`: one corewise user thread per task, created from the
+//!   generator with `wait_for_slot(true)`; the runtime's default policy and
+//!   neighbour awareness (cap `ceil(O · cpu_self / cpu_all · CPUs)`, O = 1,
+//!   10 ms sampling) choose how many cores it holds (the paper's
+//!   "Collaborative" friendlypool, built into the runtime).
+//! - `optimal`: a static pool with `ceil(CPUs / processes)` workers, the
+//!   paper's "Optimal: threads = CPUs / processes" (rounded up, at least 1):
+//!   on 2 CPUs 2, 1, 1 workers beside 0, 1, 2 neighbours. Beside one
+//!   neighbour one CPU is left free; beside two none is, and each of the
+//!   three processes' fair share is 2/3 CPU, which one worker can absorb
+//!   without time-slicing against itself.
+//!
+//! **Neighbours.** 0, 1 and 2 processes `sh -c 'while :; do :; done'` in the
+//! benchmark's own session (so the same CFS autogroup: CPU time is shared
+//! per thread, the paper's fair-scheduler assumption), started before the
+//! pools run and killed by PID at the end (see [`children`]).
+//!
+//! **Measurements**, per (pool, neighbours) cell: queue latency (scheduled
+//! submission → start), task latency (scheduled submission → end), run
+//! latency (start → end; the paper's "fib latency") as p50 / p99 / max over
+//! the tasks submitted after a warm-up; throughput = tasks completed /
+//! (last completion − first submission); the process's CPU use (getrusage),
+//! the whole host's busy CPUs (/proc/stat: on a shared machine this shows
+//! the background load, e.g. other people's builds, which the neighbour
+//! cap counts as neighbours too) and, for corewise, the mean cores held.
+//! A run whose tasks do not drain within the drain limit (the cell
+//! duration, at least 3 s, after the last submission) is abandoned: tasks
+//! not yet started are skipped, and every unfinished task enters the
+//! latency statistics *censored* at the abandonment time (a lower bound),
+//! so an overloaded pool cannot look better by leaving tasks behind.
+
+pub mod children;
+pub mod fib;
+pub mod plot;
+pub mod pools;
+
+use crate::clock::Clock;
+use crate::error::BenchError;
+use crate::stats::percentile_sorted;
+use children::Neighbours;
+use plot::{Canvas, Chart, Series, PALETTE};
+use pools::{drive, CorewisePool, Stamps, StdPool, Submit, Work};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Command-line arguments of `neighbours`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Write the results as a JSON list to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw the latency and throughput plot into this PNG file.
+    #[arg(long, default_value = "neighbours.png")]
+    pub png: PathBuf,
+    /// Short cells (3 s each, 0.5 s warm-up) so the run stays under two minutes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Seconds of load per cell (default 10, quick 3).
+    #[arg(long, value_parser = positive_f64)]
+    pub duration: Option<f64>,
+    /// Offered load as a fraction of the machine's CPUs when alone.
+    #[arg(long, default_value_t = 0.75, value_parser = load_fraction)]
+    pub load: f64,
+    /// Use fib(N) instead of calibrating (0..=40).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=40))]
+    pub fib_n: Option<u32>,
+    /// Largest acceptable fib(30) time in ms before a smaller N is chosen.
+    #[arg(long, default_value_t = 5.0, value_parser = positive_f64)]
+    pub max_task_ms: f64,
+    /// Neighbour counts to run, comma separated (each 0..=16).
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2",
+          value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub neighbours: Vec<u32>,
+    /// Pools to run, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ignorant,corewise,optimal"
+    )]
+    pub pools: Vec<PoolKind>,
+    /// Overcommit factor O of corewise's neighbour cap.
+    #[arg(long, default_value_t = 1.0, value_parser = positive_f64)]
+    pub overcommit: f64,
+}
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if v.is_finite() && v > 0.0 && v < 1e6 {
+        Ok(v)
+    } else {
+        Err(format!("{s:?}: must be a positive number"))
+    }
+}
+
+fn load_fraction(s: &str) -> Result<f64, String> {
+    let v = positive_f64(s)?;
+    if v <= 4.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s:?}: load must be in (0, 4]"))
+    }
+}
+
+/// Which pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolKind {
+    /// One OS worker per CPU, neighbours ignored.
+    Ignorant,
+    /// corewise user threads, neighbour awareness on.
+    Corewise,
+    /// Static split: ceil(CPUs / processes) OS workers.
+    Optimal,
+}
+
+impl PoolKind {
+    /// Name used in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::Ignorant => "ignorant",
+            PoolKind::Corewise => "corewise",
+            PoolKind::Optimal => "optimal",
+        }
+    }
+}
+
+/// Workers of the optimal static split: `ceil(cpus / (neighbours + 1))`,
+/// at least 1.
+pub fn optimal_workers(cpus: usize, neighbours: usize) -> usize {
+    cpus.div_ceil(neighbours + 1).max(1)
+}
+
+/// Offered rate (tasks/s) that keeps `cpus` CPUs `load` busy with tasks of
+/// `task` each.
+pub fn rate_for(load: f64, cpus: usize, task: Duration) -> f64 {
+    let t = task.as_secs_f64().max(1e-9);
+    load * cpus as f64 / t
+}
+
+/// p50 / p99 / max of one latency, µs.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Lat {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+impl Lat {
+    /// Summary of `v` (ns), in µs; zeros for an empty set.
+    pub fn of_ns(v: &mut [f64]) -> Lat {
+        v.sort_by(f64::total_cmp);
+        let us = |x: Option<f64>| (x.unwrap_or(0.0) / 100.0).round() / 10.0;
+        Lat {
+            p50: us(percentile_sorted(v, 50.0)),
+            p99: us(percentile_sorted(v, 99.0)),
+            max: us(v.last().copied()),
+        }
+    }
+}
+
+/// One (pool, neighbours) cell, as written by `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    /// `ignorant`, `corewise` or `optimal`.
+    pub pool: PoolKind,
+    /// CPU-bound neighbour processes.
+    pub neighbours: u32,
+    /// Completed tasks per second.
+    pub throughput_per_s: f64,
+    /// Scheduled submission → end.
+    pub task_latency_us: Lat,
+    /// Scheduled submission → start.
+    pub queue_latency_us: Lat,
+    /// Start → end (the paper's "fib latency").
+    pub run_latency_us: Lat,
+    /// Offered rate, tasks/s.
+    pub offered_per_s: f64,
+    /// Tasks submitted (including warm-up).
+    pub submitted: usize,
+    /// Tasks completed.
+    pub completed: usize,
+    /// Whether every task finished before the drain limit.
+    pub drained: bool,
+    /// Unfinished tasks counted at the abandonment time (lower bounds).
+    pub censored: usize,
+    /// Busy CPUs of the whole host over the cell (/proc/stat).
+    pub host_busy_cpus: f64,
+    /// CPUs used by the benchmark process over the cell (getrusage).
+    pub process_cpus: f64,
+    /// Mean workers (ignorant, optimal) or cores held (corewise).
+    pub mean_active: f64,
+    /// Fraction of submissions at which corewise held every CPU.
+    pub frac_all_cores: f64,
+}
+
+/// CPU time (user + system) of this process so far.
+fn process_cpu() -> Duration {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to fill.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage; RUSAGE_SELF is valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// (busy, total) jiffies of the host from the `cpu` line of /proc/stat.
+fn host_jiffies() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = s.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest is inside user).
+    let get = |i: usize| v.get(i).copied().unwrap_or(0);
+    let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
+    Some((busy, busy + get(3) + get(4)))
+}
+
+/// Busy CPUs between two /proc/stat readings of a host with `cpus` CPUs.
+pub fn busy_cpus(a: (u64, u64), b: (u64, u64), cpus: usize) -> f64 {
+    let busy = b.0.saturating_sub(a.0) as f64;
+    let total = b.1.saturating_sub(a.1) as f64;
+    if total <= 0.0 {
+        0.0
+    } else {
+        busy / total * cpus as f64
+    }
+}
+
+/// Settings of one run, shared by its cells.
+#[derive(Debug, Clone)]
+struct Plan {
+    clock: Clock,
+    cpus: usize,
+    n: u32,
+    rate: f64,
+    duration: Duration,
+    warmup: Duration,
+    drain: Duration,
+    overcommit: f64,
+}
+
+fn run_cell(plan: &Plan, pool: PoolKind, neighbours: u32) -> Result<Cell, BenchError> {
+    let clock = plan.clock;
+    let count = (plan.rate * plan.duration.as_secs_f64()).ceil() as usize;
+    let stamps = Stamps::new(count);
+    let work = Work {
+        clock,
+        stamps: Arc::clone(&stamps),
+        n: plan.n,
+    };
+    let sink: Box<dyn Submit> = match pool {
+        PoolKind::Ignorant => Box::new(StdPool::start(plan.cpus, &work)?),
+        PoolKind::Optimal => Box::new(StdPool::start(
+            optimal_workers(plan.cpus, neighbours as usize),
+            &work,
+        )?),
+        PoolKind::Corewise => Box::new(CorewisePool::start(&work, Some(plan.overcommit))?),
+    };
+    let interval = 1e9 / plan.rate * clock.ticks_per_ns();
+    let cpu0 = process_cpu();
+    let host0 = host_jiffies();
+    let wall0 = std::time::Instant::now();
+    // Start a little in the future so the pool's threads are up.
+    let t0 = clock.now() + (2_000_000.0 * clock.ticks_per_ns()) as u64;
+    let driven = drive(sink, &clock, &stamps, t0, interval, count, plan.drain)?;
+    let wall = wall0.elapsed().as_secs_f64();
+    let cpu = (process_cpu().saturating_sub(cpu0)).as_secs_f64();
+    let host_cpus = std::fs::read_to_string("/proc/stat")
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+                .count()
+        })
+        .unwrap_or(plan.cpus)
+        .max(1);
+    let host_busy = match (host0, host_jiffies()) {
+        (Some(a), Some(b)) => busy_cpus(a, b, host_cpus),
+        _ => f64::NAN,
+    };
+    let warm = (plan.warmup.as_secs_f64() * plan.rate).floor() as usize;
+    let (mut q, mut t, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    let mut last_end = t0;
+    let mut completed = 0;
+    let mut censored = 0;
+    for i in 0..count {
+        let s = stamps.start[i].load(Ordering::Relaxed);
+        let e = stamps.end[i].load(Ordering::Relaxed);
+        if e == 0 {
+            if let (Some(a), true) = (driven.abandoned_at, i >= warm) {
+                let sub = pools::scheduled_ticks(t0, i, interval);
+                censored += 1;
+                t.push(clock.delta_ns(sub, a));
+                q.push(clock.delta_ns(sub, if s == 0 { a } else { s }));
+            }
+            continue;
+        }
+        completed += 1;
+        last_end = last_end.max(e);
+        if i < warm {
+            continue;
+        }
+        let sub = pools::scheduled_ticks(t0, i, interval);
+        q.push(clock.delta_ns(sub, s));
+        t.push(clock.delta_ns(sub, e));
+        r.push(clock.delta_ns(s, e));
+    }
+    let span = clock.delta_ns(t0, last_end) / 1e9;
+    let samples = &driven.active_samples;
+    let mean_active = if samples.is_empty() {
+        0.0
+    } else {
+        samples.iter().sum::<usize>() as f64 / samples.len() as f64
+    };
+    let all = samples.iter().filter(|&&a| a >= plan.cpus).count();
+    Ok(Cell {
+        pool,
+        neighbours,
+        throughput_per_s: if span > 0.0 {
+            (completed as f64 / span * 10.0).round() / 10.0
+        } else {
+            0.0
+        },
+        task_latency_us: Lat::of_ns(&mut t),
+        queue_latency_us: Lat::of_ns(&mut q),
+        run_latency_us: Lat::of_ns(&mut r),
+        offered_per_s: (plan.rate * 10.0).round() / 10.0,
+        submitted: count,
+        completed,
+        drained: driven.complete,
+        censored,
+        host_busy_cpus: (host_busy * 100.0).round() / 100.0,
+        process_cpus: (cpu / wall.max(1e-9) * 100.0).round() / 100.0,
+        mean_active: (mean_active * 100.0).round() / 100.0,
+        frac_all_cores: if samples.is_empty() {
+            0.0
+        } else {
+            (all as f64 / samples.len() as f64 * 1000.0).round() / 1000.0
+        },
+    })
+}
+
+fn fmt_ms(us: f64) -> String {
+    if us >= 100_000.0 {
+        format!("{:.0}", us / 1000.0)
+    } else {
+        format!("{:.2}", us / 1000.0)
+    }
+}
+
+/// The markdown table of all cells, plus the target check.
+pub fn markdown(cells: &[Cell]) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "| pool | nb | throughput /s | task p50 / p99 / max (ms) | queue p50 / p99 / max (ms) \
+         | run p50 / p99 / max (ms) | proc CPUs | host busy CPUs | mean cores/workers \
+         | drained |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for c in cells {
+        let l = |x: &Lat| format!("{} / {} / {}", fmt_ms(x.p50), fmt_ms(x.p99), fmt_ms(x.max));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} |",
+            c.pool.name(),
+            c.neighbours,
+            c.throughput_per_s,
+            l(&c.task_latency_us),
+            l(&c.queue_latency_us),
+            l(&c.run_latency_us),
+            c.process_cpus,
+            c.host_busy_cpus,
+            c.mean_active,
+            if c.drained {
+                "yes".to_string()
+            } else {
+                format!("no ({} censored)", c.censored)
+            }
+        );
+    }
+    let find = |p: PoolKind, n: u32| cells.iter().find(|c| c.pool == p && c.neighbours == n);
+    if let (Some(ig), Some(cw)) = (find(PoolKind::Ignorant, 2), find(PoolKind::Corewise, 2)) {
+        let lat = ig.task_latency_us.max / cw.task_latency_us.max.max(1e-9);
+        let run = ig.run_latency_us.max / cw.run_latency_us.max.max(1e-9);
+        let thr = ig.throughput_per_s / cw.throughput_per_s.max(1e-9);
+        let met = lat >= 3.0 && thr <= 1.4;
+        let _ = writeln!(
+            s,
+            "\nTarget beside 2 neighbours (max task latency ignorant/corewise >= 3x, \
+             throughput ignorant/corewise <= 1.4x): {lat:.2}x latency, {thr:.2}x throughput \
+             -> {}. (Max run latency, the paper's fib latency: {run:.2}x.)",
+            if met { "MET" } else { "NOT MET" }
+        );
+    }
+    s
+}
+
+/// Draws max task latency, max run latency and throughput against the
+/// number of neighbours, one line per pool.
+pub fn draw(cells: &[Cell], title: &str) -> Canvas {
+    let mut cv = Canvas::new(1500, 480);
+    let pools = [PoolKind::Ignorant, PoolKind::Corewise, PoolKind::Optimal];
+    let series = |f: &dyn Fn(&Cell) -> f64| -> Vec<Series> {
+        pools
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| cells.iter().any(|c| c.pool == **p))
+            .map(|(k, p)| Series {
+                name: p.name().into(),
+                color: PALETTE[k],
+                points: cells
+                    .iter()
+                    .filter(|c| c.pool == *p)
+                    .map(|c| (f64::from(c.neighbours), f(c)))
+                    .collect(),
+                markers: true,
+            })
+            .collect()
+    };
+    let charts = [
+        Chart {
+            title: "max task latency".into(),
+            x_label: "CPU-bound neighbours".into(),
+            y_label: "ms (log)".into(),
+            log_y: true,
+            y_range: None,
+            series: series(&|c| c.task_latency_us.max / 1000.0),
+        },
+        Chart {
+            title: "max run (fib) latency".into(),
+            x_label: "CPU-bound neighbours".into(),
+            y_label: "ms (log)".into(),
+            log_y: true,
+            y_range: None,
+            series: series(&|c| c.run_latency_us.max / 1000.0),
+        },
+        Chart {
+            title: "throughput".into(),
+            x_label: "CPU-bound neighbours".into(),
+            y_label: "tasks/s".into(),
+            log_y: false,
+            y_range: None,
+            series: series(&|c| c.throughput_per_s),
+        },
+    ];
+    for (k, ch) in charts.iter().enumerate() {
+        ch.draw(&mut cv, 500 * k as i64, 24, 500, 456);
+    }
+    cv.text(10, 6, title, [0, 0, 0], 1);
+    cv
+}
+
+/// Runs the benchmark.
+pub fn run(args: &Args) -> Result<(), BenchError> {
+    let cpus = crate::affinity::allowed_cpus()?.len();
+    if cpus == 0 {
+        return Err(BenchError::Machine("no CPU in the affinity mask".into()));
+    }
+    let budget = corewise::cpu_budget()
+        .map(|b| b.cores())
+        .unwrap_or(cpus)
+        .clamp(1, cpus);
+    let clock = Clock::calibrate(true, Duration::from_millis(50));
+    let limit = Duration::from_secs_f64(args.max_task_ms / 1000.0);
+    let cal = match args.fib_n {
+        Some(n) => fib::Calibration {
+            n,
+            task: fib::measure(n, 9),
+            base_time: fib::measure(n, 3),
+        },
+        None => fib::calibrate(30, limit, 15),
+    };
+    let rate = rate_for(args.load, budget, cal.task);
+    let duration =
+        Duration::from_secs_f64(args.duration.unwrap_or(if args.quick { 3.0 } else { 10.0 }));
+    let warmup =
+        Duration::from_secs_f64(if args.quick { 0.5 } else { 1.0 }).min(duration.mul_f64(0.5));
+    let plan = Plan {
+        clock,
+        cpus: budget,
+        n: cal.n,
+        rate,
+        duration,
+        warmup,
+        drain: duration.max(Duration::from_secs(3)),
+        overcommit: args.overcommit,
+    };
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "neighbours: {} CPUs (budget), fib({}) = {:.2} ms here{}; offered {:.1} tasks/s \
+         (load {:.0} % of the CPUs alone), {:.1} s per cell after {:.1} s warm-up; \
+         clock {}; loadavg before: {}",
+        budget,
+        cal.n,
+        cal.task.as_secs_f64() * 1e3,
+        if cal.n == 30 || args.fib_n.is_some() {
+            String::new()
+        } else {
+            format!(
+                " (fib(30) took {:.2} ms > {} ms, so N = {})",
+                cal.base_time.as_secs_f64() * 1e3,
+                args.max_task_ms,
+                cal.n
+            )
+        },
+        rate,
+        args.load * 100.0,
+        duration.as_secs_f64(),
+        warmup.as_secs_f64(),
+        clock.source().name(),
+        load_before.trim()
+    );
+    let mut cells = Vec::new();
+    for &nb in &args.neighbours {
+        // The guard kills the neighbours when this iteration ends, on error
+        // too (`?` drops it).
+        let guard = Neighbours::start(nb as usize)?;
+        eprintln!("  {} neighbours: pids {:?}", guard.len(), guard.pids());
+        std::thread::sleep(Duration::from_millis(300));
+        for &p in &args.pools {
+            let c = run_cell(&plan, p, nb)?;
+            eprintln!(
+                "  {:>8} nb={} thr={:.1}/s task max={:.1} ms run max={:.1} ms cores={:.2}",
+                p.name(),
+                nb,
+                c.throughput_per_s,
+                c.task_latency_us.max / 1e3,
+                c.run_latency_us.max / 1e3,
+                c.mean_active
+            );
+            cells.push(c);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        drop(guard);
+    }
+    println!();
+    print!("{}", markdown(&cells));
+    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("\nloadavg after: {}", load_after.trim());
+    let title = format!(
+        "corewise-bench neighbours: fib({}) {:.2} ms, {:.0} tasks/s, {} CPUs",
+        cal.n,
+        cal.task.as_secs_f64() * 1e3,
+        rate,
+        budget
+    );
+    draw(&cells, &title).save(&args.png)?;
+    println!("plot: {}", args.png.display());
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&cells)?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| BenchError::io(format!("writing {}", path.display()), e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn optimal_split_on_two_cpus() {
+        assert_eq!(optimal_workers(2, 0), 2);
+        assert_eq!(optimal_workers(2, 1), 1);
+        assert_eq!(optimal_workers(2, 2), 1);
+        assert_eq!(optimal_workers(16, 3), 4);
+        assert_eq!(optimal_workers(1, 5), 1);
+    }
+
+    #[test]
+    fn rate_fills_the_machine() {
+        let r = rate_for(0.75, 2, Duration::from_millis(5));
+        assert!((r - 300.0).abs() < 1e-9);
+        assert!(rate_for(1.0, 1, Duration::ZERO).is_finite());
+    }
+
+    #[test]
+    fn latency_summary_in_us() {
+        let mut v: Vec<f64> = (1..=100).map(|x| f64::from(x) * 1000.0).collect();
+        let l = Lat::of_ns(&mut v);
+        assert_eq!(l.p50, 50.0);
+        assert_eq!(l.p99, 99.0);
+        assert_eq!(l.max, 100.0);
+        assert_eq!(Lat::of_ns(&mut []), Lat::default());
+    }
+
+    #[test]
+    fn busy_cpus_from_jiffies() {
+        assert_eq!(busy_cpus((100, 1000), (150, 1100), 2), 1.0);
+        assert_eq!(busy_cpus((100, 1000), (100, 1000), 2), 0.0);
+    }
+
+    #[test]
+    fn bad_numbers_are_rejected() {
+        assert!(positive_f64("-1").is_err());
+        assert!(positive_f64("nan").is_err());
+        assert!(positive_f64("x").is_err());
+        assert!(load_fraction("5").is_err());
+        assert_eq!(load_fraction("0.5"), Ok(0.5));
+    }
+}

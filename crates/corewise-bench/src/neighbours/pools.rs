@@ -1,0 +1,358 @@
+//! The three pools and the open-loop generator that drives them.
+//!
+//! Every task `i` has a *scheduled* submission time `t0 + i / rate`. The
+//! generator (one OS thread, outside any pool) sleeps until that time and
+//! hands the task over; latencies are measured from the scheduled time, so
+//! a generator that falls behind (a full corewise slot table, a CFS delay
+//! of the generator beside busy neighbours) adds to the measured latency
+//! instead of silently lowering the offered load (no coordinated
+//! omission). Tasks stamp their own start and end with the shared clock.
+
+use super::fib::fib;
+use crate::clock::Clock;
+use crate::error::BenchError;
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Start and end stamps of every task of one run.
+#[derive(Debug)]
+pub struct Stamps {
+    /// Start ticks (0: not started).
+    pub start: Vec<AtomicU64>,
+    /// End ticks (0: not finished).
+    pub end: Vec<AtomicU64>,
+    /// Finished tasks.
+    pub done: AtomicUsize,
+    /// Set when the run gives up: tasks not yet started are skipped.
+    pub abandon: AtomicBool,
+}
+
+impl Stamps {
+    /// Room for `n` tasks.
+    pub fn new(n: usize) -> Arc<Self> {
+        Arc::new(Stamps {
+            start: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            end: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            done: AtomicUsize::new(0),
+            abandon: AtomicBool::new(false),
+        })
+    }
+
+    /// Runs task `i`: stamps, `fib(n)`, stamps.
+    #[inline]
+    pub fn run(&self, clock: &Clock, i: usize, n: u32) {
+        if self.abandon.load(Ordering::Relaxed) {
+            return;
+        }
+        self.start[i].store(clock.now().max(1), Ordering::Relaxed);
+        black_box(fib(black_box(n)));
+        self.end[i].store(clock.now().max(1), Ordering::Relaxed);
+        self.done.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Where the generator puts tasks.
+pub trait Submit {
+    /// Hands task `i` to the pool.
+    fn submit(&mut self, i: usize) -> Result<(), BenchError>;
+    /// No more tasks will come; returns once every submitted task has run
+    /// or been skipped (after `Stamps::abandon`).
+    fn finish(self: Box<Self>) -> Result<(), BenchError>;
+    /// Cores (or workers) the pool uses now.
+    fn active(&self) -> usize;
+}
+
+/// The task parameters shared by the pools.
+#[derive(Debug, Clone)]
+pub struct Work {
+    /// The clock.
+    pub clock: Clock,
+    /// The stamps.
+    pub stamps: Arc<Stamps>,
+    /// `fib` argument.
+    pub n: u32,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    items: VecDeque<usize>,
+    closed: bool,
+}
+
+/// A plain pool: `workers` OS threads pulling from one locked FIFO. With
+/// one worker per CPU it is the paper's "ignorant" pool; with the
+/// neighbour-free share of the CPUs it is the "optimal" static split.
+pub struct StdPool {
+    q: Arc<(Mutex<Queue>, Condvar)>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl StdPool {
+    /// Starts `workers` threads.
+    pub fn start(workers: usize, work: &Work) -> Result<Self, BenchError> {
+        let q: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
+        let mut pool = StdPool {
+            q,
+            workers: Vec::new(),
+        };
+        for k in 0..workers.max(1) {
+            let q = Arc::clone(&pool.q);
+            let w = work.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("pool-worker-{k}"))
+                .spawn(move || worker(&q, &w))
+                .map_err(|e| BenchError::Thread(format!("pool worker: {e}")));
+            match h {
+                Ok(h) => pool.workers.push(h),
+                Err(e) => {
+                    pool.close();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(pool)
+    }
+
+    fn close(&mut self) {
+        let (m, cv) = &*self.q;
+        if let Ok(mut g) = m.lock() {
+            g.closed = true;
+        }
+        cv.notify_all();
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn worker(q: &(Mutex<Queue>, Condvar), w: &Work) {
+    let (m, cv) = q;
+    loop {
+        let item = {
+            let Ok(mut g) = m.lock() else { return };
+            loop {
+                if let Some(i) = g.items.pop_front() {
+                    break Some(i);
+                }
+                if g.closed {
+                    break None;
+                }
+                g = match cv.wait(g) {
+                    Ok(g) => g,
+                    Err(_) => return,
+                };
+            }
+        };
+        match item {
+            Some(i) => w.stamps.run(&w.clock, i, w.n),
+            None => return,
+        }
+    }
+}
+
+impl Submit for StdPool {
+    fn submit(&mut self, i: usize) -> Result<(), BenchError> {
+        let (m, cv) = &*self.q;
+        m.lock()
+            .map_err(|_| BenchError::Thread("pool queue poisoned".into()))?
+            .items
+            .push_back(i);
+        cv.notify_one();
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<(), BenchError> {
+        self.close();
+        Ok(())
+    }
+
+    fn active(&self) -> usize {
+        self.workers.len()
+    }
+}
+
+impl Drop for StdPool {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Tasks as corewise user threads, one per task, created from the
+/// generator (an OS thread) with `wait_for_slot(true)`.
+pub struct CorewisePool {
+    rt: Option<corewise::Runtime>,
+    work: Work,
+}
+
+impl CorewisePool {
+    /// Builds the runtime: every allowed CPU, default policy, neighbour
+    /// awareness with overcommit `overcommit` (None: off).
+    pub fn start(work: &Work, overcommit: Option<f64>) -> Result<Self, BenchError> {
+        let nb = overcommit.map(|o| corewise::budget::NeighbourConfig {
+            overcommit: o,
+            ..corewise::budget::NeighbourConfig::default()
+        });
+        let rt = corewise::Runtime::builder()
+            .neighbour_awareness(nb)
+            .build()
+            .map_err(|e| BenchError::Runtime {
+                runtime: "corewise",
+                message: e.to_string(),
+            })?;
+        Ok(CorewisePool {
+            rt: Some(rt),
+            work: work.clone(),
+        })
+    }
+
+    /// Cores the runtime holds now.
+    pub fn active_cores(&self) -> usize {
+        self.rt.as_ref().map_or(0, |r| r.active_cores())
+    }
+}
+
+impl Submit for CorewisePool {
+    fn submit(&mut self, i: usize) -> Result<(), BenchError> {
+        let Some(rt) = self.rt.as_ref() else {
+            return Err(BenchError::Runtime {
+                runtime: "corewise",
+                message: "runtime already stopped".into(),
+            });
+        };
+        let w = self.work.clone();
+        corewise::thread::Builder::new()
+            .wait_for_slot(true)
+            .spawn_detached_in(rt, move || w.stamps.run(&w.clock, i, w.n))
+            .map(|_| ())
+            .map_err(|e| BenchError::Runtime {
+                runtime: "corewise",
+                message: format!("spawn: {e}"),
+            })
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<(), BenchError> {
+        // Dropping the runtime waits for its user threads, then stops its
+        // kernel threads: nothing keeps running afterwards.
+        drop(self.rt.take());
+        Ok(())
+    }
+
+    fn active(&self) -> usize {
+        self.active_cores()
+    }
+}
+
+/// Scheduled submission time of task `i`, in ticks after `t0`.
+pub fn scheduled_ticks(t0: u64, i: usize, interval_ticks: f64) -> u64 {
+    t0 + (i as f64 * interval_ticks).round() as u64
+}
+
+/// What [`drive`] saw.
+#[derive(Debug, Clone, Default)]
+pub struct Driven {
+    /// Every task finished before the drain deadline.
+    pub complete: bool,
+    /// The pool's active cores (workers), sampled at each submission.
+    pub active_samples: Vec<usize>,
+    /// When the drain deadline passed with tasks unfinished (ticks).
+    pub abandoned_at: Option<u64>,
+}
+
+/// Drives `pool` open-loop: `n` tasks, one every `interval_ticks` (ticks of
+/// `clock`), starting at `t0`. Then waits until every task finished or
+/// `drain` has passed after the last *scheduled* submission (then sets
+/// `abandon`), and shuts the pool down. The deadline is absolute, so a
+/// pool whose submissions block (a full slot table) gets no extra time;
+/// tasks not submitted by then are skipped.
+pub fn drive(
+    pool: Box<dyn Submit>,
+    clock: &Clock,
+    stamps: &Stamps,
+    t0: u64,
+    interval_ticks: f64,
+    n: usize,
+    drain: Duration,
+) -> Result<Driven, BenchError> {
+    let mut pool = pool;
+    let mut active_samples = Vec::with_capacity(n);
+    let end = scheduled_ticks(t0, n, interval_ticks);
+    let deadline = end + (drain.as_nanos() as f64 * clock.ticks_per_ns()) as u64;
+    let mut abandoned_at = None;
+    for i in 0..n {
+        let target = scheduled_ticks(t0, i, interval_ticks);
+        if clock.now() >= deadline {
+            abandoned_at = Some(clock.now());
+            stamps.abandon.store(true, Ordering::Relaxed);
+            break;
+        }
+        let now = clock.now();
+        if target > now {
+            let ns = clock.delta_ns(now, target);
+            std::thread::sleep(Duration::from_nanos(ns as u64));
+        }
+        active_samples.push(pool.active());
+        if let Err(e) = pool.submit(i) {
+            stamps.abandon.store(true, Ordering::Relaxed);
+            let _ = pool.finish();
+            return Err(e);
+        }
+    }
+    let mut complete = abandoned_at.is_none();
+    while complete && stamps.done.load(Ordering::Acquire) < n {
+        if clock.now() >= deadline {
+            abandoned_at = Some(clock.now());
+            stamps.abandon.store(true, Ordering::Relaxed);
+            complete = false;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    pool.finish()?;
+    Ok(Driven {
+        complete,
+        active_samples,
+        abandoned_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_is_evenly_spaced() {
+        assert_eq!(scheduled_ticks(100, 0, 2.5), 100);
+        assert_eq!(scheduled_ticks(100, 4, 2.5), 110);
+        assert_eq!(scheduled_ticks(0, 3, 1_000_000.0), 3_000_000);
+    }
+
+    #[test]
+    fn std_pool_runs_every_task() {
+        let clock = Clock::monotonic();
+        let stamps = Stamps::new(20);
+        let work = Work {
+            clock,
+            stamps: Arc::clone(&stamps),
+            n: 10,
+        };
+        let pool = StdPool::start(2, &work).expect("pool");
+        let t0 = clock.now();
+        let ok = drive(
+            Box::new(pool),
+            &clock,
+            &stamps,
+            t0,
+            100_000.0,
+            20,
+            Duration::from_secs(5),
+        )
+        .expect("drive");
+        assert!(ok.complete);
+        assert_eq!(ok.active_samples.len(), 20);
+        assert_eq!(stamps.done.load(Ordering::Relaxed), 20);
+        assert!(stamps.end.iter().all(|e| e.load(Ordering::Relaxed) > 0));
+    }
+}
