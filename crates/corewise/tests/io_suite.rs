@@ -337,7 +337,7 @@ fn file_larger_than_any_buffer(b: IoBackend) {
             f.write_all_at(&data, 0).unwrap();
             drop(f);
             // Read it through a 64 KiB buffer, many reads at the file position.
-            let mut f = File::open(&p.0).unwrap();
+            let f = File::open(&p.0).unwrap();
             let mut buf = vec![0u8; 64 * 1024];
             let mut got = Vec::with_capacity(size);
             loop {

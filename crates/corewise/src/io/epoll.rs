@@ -207,7 +207,7 @@ impl Epoll {
             armed = 1;
         }
         self.bridge.store(armed, Ordering::SeqCst);
-        let _ = futex::wake(&*self.bridge, futex::Flags::PRIVATE, 1);
+        let _ = futex::wake(&self.bridge, futex::Flags::PRIVATE, 1);
         self.poll(timeout);
         self.bridge.store(armed.wrapping_add(1), Ordering::SeqCst);
     }
@@ -216,7 +216,7 @@ impl Epoll {
 impl Drop for Epoll {
     fn drop(&mut self) {
         self.bridge.store(STOP, Ordering::SeqCst);
-        let _ = futex::wake(&*self.bridge, futex::Flags::PRIVATE, 1);
+        let _ = futex::wake(&self.bridge, futex::Flags::PRIVATE, 1);
         let _ = futex::wake(self.gate, futex::Flags::PRIVATE, i32::MAX as u32);
         if let Some(t) = self.bridge_thread.take() {
             let _ = t.join();

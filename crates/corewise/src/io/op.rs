@@ -178,7 +178,7 @@ impl Kind {
     pub(crate) unsafe fn now(&self) -> io::Result<usize> {
         let dw = libc::MSG_DONTWAIT;
         let off = |o: Option<u64>| o.map(|o| o as libc::off_t);
-        // SAFETY (all arms): the caller guarantees the pointers; each call
+        // SAFETY: (all arms) the caller guarantees the pointers; each call
         // only reads/writes within the lengths given.
         let r: isize = unsafe {
             match *self {
@@ -521,7 +521,7 @@ fn os_ready(
             }
             None => -1,
         };
-        if cancel.is_some() && (ms < 0 || ms > 50) {
+        if cancel.is_some() && !(0..=50).contains(&ms) {
             ms = 50;
         }
         let mut p = libc::pollfd {
