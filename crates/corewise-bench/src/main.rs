@@ -10,6 +10,7 @@ mod core_grant;
 mod cores;
 mod echo;
 mod error;
+mod kv;
 mod neighbours;
 mod output;
 mod primitives;
@@ -45,6 +46,9 @@ enum Command {
     /// Echo server: corewise (io_uring, epoll) against tokio and a plain
     /// epoll loop, 1-1000 connections: throughput, p50/p99, syscalls/request.
     Echo(echo::Args),
+    /// corewise-kv against memcached -t 1 on one server CPU: open-loop
+    /// rate sweep, p50/p99/p99.9, peak throughput at p99 <= 1 ms.
+    Kv(kv::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,6 +58,7 @@ fn main() -> std::process::ExitCode {
         Command::Neighbours(args) => neighbours::run(&args),
         Command::Cores(args) => cores::run(&args),
         Command::Echo(args) => echo::run(&args),
+        Command::Kv(args) => kv::run(&args),
         Command::CoreGrant(args) => core_grant::run(args)
             .map(|_| ())
             .map_err(|e| error::BenchError::Machine(format!("core-grant: {e}"))),

@@ -1,0 +1,418 @@
+//! `corewise-bench kv`: corewise-kv against memcached under the same load.
+//!
+//! Both servers run for the whole benchmark, each confined to the same one
+//! CPU (see [`servers`]); the generator runs on another CPU. Every rate of
+//! the sweep is measured on both servers back to back (the order alternates
+//! from point to point), so drift of the machine hits both alike. A short
+//! closed-loop probe first finds roughly what the faster server can do; the
+//! sweep then offers fractions of that, open loop, with latency measured
+//! from each request's scheduled send time (see [`load`]). The result is
+//! throughput and p50/p99/p99.9 per point, the peak throughput at which
+//! p99 stays within 1 ms, and with `--neighbour` the growth of p99 when a
+//! CPU-bound process shares the server's CPU.
+
+mod load;
+mod servers;
+mod workload;
+
+use crate::error::BenchError;
+use crate::neighbours::plot::{Canvas, Chart, Series, PALETTE};
+use load::{Outcome, Pace, Plan};
+use std::path::PathBuf;
+use std::time::Duration;
+use workload::{Kind, Workload};
+
+/// Arguments of `corewise-bench kv`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Key/value distribution and mix.
+    #[arg(long, value_enum, default_value_t = Kind::Etc)]
+    pub workload: Kind,
+    /// Number of distinct keys (all preloaded).
+    #[arg(long)]
+    pub keys: Option<usize>,
+    /// Client connections.
+    #[arg(long, default_value_t = 50)]
+    pub connections: usize,
+    /// Closed loop only: outstanding requests per connection, measured at
+    /// each depth given (instead of the open-loop sweep).
+    #[arg(long, value_delimiter = ',')]
+    pub closed: Option<Vec<usize>>,
+    /// Offered rates (requests/s) for the sweep; default: fractions of the
+    /// probed capacity.
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Option<Vec<f64>>,
+    /// Seconds recorded per point.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Short run (under three minutes).
+    #[arg(long)]
+    pub quick: bool,
+    /// Also measure beside a CPU-bound neighbour on the server's CPU.
+    #[arg(long)]
+    pub neighbour: bool,
+    /// Write results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw latency vs throughput into this PNG.
+    #[arg(long)]
+    pub png: Option<PathBuf>,
+    /// The corewise-kv binary (default: next to this one).
+    #[arg(long)]
+    pub kv_bin: Option<PathBuf>,
+    /// corewise-kv's --mode (default: its own default).
+    #[arg(long)]
+    pub kv_mode: Option<String>,
+    /// The memcached binary.
+    #[arg(long, default_value = "memcached")]
+    pub memcached_bin: PathBuf,
+    /// CPU for the servers (default: the first allowed CPU).
+    #[arg(long)]
+    pub server_cpu: Option<usize>,
+    /// CPU for the load generator (default: the second allowed CPU).
+    #[arg(long)]
+    pub client_cpu: Option<usize>,
+    /// RNG seed.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+/// One point of a curve.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Point {
+    /// Offered load.
+    pub offered_per_s: f64,
+    /// Achieved throughput.
+    pub throughput_per_s: f64,
+    /// Median latency.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+}
+
+impl Point {
+    fn of(o: &Outcome) -> Point {
+        Point {
+            offered_per_s: o.offered_per_s,
+            throughput_per_s: o.throughput_per_s,
+            p50_us: o.quantile_us(0.5),
+            p99_us: o.quantile_us(0.99),
+            p999_us: o.quantile_us(0.999),
+        }
+    }
+}
+
+/// Results of one server.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ServerResult {
+    /// Highest throughput among points whose p99 is at most 1 ms.
+    pub peak_throughput_at_p99_1ms: f64,
+    /// The sweep.
+    pub curve: Vec<Point>,
+    /// p99 beside a neighbour over p99 alone, at the same offered load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_growth: Option<f64>,
+    /// The two p99s (alone, beside the neighbour) and the load used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neighbour: Option<NeighbourResult>,
+}
+
+/// The neighbour experiment of one server.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NeighbourResult {
+    /// Offered load.
+    pub offered_per_s: f64,
+    /// Alone.
+    pub alone: Point,
+    /// Beside a CPU-bound process on the same CPU.
+    pub beside_neighbour: Point,
+}
+
+fn peak(curve: &[Point]) -> f64 {
+    curve
+        .iter()
+        .filter(|p| p.p99_us <= 1000.0)
+        .map(|p| p.throughput_per_s)
+        .fold(0.0, f64::max)
+}
+
+struct Setup {
+    workload: Workload,
+    fill: Vec<u8>,
+    connections: usize,
+    warmup: Duration,
+    measure: Duration,
+    seed: u64,
+}
+
+impl Setup {
+    fn measure(&self, port: u16, pace: Pace) -> Result<Outcome, BenchError> {
+        let plan = Plan {
+            port,
+            connections: self.connections,
+            pace,
+            warmup: self.warmup,
+            measure: self.measure,
+            seed: self.seed,
+        };
+        load::run(&plan, &self.workload, &self.fill)
+    }
+}
+
+fn show(name: &str, p: &Point) {
+    println!(
+        "  {name:<12} offered {:>9.0}/s  throughput {:>9.0}/s  p50 {:>8.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us",
+        p.offered_per_s, p.throughput_per_s, p.p50_us, p.p99_us, p.p999_us
+    );
+}
+
+/// Runs the benchmark.
+pub fn run(args: &Args) -> Result<(), BenchError> {
+    let allowed = crate::affinity::allowed_cpus()?;
+    let server_cpu = args.server_cpu.unwrap_or(allowed[0]);
+    let client_cpu = match args.client_cpu {
+        Some(c) => c,
+        None => *allowed.iter().find(|&&c| c != server_cpu).ok_or_else(|| {
+            BenchError::Machine("kv needs two CPUs: one for the servers, one for the load".into())
+        })?,
+    };
+    crate::affinity::pin_current(client_cpu)?;
+    let quick = args.quick;
+    let keys = args.keys.unwrap_or(if quick { 20_000 } else { 100_000 });
+    let workload = Workload::new(args.workload, keys, args.seed);
+    let max_size = (0..keys as u32)
+        .map(|i| workload.size(i))
+        .max()
+        .unwrap_or(1);
+    let secs = args.duration.unwrap_or(if quick { 1.5 } else { 3.0 });
+    let setup = Setup {
+        fill: vec![b'x'; max_size],
+        workload,
+        connections: args.connections,
+        warmup: Duration::from_millis(if quick { 300 } else { 500 }),
+        measure: Duration::from_secs_f64(secs),
+        seed: args.seed,
+    };
+    let kv_bin = match &args.kv_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| BenchError::io("locating corewise-bench", e))?
+            .with_file_name("corewise-kv"),
+    };
+    println!(
+        "kv: {:?} workload, {keys} keys (mean value {:.0} B), {} connections; servers on CPU {server_cpu}, load on CPU {client_cpu}",
+        args.workload,
+        setup.workload.mean_size(),
+        args.connections
+    );
+    let kv = servers::corewise_kv(&kv_bin, server_cpu, args.kv_mode.as_deref())?;
+    let mc = servers::memcached(&args.memcached_bin, server_cpu)?;
+    println!(
+        "servers: corewise-kv pid {} port {}, memcached pid {} port {}",
+        kv.pid(),
+        kv.port,
+        mc.pid(),
+        mc.port
+    );
+    let both = [&kv, &mc];
+    for s in both {
+        load::preload(s.port, &setup.workload, &setup.fill)?;
+    }
+
+    if let Some(depths) = &args.closed {
+        println!("closed loop:");
+        for &d in depths {
+            for s in both {
+                let o = setup.measure(s.port, Pace::Closed(d))?;
+                print!("  depth {d:>3} ");
+                show(s.name, &Point::of(&o));
+            }
+        }
+        return Ok(());
+    }
+
+    // Probe: what does each server sustain, closed loop?
+    let mut cap: f64 = 0.0;
+    for s in both {
+        let o = setup.measure(s.port, Pace::Closed(4))?;
+        println!(
+            "probe (closed loop, depth 4): {:<12} {:>9.0}/s",
+            s.name, o.throughput_per_s
+        );
+        cap = cap.max(o.throughput_per_s);
+    }
+    let rates: Vec<f64> = match &args.rates {
+        Some(r) => r.clone(),
+        None => {
+            let fr: &[f64] = if quick {
+                &[0.2, 0.4, 0.6, 0.75, 0.9, 1.05]
+            } else {
+                &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2]
+            };
+            fr.iter()
+                .map(|f| (f * cap / 1000.0).round().max(1.0) * 1000.0)
+                .collect()
+        }
+    };
+    let mut results = [ServerResult::default(), ServerResult::default()];
+    println!("open-loop sweep:");
+    for (k, &rate) in rates.iter().enumerate() {
+        let order: [usize; 2] = if k % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let o = setup.measure(both[i].port, Pace::Open(rate))?;
+            let p = Point::of(&o);
+            show(both[i].name, &p);
+            if o.misses > 0 {
+                println!("    ({} gets missed)", o.misses);
+            }
+            if o.unanswered > 0 {
+                println!(
+                    "    ({} requests unanswered at the deadline, counted as latency)",
+                    o.unanswered
+                );
+            }
+            results[i].curve.push(p);
+        }
+    }
+    for r in &mut results {
+        r.peak_throughput_at_p99_1ms = peak(&r.curve);
+    }
+
+    if args.neighbour {
+        let rate = {
+            let p = results[0]
+                .peak_throughput_at_p99_1ms
+                .min(results[1].peak_throughput_at_p99_1ms);
+            ((if p > 0.0 { 0.5 * p } else { 0.3 * cap }) / 1000.0)
+                .round()
+                .max(1.0)
+                * 1000.0
+        };
+        println!(
+            "neighbour: {rate:.0}/s alone, then beside a CPU-bound process on CPU {server_cpu}"
+        );
+        let mut alone = Vec::new();
+        for s in both {
+            let p = Point::of(&setup.measure(s.port, Pace::Open(rate))?);
+            show(s.name, &p);
+            alone.push(p);
+        }
+        let guard = crate::neighbours::children::Neighbours::start(1)?;
+        for pid in guard.pids() {
+            servers::confine(pid, server_cpu)?;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        for (i, s) in both.iter().enumerate() {
+            let p = Point::of(&setup.measure(s.port, Pace::Open(rate))?);
+            show(&format!("{}+nb", s.name), &p);
+            let a = alone[i].clone();
+            results[i].p99_growth = Some(p.p99_us / a.p99_us.max(1e-9));
+            results[i].neighbour = Some(NeighbourResult {
+                offered_per_s: rate,
+                alone: a,
+                beside_neighbour: p,
+            });
+        }
+        drop(guard);
+    }
+    drop(kv);
+    drop(mc);
+
+    report(&results, &rates);
+    if let Some(path) = &args.json {
+        let v = serde_json::json!({
+            "servers": { "corewise-kv": results[0], "memcached": results[1] }
+        });
+        let text = serde_json::to_string_pretty(&v)
+            .map_err(|e| BenchError::Machine(format!("json: {e}")))?;
+        std::fs::write(path, text)
+            .map_err(|e| BenchError::io(format!("writing {}", path.display()), e))?;
+        println!("json: {}", path.display());
+    }
+    if let Some(path) = &args.png {
+        plot(&results, path)?;
+        println!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
+fn report(r: &[ServerResult; 2], rates: &[f64]) {
+    println!();
+    println!("| offered/s | kv tput/s | mc tput/s | kv p99 us | mc p99 us | p99 kv/mc | kv p99.9 us | mc p99.9 us |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (k, rate) in rates.iter().enumerate() {
+        let (Some(a), Some(b)) = (r[0].curve.get(k), r[1].curve.get(k)) else {
+            continue;
+        };
+        println!(
+            "| {rate:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            a.throughput_per_s,
+            b.throughput_per_s,
+            a.p99_us,
+            b.p99_us,
+            a.p99_us / b.p99_us.max(1e-9),
+            a.p999_us,
+            b.p999_us
+        );
+    }
+    let (pk, pm) = (
+        r[0].peak_throughput_at_p99_1ms,
+        r[1].peak_throughput_at_p99_1ms,
+    );
+    println!();
+    println!(
+        "peak throughput at p99 <= 1 ms: corewise-kv {pk:.0}/s, memcached {pm:.0}/s, ratio {:.2}",
+        pk / pm.max(1e-9)
+    );
+    if let (Some(a), Some(b)) = (r[0].p99_growth, r[1].p99_growth) {
+        println!("p99 growth beside a neighbour: corewise-kv {a:.2}x, memcached {b:.2}x");
+    }
+}
+
+fn plot(r: &[ServerResult; 2], path: &std::path::Path) -> Result<(), BenchError> {
+    let names = ["corewise-kv", "memcached"];
+    let series = |f: &dyn Fn(&Point) -> f64| -> Vec<Series> {
+        r.iter()
+            .zip(names)
+            .enumerate()
+            .map(|(i, (s, n))| Series {
+                name: n.into(),
+                color: PALETTE[i],
+                points: s.curve.iter().map(|p| (p.throughput_per_s, f(p))).collect(),
+                markers: true,
+            })
+            .collect()
+    };
+    let charts = [
+        Chart {
+            title: "p99 latency vs throughput".into(),
+            x_label: "throughput (req/s)".into(),
+            y_label: "p99 us (log)".into(),
+            log_y: true,
+            y_range: None,
+            series: series(&|p| p.p99_us),
+        },
+        Chart {
+            title: "p50 latency vs throughput".into(),
+            x_label: "throughput (req/s)".into(),
+            y_label: "p50 us (log)".into(),
+            log_y: true,
+            y_range: None,
+            series: series(&|p| p.p50_us),
+        },
+    ];
+    let mut cv = Canvas::new(1000, 480);
+    for (k, ch) in charts.iter().enumerate() {
+        ch.draw(&mut cv, 500 * k as i64, 24, 500, 456);
+    }
+    cv.text(
+        10,
+        6,
+        "corewise-kv vs memcached -t 1, one server CPU",
+        [0, 0, 0],
+        1,
+    );
+    cv.save(path)
+}
