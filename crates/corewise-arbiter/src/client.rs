@@ -359,6 +359,27 @@ impl CoreThread {
     }
 }
 
+/// The thread's socket, so that another thread can interrupt a
+/// [`CoreThread::block_until_core_available`] in progress: `shutdown(2)` on a
+/// duplicate of it makes the blocked read return [`ClientError::DaemonGone`]
+/// (and the daemon sees the thread leave). The corewise runtime does this
+/// when it stops.
+///
+/// ```no_run
+/// use std::os::fd::AsFd;
+/// let app = corewise_arbiter::connect("/run/corewise-arbiter.sock")?;
+/// let me = app.thread()?;
+/// let interrupt = me.as_fd().try_clone_to_owned()?;
+/// // later, from any thread:
+/// rustix::net::shutdown(&interrupt, rustix::net::Shutdown::Both)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl std::os::fd::AsFd for CoreThread {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.conn.stream.as_fd()
+    }
+}
+
 /// Asks the daemon for its status table.
 ///
 /// ```no_run

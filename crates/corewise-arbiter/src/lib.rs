@@ -17,6 +17,12 @@
 //! - [`config`]: per-user limits;
 //! - [`status`]: the status table.
 //!
+//! The daemon side (`config`, `daemon`, `fence`, `policy`, `status` and the
+//! binary) is the default feature `daemon`; a thread library depends on the
+//! crate with `default-features = false` and gets only the client, the
+//! protocol and the shared page, without clap, serde, toml or
+//! tracing-subscriber.
+//!
 //! ```
 //! use corewise_arbiter::config::Limits;
 //! // An anti-social request is clipped to the user's limits.
@@ -25,12 +31,17 @@
 //! ```
 
 pub mod client;
+#[cfg(feature = "daemon")]
 pub mod config;
+#[cfg(feature = "daemon")]
 pub mod daemon;
+#[cfg(feature = "daemon")]
 pub mod fence;
+#[cfg(feature = "daemon")]
 pub mod policy;
 pub mod protocol;
 pub mod shm;
+#[cfg(feature = "daemon")]
 pub mod status;
 pub mod topology;
 

@@ -48,7 +48,8 @@ impl Context {
         // corosensei's limit is the bottom of the mapping, whose first page
         // is the guard page.
         let limit = stack.limit().get();
-        let guard = GuardRegistration::new(limit, limit + page, slot, stack.base().get() - limit - page);
+        let guard =
+            GuardRegistration::new(limit, limit + page, slot, stack.base().get() - limit - page);
         let coroutine = Coroutine::with_stack(stack, move |yielder: &SlotYielder, first| {
             slot.yielder.set(yielder as *const SlotYielder);
             let mut cmd = first;
@@ -147,7 +148,9 @@ impl GuardRegistration {
     fn clear(&mut self) {
         if let Some(i) = self.0.take() {
             GUARDS[i].lo.store(usize::MAX, Ordering::Release);
-            GUARDS[i].slot.store(std::ptr::null_mut(), Ordering::Relaxed);
+            GUARDS[i]
+                .slot
+                .store(std::ptr::null_mut(), Ordering::Relaxed);
             GUARDS[i].lo.store(0, Ordering::Release);
         }
     }
@@ -159,7 +162,10 @@ static PREVIOUS_BUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_
 
 fn install_overflow_handler() {
     INSTALL.call_once(|| {
-        for (sig, prev) in [(libc::SIGSEGV, &PREVIOUS_SEGV), (libc::SIGBUS, &PREVIOUS_BUS)] {
+        for (sig, prev) in [
+            (libc::SIGSEGV, &PREVIOUS_SEGV),
+            (libc::SIGBUS, &PREVIOUS_BUS),
+        ] {
             // SAFETY: a zeroed sigaction is a valid "no handler" value; we
             // fill in handler, flags and mask before installing it, and the
             // old action is written into memory we own (leaked, static).
@@ -186,7 +192,9 @@ pub(crate) fn ensure_signal_stack() {
     // while the thread may use it (it is leaked with the thread).
     unsafe {
         let mut old: libc::stack_t = std::mem::zeroed();
-        if libc::sigaltstack(std::ptr::null(), &mut old) != 0 || old.ss_flags & libc::SS_DISABLE == 0 {
+        if libc::sigaltstack(std::ptr::null(), &mut old) != 0
+            || old.ss_flags & libc::SS_DISABLE == 0
+        {
             return;
         }
         let mem = libc::mmap(
@@ -224,7 +232,11 @@ impl std::fmt::Write for StackBuf {
     }
 }
 
-extern "C" fn overflow_handler(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+extern "C" fn overflow_handler(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uctx: *mut libc::c_void,
+) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
     for e in GUARDS.iter() {
@@ -233,7 +245,10 @@ extern "C" fn overflow_handler(sig: libc::c_int, info: *mut libc::siginfo_t, uct
             continue;
         }
         let slot = e.slot.load(Ordering::Relaxed);
-        let mut out = StackBuf { buf: [0; 512], len: 0 };
+        let mut out = StackBuf {
+            buf: [0; 512],
+            len: 0,
+        };
         use std::fmt::Write;
         let _ = write!(out, "\ncorewise: user thread ");
         if !slot.is_null() {
@@ -266,7 +281,11 @@ extern "C" fn overflow_handler(sig: libc::c_int, info: *mut libc::siginfo_t, uct
         }
     }
     // Not ours: hand the fault to whoever was installed before us.
-    let prev = if sig == libc::SIGBUS { &PREVIOUS_BUS } else { &PREVIOUS_SEGV };
+    let prev = if sig == libc::SIGBUS {
+        &PREVIOUS_BUS
+    } else {
+        &PREVIOUS_SEGV
+    };
     let prev = prev.load(Ordering::Acquire);
     // SAFETY: `prev` is null or a leaked sigaction filled in by sigaction(2);
     // calling its handler with our arguments is what the kernel would have

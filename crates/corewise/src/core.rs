@@ -262,14 +262,20 @@ mod runtime_core {
         /// The caller owns the slot (claimed it and has not yet made it
         /// runnable), so nothing else reads or writes `storage`.
         pub(crate) unsafe fn put<F: FnOnce() + Send + 'static>(&self, f: F) {
-            let run: unsafe fn(*mut u8) = if size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= 8 {
+            let run: unsafe fn(*mut u8) = if size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= 8
+            {
                 // SAFETY: the storage is 40 bytes aligned to 64 and F fits.
                 unsafe { self.storage.get().cast::<F>().write(f) };
                 run_inline::<F>
             } else {
                 let boxed: Box<F> = Box::new(f);
                 // SAFETY: a pointer fits in the storage.
-                unsafe { self.storage.get().cast::<*mut F>().write(Box::into_raw(boxed)) };
+                unsafe {
+                    self.storage
+                        .get()
+                        .cast::<*mut F>()
+                        .write(Box::into_raw(boxed))
+                };
                 run_boxed::<F>
             };
             self.run.store(run as usize, Ordering::Release);
@@ -401,7 +407,10 @@ mod runtime_core {
         /// Only the owning core's kernel thread may call this, and not while
         /// the context runs; the returned reference must not outlive that.
         #[allow(clippy::mut_from_ref)]
-        pub(crate) unsafe fn context(&'static self, stack_size: usize) -> std::io::Result<&'static mut Context> {
+        pub(crate) unsafe fn context(
+            &'static self,
+            stack_size: usize,
+        ) -> std::io::Result<&'static mut Context> {
             // SAFETY: per the contract, no other reference exists.
             let slot = unsafe { &mut *self.context.get() };
             if slot.is_none() {
@@ -479,7 +488,11 @@ mod runtime_core {
                 let since = self.idle_since.load(Ordering::Acquire);
                 let after = self.idle_ticks.load(Ordering::Acquire);
                 if before == after {
-                    let open = if since != 0 { now.saturating_sub(since) } else { 0 };
+                    let open = if since != 0 {
+                        now.saturating_sub(since)
+                    } else {
+                        0
+                    };
                     return before.wrapping_add(open);
                 }
             }
@@ -547,7 +560,10 @@ mod runtime_core {
 
         /// Puts `ctx` into slot `i` (migration).
         pub(crate) fn set_slot(&self, i: usize, ctx: &'static ThreadContext) {
-            self.slots[i].store(ctx as *const ThreadContext as *mut ThreadContext, Ordering::Release);
+            self.slots[i].store(
+                ctx as *const ThreadContext as *mut ThreadContext,
+                Ordering::Release,
+            );
         }
 
         /// The runtime this core belongs to.
@@ -599,7 +615,10 @@ mod tests {
     #[test]
     fn wakeup_keeps_a_signal_that_arrives_while_running() {
         let (shared, local) = (SignalWord::new(), LocalWake::new());
-        let w = Wakeup { shared: &shared, local: &local };
+        let w = Wakeup {
+            shared: &shared,
+            local: &local,
+        };
         w.signal();
         assert!(w.take_if_due(&mut || 0));
         // The thread runs; a signal arrives; the thread then blocks.
@@ -614,7 +633,10 @@ mod tests {
     #[test]
     fn deadlines_are_due_only_when_reached() {
         let (shared, local) = (SignalWord::new(), LocalWake::new());
-        let w = Wakeup { shared: &shared, local: &local };
+        let w = Wakeup {
+            shared: &shared,
+            local: &local,
+        };
         assert!(w.block_until(100));
         assert!(!w.take_if_due(&mut || 99));
         assert_eq!(w.due_or_deadline(99), Some(100));
@@ -627,7 +649,10 @@ mod tests {
     #[test]
     fn a_freed_slot_forgets_old_signals() {
         let (shared, local) = (SignalWord::new(), LocalWake::new());
-        let w = Wakeup { shared: &shared, local: &local };
+        let w = Wakeup {
+            shared: &shared,
+            local: &local,
+        };
         w.signal();
         w.signal();
         w.reset();
@@ -678,8 +703,13 @@ mod loom_tests {
             let job = Arc::new(UnsafeCell::new(0u32));
             let published = Arc::new(AtomicBool::new(false));
             let spawner = {
-                let (mask, shared, gate, job, published) =
-                    (mask.clone(), shared.clone(), gate.clone(), job.clone(), published.clone());
+                let (mask, shared, gate, job, published) = (
+                    mask.clone(),
+                    shared.clone(),
+                    gate.clone(),
+                    job.clone(),
+                    published.clone(),
+                );
                 loom::thread::spawn(move || {
                     assert_eq!(mask.claim(), Some(0));
                     // SAFETY: the slot is ours until it is published.
@@ -690,7 +720,10 @@ mod loom_tests {
                     gate.wake_after_rmw();
                 })
             };
-            let w = Wakeup { shared: &shared, local: &local };
+            let w = Wakeup {
+                shared: &shared,
+                local: &local,
+            };
             dispatch_until(&mask, w, &gate, || {
                 // A stale signal may run the slot before it is published:
                 // the slot loop checks the publication flag.
@@ -716,7 +749,10 @@ mod loom_tests {
             let gate = Arc::new(IdleGate::new());
             let flag = Arc::new(AtomicBool::new(false));
             assert_eq!(mask.claim(), Some(0));
-            let w = Wakeup { shared: &shared, local: &local };
+            let w = Wakeup {
+                shared: &shared,
+                local: &local,
+            };
             w.signal();
             let signaller = {
                 let (shared, gate, flag) = (shared.clone(), gate.clone(), flag.clone());

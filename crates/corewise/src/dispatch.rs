@@ -31,7 +31,10 @@ use crate::shim::{fence, Ordering};
 /// Per-core cumulative counter update by its only writer.
 #[inline]
 fn bump(counter: &crate::shim::AtomicU64, by: u64) {
-    counter.store(counter.load(Ordering::Relaxed).wrapping_add(by), Ordering::Relaxed);
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(by),
+        Ordering::Relaxed,
+    );
 }
 
 /// Runs `core` until the arbiter asks for it back and its threads have
@@ -144,7 +147,9 @@ fn must_go(core: &'static Core) -> bool {
     }
     if !core.active.load(Ordering::Relaxed) {
         core.active.store(true, Ordering::SeqCst);
-        shared.active_mask.fetch_or(1u64 << core.index, Ordering::AcqRel);
+        shared
+            .active_mask
+            .fetch_or(1u64 << core.index, Ordering::AcqRel);
         shared.policy.core_added(core.index);
     }
     false
@@ -205,7 +210,9 @@ pub(crate) fn migrate_all(core: &'static Core) -> bool {
             moving.relocate(target, j);
             core.mask.release(i);
             let class = ThreadClass::from_u32(moving.invocation.class.load(Ordering::Relaxed));
-            shared.policy.thread_migrated(class, core.index, target.index);
+            shared
+                .policy
+                .thread_migrated(class, core.index, target.index);
             // Dekker with a signaller that reads `moving.core()` after its
             // wakeup swap: either it saw the target (and wakes it), or this
             // read sees its RUNNABLE, which the woken target then sees too.

@@ -82,11 +82,8 @@ impl IdleGate {
             && self.state.swap(AWAKE, Ordering::SeqCst) == SLEEPING
         {
             #[cfg(not(loom))]
-            let _ = rustix::thread::futex::wake(
-                &self.state,
-                rustix::thread::futex::Flags::PRIVATE,
-                1,
-            );
+            let _ =
+                rustix::thread::futex::wake(&self.state, rustix::thread::futex::Flags::PRIVATE, 1);
             #[cfg(loom)]
             self.futex.wake();
         }

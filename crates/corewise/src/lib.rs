@@ -58,6 +58,8 @@ pub use policy::{
 };
 
 #[cfg(not(loom))]
+pub use arbiter::{ArbiterChoice, ArbiterKind};
+#[cfg(not(loom))]
 pub use blocking::blocking;
 #[cfg(not(loom))]
 pub use budget::{

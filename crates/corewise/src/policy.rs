@@ -314,7 +314,8 @@ impl CorePolicy for DefaultPolicy {
         if class == ThreadClass::Exclusive {
             self.exclusive
                 .fetch_and(!CoreMask::single(from).0, Ordering::AcqRel);
-            self.exclusive.fetch_or(CoreMask::single(to).0, Ordering::AcqRel);
+            self.exclusive
+                .fetch_or(CoreMask::single(to).0, Ordering::AcqRel);
         }
     }
 
@@ -346,7 +347,10 @@ impl CorePolicy for DefaultPolicy {
             .saturating_sub(self.exclusive_count())
             .max(1);
         let held = normal.len() as u32;
-        if mean_load >= self.config.scale_up_load_factor && st.normal < max_normal && held >= st.normal {
+        if mean_load >= self.config.scale_up_load_factor
+            && st.normal < max_normal
+            && held >= st.normal
+        {
             let at = st.normal as usize;
             if st.scale_down_at.len() <= at {
                 st.scale_down_at.resize(at + 1, None);
@@ -357,7 +361,8 @@ impl CorePolicy for DefaultPolicy {
             let below = st.normal as usize - 1;
             let threshold = st.scale_down_at.get(below).copied().flatten();
             let idle = threshold.is_none() && total_util < 0.5 * (st.normal - 1) as f64;
-            if idle || threshold.is_some_and(|u| total_util < u - self.config.scale_down_hysteresis) {
+            if idle || threshold.is_some_and(|u| total_util < u - self.config.scale_down_hysteresis)
+            {
                 st.normal -= 1;
             }
         }

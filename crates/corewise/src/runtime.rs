@@ -8,7 +8,7 @@
 //! (small) core tables keeps every `ThreadId` safe to signal even after its
 //! runtime is gone. The stacks, the big part, are unmapped at shutdown.
 
-use crate::arbiter::{CoreArbiter, Local};
+use crate::arbiter::{ArbiterChoice, ArbiterKind, CoreArbiter, Local};
 use crate::core::Core;
 use crate::error::{BuildError, JoinError, SpawnError};
 use crate::budget::{BudgetWatcher, NeighbourConfig};
@@ -62,6 +62,8 @@ pub struct Builder {
     io: crate::io::IoConfig,
     policy_config: PolicyConfig,
     neighbour: Option<NeighbourConfig>,
+    arbiter: ArbiterChoice,
+    priority: usize,
 }
 
 impl Default for Builder {
@@ -74,6 +76,8 @@ impl Default for Builder {
             io: crate::io::IoConfig::default(),
             policy_config: PolicyConfig::default(),
             neighbour: Some(NeighbourConfig::default()),
+            arbiter: ArbiterChoice::Auto,
+            priority: 0,
         }
     }
 }
@@ -148,6 +152,36 @@ impl Builder {
         self
     }
 
+    /// Where cores come from (default [`ArbiterChoice::Auto`]: the daemon
+    /// named by `COREWISE_ARBITER` if set, else the in-process arbiter); see
+    /// [`crate::arbiter`].
+    pub fn arbiter(mut self, choice: ArbiterChoice) -> Self {
+        self.arbiter = choice;
+        self
+    }
+
+    /// Take cores from the `corewise-arbiter` daemon listening on `socket`
+    /// (if it cannot be reached at start, one warning is logged and the
+    /// in-process arbiter is used).
+    ///
+    /// ```no_run
+    /// let rt = corewise::Runtime::builder()
+    ///     .arbiter_socket("/run/corewise-arbiter.sock")
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn arbiter_socket(self, socket: impl Into<std::path::PathBuf>) -> Self {
+        self.arbiter(ArbiterChoice::Daemon(socket.into()))
+    }
+
+    /// Priority of the runtime's core requests to the daemon, `0..8`, 0 the
+    /// highest (default 0): an application at a higher priority takes cores
+    /// from lower ones. The in-process arbiter ignores it.
+    pub fn priority(mut self, level: usize) -> Self {
+        self.priority = level;
+        self
+    }
+
     /// Starts the kernel threads and waits until they hold their cores.
     pub fn build(self) -> Result<Runtime, BuildError> {
         crate::clock::init();
@@ -171,6 +205,18 @@ impl Builder {
         };
         cpus.sort_unstable();
         cpus.dedup();
+        // With the daemon, the affinity is the daemon's doing (a process in
+        // its unmanaged set sees only the unmanaged CPUs): one kernel thread
+        // per online CPU (or per CPU asked for), whichever the daemon grants.
+        let arbiter = crate::arbiter::choose(&self.arbiter, self.priority);
+        if arbiter.is_some() {
+            cpus = match &self.cpus {
+                Some(req) => req.clone(),
+                None => crate::arbiter::online_cpus().unwrap_or(cpus),
+            };
+            cpus.sort_unstable();
+            cpus.dedup();
+        }
         if cpus.is_empty() {
             return Err(BuildError::NoCpus {
                 requested: self.cpus.unwrap_or_default(),
@@ -179,6 +225,12 @@ impl Builder {
         }
         if cpus.len() > 64 {
             return Err(BuildError::TooManyCpus(cpus.len()));
+        }
+        if self.priority >= PRIORITIES {
+            return Err(BuildError::Invalid(format!(
+                "priority {} is outside 0..{PRIORITIES}",
+                self.priority
+            )));
         }
         if let Some(Some(c)) = self.io.sqpoll {
             if cpus.contains(&c) {
@@ -210,7 +262,10 @@ impl Builder {
             stack_size: self.stack_size,
             idle_spin_ticks: crate::clock::duration_to_ticks(self.idle_spin),
             policy,
-            arbiter: Box::new(Local::new(cpus)),
+            arbiter: match arbiter {
+                Some(d) => Box::new(d.with_kthreads(n)),
+                None => Box::new(Local::new(cpus.clone())),
+            },
             active_mask: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             io,
@@ -408,6 +463,12 @@ impl Runtime {
             .io
             .backend
             .unwrap_or(crate::io::IoBackend::Epoll)
+    }
+
+    /// Which arbiter the runtime's cores come from (the in-process one when
+    /// a daemon was asked for but could not be reached).
+    pub fn arbiter_kind(&self) -> ArbiterKind {
+        self.shared.arbiter.kind()
     }
 
     /// The CPUs behind the runtime's cores, by core index.

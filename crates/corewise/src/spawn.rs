@@ -51,7 +51,10 @@ where
     Ok(id)
 }
 
-fn place(shared: &'static Shared, opts: &SpawnOptions) -> Result<(&'static Core, usize), SpawnError> {
+fn place(
+    shared: &'static Shared,
+    opts: &SpawnOptions,
+) -> Result<(&'static Core, usize), SpawnError> {
     loop {
         if shared.shutdown.load(Ordering::Relaxed) {
             return Err(SpawnError::ShuttingDown);

@@ -57,9 +57,11 @@ fn scales_up_under_load_and_back_down_when_idle() {
     for w in workers {
         w.join().unwrap();
     }
-    wait_for("back to one core when idle", Duration::from_secs(10), || {
-        rt.active_cores() == 1
-    });
+    wait_for(
+        "back to one core when idle",
+        Duration::from_secs(10),
+        || rt.active_cores() == 1,
+    );
 }
 
 #[test]
@@ -135,7 +137,9 @@ fn a_released_core_loses_none_of_its_threads() {
 fn an_idle_runtime_holds_one_core() {
     let rt = Runtime::builder().build().unwrap();
     rt.spawn(|| ()).unwrap().join().unwrap();
-    wait_for("one core", Duration::from_secs(10), || rt.active_cores() == 1);
+    wait_for("one core", Duration::from_secs(10), || {
+        rt.active_cores() == 1
+    });
 }
 
 /// Runs inside a cgroup whose quota is one CPU: the runtime must not hold
@@ -220,7 +224,11 @@ fn a_one_cpu_quota_keeps_the_runtime_on_one_core() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The harness prints "test quota_child ... " on the same line.
     let most: usize = stdout
         .split("MOST_ACTIVE_CORES=")

@@ -31,14 +31,20 @@ fn overflow_child() {
 fn stack_overflow_names_the_user_thread() {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
-        .args(["--exact", "overflow_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "overflow_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("COREWISE_OVERFLOW_CHILD", "1")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("user thread 'deep-recursion'") && stderr.contains("overflowed its stack of 64 KiB"),
+        stderr.contains("user thread 'deep-recursion'")
+            && stderr.contains("overflowed its stack of 64 KiB"),
         "stderr was: {stderr}"
     );
     use std::os::unix::process::ExitStatusExt;

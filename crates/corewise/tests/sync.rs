@@ -24,7 +24,12 @@ fn spawn_all<T: Send + 'static>(
     f: impl Fn(usize) -> Box<dyn FnOnce() -> T + Send> + Send,
 ) -> Vec<T> {
     let hs: Vec<_> = (0..n)
-        .map(|i| Builder::new().wait_for_slot(true).spawn_in(rt, f(i)).unwrap())
+        .map(|i| {
+            Builder::new()
+                .wait_for_slot(true)
+                .spawn_in(rt, f(i))
+                .unwrap()
+        })
         .collect();
     hs.into_iter().map(|h| h.join().unwrap()).collect()
 }

@@ -80,7 +80,9 @@ fn join_blocks_the_thread_not_the_core() {
 #[test]
 fn a_panic_comes_back_from_join_and_the_runtime_lives_on() {
     let rt = two_core_runtime();
-    let h = rt.spawn(|| -> u32 { panic!("deliberate test panic") }).unwrap();
+    let h = rt
+        .spawn(|| -> u32 { panic!("deliberate test panic") })
+        .unwrap();
     let err = h.join().unwrap_err();
     assert!(err.message.contains("deliberate test panic"));
     // The slot and the core still work.
@@ -250,7 +252,10 @@ fn an_exclusive_thread_keeps_its_core_alone() {
         .map(|_| rt.spawn(|| corewise::current_core().unwrap()).unwrap())
         .map(|h| h.join().unwrap())
         .collect();
-    assert!(cores.iter().all(|&c| c != ex_core), "{cores:?} vs {ex_core}");
+    assert!(
+        cores.iter().all(|&c| c != ex_core),
+        "{cores:?} vs {ex_core}"
+    );
     // A second exclusive thread cannot get the remaining (busy) core while
     // normal threads may still need it... but it can once it is empty.
     stop.store(true, Ordering::Release);
@@ -285,7 +290,10 @@ fn a_thread_can_spawn_and_join_from_within() {
 
 #[test]
 fn spawn_outside_a_user_thread_says_so() {
-    assert!(matches!(corewise::spawn(|| ()), Err(SpawnError::NotInRuntime)));
+    assert!(matches!(
+        corewise::spawn(|| ()),
+        Err(SpawnError::NotInRuntime)
+    ));
 }
 
 #[test]
@@ -323,12 +331,21 @@ fn idle_cores_sleep_in_the_kernel() {
             continue;
         }
         let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
-        let state = stat.rsplit(')').next().unwrap().split_whitespace().next().unwrap();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap();
         if state == "S" {
             sleeping += 1;
         }
     }
-    assert!(sleeping >= rt.active_cores(), "only {sleeping} core threads asleep");
+    assert!(
+        sleeping >= rt.active_cores(),
+        "only {sleeping} core threads asleep"
+    );
     // A spawn wakes a sleeping core.
     assert_eq!(rt.spawn(|| 1).unwrap().join().unwrap(), 1);
 }

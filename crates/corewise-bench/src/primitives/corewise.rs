@@ -264,7 +264,12 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
                 }
             }
         }
-        let total = || counters.iter().map(|c| c.0.load(Ordering::Relaxed)).sum::<u64>();
+        let total = || {
+            counters
+                .iter()
+                .map(|c| c.0.load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
         while total() < n as u64 {
             corewise::yield_now();
         }

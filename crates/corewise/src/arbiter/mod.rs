@@ -4,14 +4,37 @@
 //! loops: [`CoreArbiter::block_until_core_available`] (sleep until granted a
 //! core; return confined to it), run the dispatcher while it holds the core,
 //! and give the core back when [`CoreArbiter::must_release_core`] says so.
-//! This is Arachne's arbiter protocol; the [`Local`] arbiter implements it in
-//! process from the CPU budget, so no daemon is needed. (The daemon client
-//! arrives with the `corewise-arbiter` crate.)
+//! This is Arachne's arbiter protocol, with two implementations:
+//!
+//! - [`Local`] (the default) implements it in process from the CPU budget,
+//!   so no daemon is needed;
+//! - [`Daemon`] is a client of the `corewise-arbiter` daemon, which owns the
+//!   machine's cores and shares them out between applications by priority.
+//!
+//! Which one a runtime uses is [`ArbiterChoice`]: set it with
+//! [`Builder::arbiter`](crate::Builder::arbiter) or
+//! [`Builder::arbiter_socket`](crate::Builder::arbiter_socket), or leave it
+//! at [`ArbiterChoice::Auto`] and set the environment variable
+//! [`ARBITER_ENV`] (`COREWISE_ARBITER=/run/corewise-arbiter.sock`). A daemon
+//! that cannot be reached at start is not an error: the runtime logs one
+//! warning and runs with [`Local`], because a program must not stop working
+//! when an optional system service is down.
+
+mod daemon;
+mod local;
+
+pub use daemon::{Daemon, DEFAULT_RELEASE_POLL};
+pub use local::Local;
 
 use crate::policy::PRIORITIES;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::path::PathBuf;
+use std::time::Duration;
 use thiserror::Error;
+
+/// The environment variable naming the daemon's socket; it selects the
+/// [`Daemon`] arbiter when the builder's choice is [`ArbiterChoice::Auto`].
+/// Unset or empty means [`Local`].
+pub const ARBITER_ENV: &str = "COREWISE_ARBITER";
 
 /// An arbiter failure.
 #[derive(Debug, Error)]
@@ -28,6 +51,42 @@ pub enum ArbiterError {
     /// The kernel thread index is not one the arbiter knows.
     #[error("no kernel thread {0}")]
     NoSuchThread(usize),
+    /// Talking to the core arbiter daemon failed.
+    #[error(transparent)]
+    Daemon(#[from] corewise_arbiter::ClientError),
+}
+
+/// Which implementation an arbiter is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ArbiterKind {
+    /// [`Local`]: in process, from the CPU budget.
+    Local,
+    /// [`Daemon`]: a client of the `corewise-arbiter` daemon.
+    Daemon,
+}
+
+/// Where a runtime gets its cores (see the [module docs](self)).
+///
+/// ```
+/// use corewise::arbiter::{ArbiterChoice, ArbiterKind};
+/// let rt = corewise::Runtime::builder()
+///     .arbiter(ArbiterChoice::Local)
+///     .build()
+///     .unwrap();
+/// assert_eq!(rt.arbiter_kind(), ArbiterKind::Local);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ArbiterChoice {
+    /// The daemon named by [`ARBITER_ENV`] if it is set, else [`Local`].
+    #[default]
+    Auto,
+    /// Always the in-process arbiter.
+    Local,
+    /// The daemon listening on this socket ([`Local`] if it cannot be
+    /// reached at start).
+    Daemon(PathBuf),
 }
 
 /// The arbiter protocol, as the runtime's kernel threads use it.
@@ -51,92 +110,53 @@ pub trait CoreArbiter: Send + Sync + 'static {
     /// Ends the protocol: every kernel thread is told to release and
     /// `block_until_core_available` returns `None`.
     fn shutdown(&self);
+
+    /// Which implementation this is.
+    fn kind(&self) -> ArbiterKind;
+
+    /// How long an idle dispatcher may sleep before it looks at
+    /// [`must_release_core`](Self::must_release_core) again. `None` (the
+    /// default): the arbiter's changes come through
+    /// [`set_requested_cores`](Self::set_requested_cores), after which the
+    /// runtime wakes its sleeping cores itself; an arbiter whose release
+    /// requests arrive from elsewhere (a daemon writing shared memory) needs
+    /// a bound.
+    fn release_poll(&self) -> Option<Duration> {
+        None
+    }
 }
 
-/// The in-process arbiter: grants the runtime's CPUs, in order, up to the
-/// number requested; kernel thread `k` owns CPU `cpus[k]` and is pinned to it.
-///
-/// ```
-/// use corewise::arbiter::{CoreArbiter, Local};
-/// let a = Local::new(vec![0]);
-/// a.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0]);
-/// assert_eq!(a.block_until_core_available(0).unwrap(), Some(0));
-/// assert!(!a.must_release_core(0));
-/// a.shutdown();
-/// assert!(a.must_release_core(0));
-/// ```
-#[derive(Debug)]
-pub struct Local {
-    cpus: Vec<usize>,
-    requested: AtomicUsize,
-    shutdown: AtomicBool,
-    lock: Mutex<()>,
-    changed: Condvar,
-}
-
-impl Local {
-    /// An arbiter over `cpus` (kernel thread `k` gets `cpus[k]`).
-    pub fn new(cpus: Vec<usize>) -> Self {
-        Self {
-            cpus,
-            requested: AtomicUsize::new(0),
-            shutdown: AtomicBool::new(false),
-            lock: Mutex::new(()),
-            changed: Condvar::new(),
+/// Connects to the daemon `choice` names, if it names one, for requests at
+/// priority `priority` (0 highest). `None`: use [`Local`]; a daemon that
+/// cannot be reached is logged once, as a warning, and gives `None` too.
+pub(crate) fn choose(choice: &ArbiterChoice, priority: usize) -> Option<Daemon> {
+    let socket = match choice {
+        ArbiterChoice::Local => None,
+        ArbiterChoice::Daemon(p) => Some(p.clone()),
+        ArbiterChoice::Auto => std::env::var_os(ARBITER_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from),
+    }?;
+    match Daemon::connect(&socket, 1, priority) {
+        Ok(d) => {
+            tracing::debug!(socket = %socket.display(), priority, "cores come from the core arbiter daemon");
+            Some(d)
+        }
+        Err(e) => {
+            tracing::warn!(
+                socket = %socket.display(),
+                error = %e,
+                "core arbiter daemon unreachable; using the in-process arbiter"
+            );
+            None
         }
     }
-
-    fn notify(&self) {
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.changed.notify_all();
-    }
 }
 
-impl CoreArbiter for Local {
-    fn set_requested_cores(&self, per_priority: [u32; PRIORITIES]) {
-        let total: usize = per_priority.iter().map(|&n| n as usize).sum();
-        self.requested
-            .store(total.min(self.cpus.len()), Ordering::SeqCst);
-        self.notify();
-    }
-
-    fn block_until_core_available(&self, kthread: usize) -> Result<Option<usize>, ArbiterError> {
-        let cpu = *self
-            .cpus
-            .get(kthread)
-            .ok_or(ArbiterError::NoSuchThread(kthread))?;
-        let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if self.shutdown.load(Ordering::SeqCst) {
-                return Ok(None);
-            }
-            if kthread < self.requested.load(Ordering::SeqCst) {
-                break;
-            }
-            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
-        drop(g);
-        let mut set = rustix::thread::CpuSet::new();
-        set.set(cpu);
-        rustix::thread::sched_setaffinity(None, &set).map_err(|e| ArbiterError::Pin {
-            cpu,
-            source: e.into(),
-        })?;
-        Ok(Some(cpu))
-    }
-
-    fn must_release_core(&self, kthread: usize) -> bool {
-        self.shutdown.load(Ordering::Relaxed) || kthread >= self.requested.load(Ordering::Relaxed)
-    }
-
-    fn core_released(&self, _kthread: usize) {}
-
-    fn granted(&self) -> usize {
-        self.requested.load(Ordering::Relaxed)
-    }
-
-    fn shutdown(&self) {
-        self.shutdown.store(true, Ordering::SeqCst);
-        self.notify();
-    }
+/// The machine's online CPUs (`/sys/devices/system/cpu/online`).
+pub(crate) fn online_cpus() -> Option<Vec<usize>> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+    let list = crate::budget::CpuList::parse(text.trim()).ok()?;
+    let v = list.to_vec();
+    (!v.is_empty()).then_some(v)
 }

@@ -110,10 +110,7 @@ pub fn channel<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
         not_empty: WaitQueue::new(),
         not_full: WaitQueue::new(),
     });
-    (
-        Sender { chan: chan.clone() },
-        Receiver { chan },
-    )
+    (Sender { chan: chan.clone() }, Receiver { chan })
 }
 
 impl<T> Sender<T> {
@@ -145,12 +142,18 @@ impl<T> Sender<T> {
         self.send_until(value, Some(Instant::now() + timeout))
     }
 
-    fn send_until(&self, mut value: T, deadline: Option<Instant>) -> Result<(), SendTimeoutError<T>> {
+    fn send_until(
+        &self,
+        mut value: T,
+        deadline: Option<Instant>,
+    ) -> Result<(), SendTimeoutError<T>> {
         let c = &*self.chan;
         loop {
             match self.try_send(value) {
                 Ok(()) => return Ok(()),
-                Err(TrySendError::Disconnected(v)) => return Err(SendTimeoutError::Disconnected(v)),
+                Err(TrySendError::Disconnected(v)) => {
+                    return Err(SendTimeoutError::Disconnected(v))
+                }
                 Err(TrySendError::Full(v)) => value = v,
             }
             let outcome = c.not_full.wait(

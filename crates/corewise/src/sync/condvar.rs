@@ -145,7 +145,10 @@ mod loom_tests {
             let (g, _) = pair.1.wait_until(g, Some(Instant::now()));
             drop(g);
             t.join().unwrap();
-            assert_eq!(pair.1.waiters.len.load(std::sync::atomic::Ordering::SeqCst), 0);
+            assert_eq!(
+                pair.1.waiters.len.load(std::sync::atomic::Ordering::SeqCst),
+                0
+            );
         });
     }
 }

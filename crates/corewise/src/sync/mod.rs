@@ -18,7 +18,10 @@ mod mutex;
 mod semaphore;
 mod spin;
 
-pub use channel::{channel, Receiver, RecvError, RecvTimeoutError, SendError, SendTimeoutError, Sender, TryRecvError, TrySendError};
+pub use channel::{
+    channel, Receiver, RecvError, RecvTimeoutError, SendError, SendTimeoutError, Sender,
+    TryRecvError, TrySendError,
+};
 pub use condvar::{Condvar, WaitTimeoutResult};
 pub use mutex::{Mutex, MutexGuard};
 pub use semaphore::Semaphore;

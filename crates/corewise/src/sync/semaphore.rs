@@ -63,11 +63,9 @@ impl Semaphore {
             if self.try_acquire() {
                 return true;
             }
-            let outcome = self.waiters.wait(
-                deadline,
-                || self.permits.load(Ordering::SeqCst) == 0,
-                || {},
-            );
+            let outcome =
+                self.waiters
+                    .wait(deadline, || self.permits.load(Ordering::SeqCst) == 0, || {});
             if outcome == WaitOutcome::TimedOut {
                 return self.try_acquire();
             }
