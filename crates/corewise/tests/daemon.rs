@@ -328,13 +328,17 @@ fn warnings(log: &Mutex<Vec<u8>>) -> usize {
 /// Whether the runtime's only active core is on `cpu` (the floor has
 /// stepped back).
 fn only_on(rt: &Runtime, cpu: usize) -> bool {
+    // Core 0 is the floor, which runs unconfined (possibly on `cpu` too,
+    // before the daemon took `cpu` out of its unmanaged set).
     let active: Vec<_> = rt.core_stats().into_iter().filter(|c| c.active).collect();
-    active.len() == 1 && active[0].cpu == cpu
+    active.len() == 1 && active[0].core != 0 && active[0].cpu == cpu
 }
 
 /// Whether some active core of the runtime is on `cpu`.
 fn holds(rt: &Runtime, cpu: usize) -> bool {
-    rt.core_stats().iter().any(|c| c.active && c.cpu == cpu)
+    rt.core_stats()
+        .iter()
+        .any(|c| c.active && c.core != 0 && c.cpu == cpu)
 }
 
 /// User threads that work (and sleep a little) until `stop`, counting
