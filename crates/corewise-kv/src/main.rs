@@ -1,7 +1,7 @@
 //! `corewise-kv`: memcached's command line, corewise underneath.
 
 use clap::Parser;
-use corewise_kv::config::{Args, Mode};
+use corewise_kv::config::{Args, Io, Mode};
 use corewise_kv::exec::Shared;
 use corewise_kv::server;
 use std::process::ExitCode;
@@ -34,6 +34,10 @@ fn main() -> ExitCode {
         // policy scales up (and none at all under a neighbour cap of 1).
         b = b.min_cores(2);
     }
+    b = b.io_backend(match config.io {
+        Io::Epoll => corewise::io::IoBackend::Epoll,
+        Io::Uring => corewise::io::IoBackend::Uring,
+    });
     if let Some(cpus) = &config.cpus {
         b = b.cpus(cpus.clone());
     }
