@@ -30,7 +30,7 @@ use crate::error::BenchError;
 use crate::neighbours::children::Neighbours;
 use crate::neighbours::fib;
 use crate::neighbours::plot::{Canvas, Chart, Series, PALETTE};
-use crate::neighbours::pools::Stamps;
+use crate::neighbours::pools::{drop_with_timeout, Stamps};
 use crate::stats::percentile_sorted;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -234,6 +234,10 @@ pub struct Run {
     pub latency: Vec<LatWindow>,
     /// Whether every task finished before the drain limit.
     pub drained: bool,
+    /// Whether dropping the runtime did not finish within 10 s.
+    pub shutdown_hung: bool,
+    /// Tasks submitted that never ran to the end (abandoned or stuck).
+    pub unfinished: usize,
 }
 
 /// The JSON document.
@@ -284,10 +288,15 @@ fn run_one(s: &Setup, arbiter: ArbiterKind, rt: corewise::Runtime) -> Result<Run
     let tpn = clock.ticks_per_ns();
     let t0 = clock.now() + (5_000_000.0 * tpn) as u64;
     let sched: Vec<u64> = times.iter().map(|t| t0 + (t * 1e9 * tpn) as u64).collect();
+    let total_ns = s.levels.len() as f64 * s.step * 1e9;
+    // Ten seconds after the last scheduled arrival, whatever is left is
+    // abandoned (tasks not yet started are skipped).
+    let deadline = t0 + ((total_ns + 10e9) * tpn) as u64;
     let stop = AtomicBool::new(false);
     let mut cores = Vec::new();
     let mut drained = true;
     let mut spawn_err = None;
+    let mut submitted_total = 0;
     std::thread::scope(|sc| {
         let sampler = sc.spawn(|| {
             let mut out = Vec::new();
@@ -304,22 +313,30 @@ fn run_one(s: &Setup, arbiter: ArbiterKind, rt: corewise::Runtime) -> Result<Run
             out
         });
         let mut i = 0;
-        while i < count {
+        'gen: while i < count {
             let now = clock.now();
             while i < count && sched[i] <= now {
                 let st = Arc::clone(&stamps);
                 let n = s.n;
+                // No `wait_for_slot`: a full slot table is retried here so
+                // the generator can give up at the deadline.
                 let r = corewise::thread::Builder::new()
-                    .wait_for_slot(true)
                     .spawn_detached_in(&rt, move || st.run(&clock, i, n));
-                if let Err(e) = r {
-                    spawn_err = Some(e);
-                    break;
+                match r {
+                    Ok(_) => i += 1,
+                    Err(corewise::SpawnError::Full { .. }) => {
+                        if clock.now() >= deadline {
+                            stamps.abandon.store(true, Ordering::Relaxed);
+                            drained = false;
+                            break 'gen;
+                        }
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                    Err(e) => {
+                        spawn_err = Some(e);
+                        break 'gen;
+                    }
                 }
-                i += 1;
-            }
-            if spawn_err.is_some() {
-                break;
             }
             if i < count {
                 let now = clock.now();
@@ -328,9 +345,14 @@ fn run_one(s: &Setup, arbiter: ArbiterKind, rt: corewise::Runtime) -> Result<Run
                 }
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while stamps.done.load(Ordering::Acquire) < i {
-            if Instant::now() > deadline {
+        submitted_total = i;
+        let submitted = i;
+        eprintln!(
+            "  {}: {submitted} of {count} tasks submitted; draining",
+            arbiter.name()
+        );
+        while drained && stamps.done.load(Ordering::Acquire) < submitted {
+            if clock.now() > deadline {
                 stamps.abandon.store(true, Ordering::Relaxed);
                 drained = false;
                 break;
@@ -342,8 +364,11 @@ fn run_one(s: &Setup, arbiter: ArbiterKind, rt: corewise::Runtime) -> Result<Run
         stop.store(true, Ordering::Relaxed);
         cores = sampler.join().unwrap_or_default();
     });
-    // Waits for any user thread still running, stops the kernel threads.
-    drop(rt);
+    // Dropping the runtime waits for its user threads and stops its kernel
+    // threads. It is done on a helper thread with a time limit: if a user
+    // thread never finishes (a runtime bug), the benchmark reports it
+    // instead of hanging; the process's exit then ends those threads.
+    let shutdown_hung = !drop_with_timeout(rt, Duration::from_secs(10));
     if let Some(e) = spawn_err {
         return Err(BenchError::Runtime {
             runtime: "corewise",
@@ -413,6 +438,8 @@ fn run_one(s: &Setup, arbiter: ArbiterKind, rt: corewise::Runtime) -> Result<Run
         cores,
         latency,
         drained,
+        shutdown_hung,
+        unfinished: submitted_total.saturating_sub(stamps.done.load(Ordering::Acquire)),
     })
 }
 
@@ -425,10 +452,18 @@ pub fn markdown(rep: &Report) -> String {
             "arbiter {} ({}):\n\n| level | offered | rate /s | mean cores | max cores \
              | done | p50 (µs) | p99 (µs) |\n|---|---|---|---|---|---|---|---|",
             r.arbiter.name(),
-            if r.drained {
-                "all tasks done"
-            } else {
-                "NOT drained"
+            match (r.drained, r.shutdown_hung) {
+                (true, false) => "all tasks done".to_string(),
+                (d, h) => format!(
+                    "{}{} tasks unfinished{}",
+                    if d { "" } else { "NOT drained, " },
+                    r.unfinished,
+                    if h {
+                        "; runtime shutdown HUNG (a user thread never finished)"
+                    } else {
+                        ""
+                    }
+                ),
             }
         );
         for (k, l) in r.levels.iter().enumerate() {
@@ -593,7 +628,15 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         match build_runtime(a, args.arbiter_socket.as_deref(), !args.no_neighbour_cap)? {
             Ok(rt) => {
                 let r = run_one(&setup, a, rt)?;
+                let hung = r.shutdown_hung;
                 rep.runs.push(r);
+                if hung {
+                    // Its kernel threads may still run; later runs would
+                    // be disturbed, so stop here.
+                    rep.skipped
+                        .push("later arbiters: skipped after a hung runtime shutdown".into());
+                    break;
+                }
             }
             Err(why) => rep.skipped.push(format!("arbiter {}: {why}", a.name())),
         }

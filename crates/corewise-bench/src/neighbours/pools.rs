@@ -235,13 +235,40 @@ impl Submit for CorewisePool {
 
     fn finish(mut self: Box<Self>) -> Result<(), BenchError> {
         // Dropping the runtime waits for its user threads, then stops its
-        // kernel threads: nothing keeps running afterwards.
-        drop(self.rt.take());
-        Ok(())
+        // kernel threads: nothing keeps running afterwards. A user thread
+        // that never finishes (a runtime bug) is reported, not waited for.
+        match self.rt.take() {
+            Some(rt) => {
+                if drop_with_timeout(rt, Duration::from_secs(10)) {
+                    Ok(())
+                } else {
+                    Err(BenchError::Timeout(
+                        "corewise runtime shutdown (a user thread never finished)",
+                    ))
+                }
+            }
+            None => Ok(()),
+        }
     }
 
     fn active(&self) -> usize {
         self.active_cores()
+    }
+}
+
+/// Drops `rt` on a helper thread; `false` if that did not finish within
+/// `limit` (the helper is then left blocked; process exit ends it).
+pub fn drop_with_timeout(rt: corewise::Runtime, limit: Duration) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("runtime-drop".into())
+        .spawn(move || {
+            drop(rt);
+            let _ = tx.send(());
+        });
+    match spawned {
+        Ok(_) => rx.recv_timeout(limit).is_ok(),
+        Err(_) => false,
     }
 }
 
