@@ -19,11 +19,13 @@
 //! `--neighbours N` runs N CPU-bound neighbour processes alongside (the
 //! colocation half of Arachne's experiment); they are killed by PID.
 //!
-//! **Arbiters.** `Local` (in-process grants from the CPU budget) always.
-//! `Daemon` (corewise-arbiter): the runtime builder has no option to
-//! select it yet (`Builder::arbiter_socket` is in progress elsewhere), so
-//! `--arbiter daemon` is reported as skipped; see [`build_runtime`] for the
-//! hook to fill in.
+//! **Arbiters.** `--arbiter local,daemon`: `Local` (in-process grants from
+//! the CPU budget) and `Daemon`, a client of a corewise-arbiter already
+//! running on `--arbiter-socket PATH` (`Builder::arbiter_socket`). The
+//! benchmark does not start a daemon itself (that moves every task of the
+//! machine into cpusets); without a socket, or when the runtime falls back
+//! to the in-process arbiter because the daemon is unreachable, the daemon
+//! run is listed as skipped with the reason.
 
 use crate::clock::Clock;
 use crate::error::BenchError;
@@ -123,22 +125,34 @@ pub fn build_runtime(
 ) -> Result<Result<corewise::Runtime, String>, BenchError> {
     let b = corewise::Runtime::builder()
         .neighbour_awareness(neighbour_cap.then(corewise::budget::NeighbourConfig::default));
+    let err = |e: corewise::BuildError| BenchError::Runtime {
+        runtime: "corewise",
+        message: e.to_string(),
+    };
     match arbiter {
-        ArbiterKind::Local => b.build().map(Ok).map_err(|e| BenchError::Runtime {
-            runtime: "corewise",
-            message: e.to_string(),
-        }),
+        ArbiterKind::Local => b
+            .arbiter(corewise::ArbiterChoice::Local)
+            .build()
+            .map(Ok)
+            .map_err(err),
         ArbiterKind::Daemon => {
-            // TODO(arbiter_socket): once `corewise::Builder::arbiter_socket`
-            // lands, build with `b.arbiter_socket(socket)` here (socket
-            // required) and return `Ok(Ok(rt))`; the rest of the benchmark
-            // is arbiter-agnostic.
-            let _ = b;
-            Ok(Err(format!(
-                "skipped: corewise::Builder has no arbiter_socket option in this build \
-                 (socket given: {})",
-                socket.map_or("none".into(), |p| p.display().to_string())
-            )))
+            let Some(socket) = socket else {
+                return Ok(Err(
+                    "skipped: --arbiter-socket PATH (a running corewise-arbiter) not given".into(),
+                ));
+            };
+            let rt = b.arbiter_socket(socket).build().map_err(err)?;
+            if rt.arbiter_kind() == corewise::ArbiterKind::Daemon {
+                Ok(Ok(rt))
+            } else {
+                let hung = !drop_with_timeout(rt, Duration::from_secs(10));
+                Ok(Err(format!(
+                    "skipped: the daemon at {} could not be reached; the runtime fell back to \
+                     the in-process arbiter{}",
+                    socket.display(),
+                    if hung { " (and its shutdown hung)" } else { "" }
+                )))
+            }
         }
     }
 }
