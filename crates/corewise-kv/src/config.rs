@@ -121,9 +121,9 @@ pub struct Args {
     /// CPUs the runtime may use, e.g. `0` or `2-3` (default: all allowed).
     #[arg(long = "cpus")]
     pub cpus: Option<String>,
-    /// Core arbiter daemon socket. The runtime's builder has no arbiter
-    /// socket option yet, so this is accepted and reported; cores come from
-    /// the in-process arbiter.
+    /// Take cores from the corewise-arbiter daemon at this socket (if it
+    /// cannot be reached, the in-process arbiter is used and a warning
+    /// printed).
     #[arg(long = "arbiter")]
     pub arbiter: Option<PathBuf>,
 }
@@ -149,7 +149,7 @@ pub struct Config {
     pub io: Io,
     /// CPUs for the runtime.
     pub cpus: Option<Vec<usize>>,
-    /// Arbiter socket (reported, not used).
+    /// Arbiter daemon socket.
     pub arbiter: Option<PathBuf>,
     /// Verbosity.
     pub verbose: u8,

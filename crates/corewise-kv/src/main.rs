@@ -16,12 +16,6 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    if let Some(p) = &config.arbiter {
-        eprintln!(
-            "corewise-kv: --arbiter {}: the corewise runtime builder has no arbiter socket option yet; using the in-process arbiter",
-            p.display()
-        );
-    }
     server::raise_fd_limit();
     let mut b = corewise::Runtime::builder().max_cores(config.threads);
     let cpus_allowed = config
@@ -38,6 +32,9 @@ fn main() -> ExitCode {
         Io::Epoll => corewise::io::IoBackend::Epoll,
         Io::Uring => corewise::io::IoBackend::Uring,
     });
+    if let Some(p) = &config.arbiter {
+        b = b.arbiter_socket(p.clone());
+    }
     if let Some(cpus) = &config.cpus {
         b = b.cpus(cpus.clone());
     }
@@ -48,6 +45,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(p) = &config.arbiter {
+        if rt.arbiter_kind() != corewise::arbiter::ArbiterKind::Daemon {
+            eprintln!(
+                "corewise-kv: arbiter daemon at {} not reachable; using the in-process arbiter",
+                p.display()
+            );
+        }
+    }
     let listener = match server::bind(&config.listen, config.port) {
         Ok(l) => l,
         Err(e) => {
