@@ -3,7 +3,8 @@
 //! `--mode conn` gives each connection a user thread that blocks in
 //! `read` (the Fred/libfibre way): simple, and a blocked thread costs its
 //! core nothing. Its limit is the runtime's thread slots (56 per core): a
-//! connection that finds no slot is refused like one over `-c`.
+//! connection that finds no slot is refused like one over `-c`, with
+//! memcached's "Too many open connections" line.
 //!
 //! `--mode dispatch` is Arachne's memcached: one dispatch thread (its own
 //! core when the runtime may use two or more) waits on every connection at
@@ -301,8 +302,15 @@ fn serve_conn(listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
             continue;
         };
         let verbose = shared.config.verbose;
+        // The connection waits in a cell the new thread empties, so a
+        // failed spawn (every slot taken) leaves it here to be refused
+        // with memcached's message instead of silently closed.
+        let cell = Arc::new(SpinLock::new(Some(conn)));
+        let theirs = Arc::clone(&cell);
         let spawned = corewise::thread::Builder::new().spawn_detached(move || {
-            let mut conn = conn;
+            let Some(mut conn) = theirs.lock().take() else {
+                return;
+            };
             if let Err(e) = run_conn(&mut conn) {
                 if verbose > 0 {
                     eprintln!("corewise-kv: connection: {e}");
@@ -310,19 +318,31 @@ fn serve_conn(listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
             }
         });
         if let Err(e) = spawned {
-            // The closure (and the connection in it) is dropped: count it
-            // as refused. The socket is already closed, so nothing can be
-            // said to the client; with the slot table full that is all
-            // memcached could do too.
-            shared
-                .conns
-                .rejected_connections
-                .fetch_add(1, Ordering::Relaxed);
+            if let Some(conn) = cell.lock().take() {
+                refuse_conn(conn);
+            }
             if verbose > 0 {
                 eprintln!("corewise-kv: cannot create a connection thread: {e}");
             }
         }
     }
+}
+
+/// Refuses an admitted connection (no thread for it).
+fn refuse_conn(conn: Connection) {
+    // SAFETY: TOO_MANY is valid for reads of its length.
+    unsafe {
+        libc::send(
+            conn.fd(),
+            TOO_MANY.as_ptr().cast(),
+            TOO_MANY.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    conn.shared
+        .conns
+        .rejected_connections
+        .fetch_add(1, Ordering::Relaxed);
 }
 
 fn run_conn(conn: &mut Connection) -> io::Result<()> {

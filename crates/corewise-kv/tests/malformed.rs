@@ -164,3 +164,30 @@ fn connection_limit_refuses_politely() {
     assert!(ok, "a place freed by a closed connection was never reused");
     check(&mut keeper);
 }
+
+#[test]
+fn conn_mode_beyond_thread_slots_refuses_politely() {
+    // One core: 56 slots, one taken by the acceptor.
+    let s = Server::start(&["--mode", "conn", "--cpus", "0", "-t", "1"]);
+    let mut keeper = s.client();
+    assert_eq!(keeper.set("precious", b"data"), "STORED");
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..80 {
+        let mut c = s.client();
+        c.send(b"version\r\n");
+        let l = c.line();
+        if l.starts_with("SERVER_ERROR") {
+            refused = Some(l);
+            break;
+        }
+        assert!(l.starts_with("VERSION"), "unexpected {l:?}");
+        held.push(c);
+    }
+    assert_eq!(
+        refused.as_deref(),
+        Some("SERVER_ERROR Too many open connections")
+    );
+    check(&mut keeper);
+    drop(held);
+}
