@@ -281,6 +281,14 @@ mod runtime_core {
             self.run.store(run as usize, Ordering::Release);
         }
 
+        /// Whether a function is published in the slot (from `put` until the
+        /// thread's function has returned). An occupied slot without one is
+        /// being filled by a spawner right now.
+        #[inline]
+        pub(crate) fn is_published(&self) -> bool {
+            self.run.load(Ordering::Acquire) != 0
+        }
+
         /// Slot's own thread: runs the published function, if there is one,
         /// leaving the line empty. Returns whether one ran.
         ///

@@ -71,8 +71,23 @@ pub(crate) fn run(core: &'static Core) {
                 );
                 rotation_start = now;
                 rotation_runs = 0;
-                if must_go(core) {
-                    return;
+                if shared.arbiter.must_release_core(core.index) {
+                    // Slot i's thread was just taken (its wakeup consumed):
+                    // put it back as runnable so that it moves with the
+                    // others and runs wherever it lands.
+                    let taken = core.slot(i);
+                    taken.wakeup().set_runnable();
+                    if must_go(core) {
+                        return;
+                    }
+                    if !std::ptr::eq(core.slot(i), taken) {
+                        // It moved; slot i holds another context now.
+                        continue;
+                    }
+                    // Still here (nowhere to move it): take it again and run it.
+                    taken.wakeup().take_if_due(&mut || 0);
+                } else {
+                    must_go(core);
                 }
             }
             rotation_runs += 1;
@@ -196,18 +211,26 @@ pub(crate) fn migrate_all(core: &'static Core) -> bool {
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
+            let moving = core.slot(i);
+            if !moving.invocation.is_published() {
+                // A spawner claimed this slot and is writing the thread into
+                // the context it found here: moving the context now would
+                // hand it the free one in exchange. Move it on a later pass,
+                // once published (its signal then wakes this core).
+                continue;
+            }
             let Some((target, j)) = claim_elsewhere(core) else {
                 return false;
             };
-            let moving = core.slot(i);
             let free = target.slot(j);
-            // The free context takes the vacated slot here; the moving one
-            // is published in the target's slot before its location says
-            // so, so whoever follows `moving.core()` finds it there.
+            // The moving context learns its new place before it appears
+            // there, so a core that finds it in its slot (and might move it
+            // on) sees a consistent location; a signaller that follows
+            // `moving.core()` early is covered by the wake below.
+            moving.relocate(target, j);
+            target.set_slot(j, moving);
             free.relocate(core, i);
             core.set_slot(i, free);
-            target.set_slot(j, moving);
-            moving.relocate(target, j);
             core.mask.release(i);
             let class = ThreadClass::from_u32(moving.invocation.class.load(Ordering::Relaxed));
             shared

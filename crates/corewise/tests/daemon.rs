@@ -478,7 +478,6 @@ fn runtime_runs_on_the_granted_core() {
 /// core; the lower one keeps running on what is left, and gets the core
 /// back when the other one is done.
 #[test]
-#[ignore = "hangs intermittently (user-thread slots left occupied after migration/shutdown); run with --ignored"]
 fn higher_priority_application_takes_the_core() {
     let _g = serial();
     if !can_run() {
@@ -536,7 +535,6 @@ fn higher_priority_application_takes_the_core() {
 /// (c) The daemon stops while the application runs: nothing is lost, the
 /// held core stays, and new threads still run.
 #[test]
-#[ignore = "hangs intermittently (user-thread slots left occupied after migration/shutdown); run with --ignored"]
 fn daemon_stopped_mid_run_leaves_the_application_running() {
     let _g = serial();
     if !can_run() {
