@@ -9,9 +9,9 @@
 //! runtime is gone. The stacks, the big part, are unmapped at shutdown.
 
 use crate::arbiter::{ArbiterChoice, ArbiterKind, CoreArbiter, Local};
+use crate::budget::{BudgetWatcher, NeighbourConfig};
 use crate::core::Core;
 use crate::error::{BuildError, JoinError, SpawnError};
-use crate::budget::{BudgetWatcher, NeighbourConfig};
 use crate::policy::{CoreLoad, CorePolicy, DefaultPolicy, PolicyConfig, ThreadClass, PRIORITIES};
 use crate::shim::{AtomicBool, AtomicU64, Ordering};
 use crate::thread::{Builder as ThreadBuilder, JoinHandle};
@@ -245,7 +245,7 @@ impl Builder {
         // The CPU budget (affinity, cpusets, quotas, COREWISE_MAX_CORES),
         // re-read every second, and the neighbour share, every window.
         let watcher = BudgetWatcher::builder()
-            .neighbour(self.neighbour.clone())
+            .neighbour(self.neighbour)
             .spawn()
             .map_err(|e| BuildError::Invalid(format!("CPU budget: {e}")))?;
         let mut policy_config = self.policy_config.clone();
