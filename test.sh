@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command: every crate's tests, then the loom models of
-# the cross-core protocols (bounded preemptions, optimised build).
+# The project's test command: installs what the tests need (Debian packages),
+# then runs every crate's tests, corewise-kv's conformance with real memcached
+# clients (memccapable -a, pymemcache), and the loom models of the cross-core
+# protocols (bounded preemptions, optimised build).
 set -euo pipefail
 cd "$(dirname "$0")"
+bash scripts/install-test-deps.sh
 cargo test --workspace
+bash crates/corewise-kv/tests/conformance.sh
 RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
   cargo test -p corewise --lib --release
