@@ -63,6 +63,10 @@ pub struct Args {
     /// corewise-kv's --mode (default: its own default).
     #[arg(long)]
     pub kv_mode: Option<String>,
+    /// Extra arguments for corewise-kv (repeatable), e.g. `--kv-arg=--io
+    /// --kv-arg=uring`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub kv_arg: Vec<String>,
     /// The memcached binary.
     #[arg(long, default_value = "memcached")]
     pub memcached_bin: PathBuf,
@@ -210,7 +214,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         setup.workload.mean_size(),
         args.connections
     );
-    let kv = servers::corewise_kv(&kv_bin, server_cpu, args.kv_mode.as_deref())?;
+    let kv = servers::corewise_kv(&kv_bin, server_cpu, args.kv_mode.as_deref(), &args.kv_arg)?;
     let mc = servers::memcached(&args.memcached_bin, server_cpu)?;
     println!(
         "servers: corewise-kv pid {} port {}, memcached pid {} port {}",

@@ -88,7 +88,12 @@ fn start(
 }
 
 /// Starts corewise-kv on `cpu`.
-pub fn corewise_kv(bin: &PathBuf, cpu: usize, mode: Option<&str>) -> Result<Server, BenchError> {
+pub fn corewise_kv(
+    bin: &PathBuf,
+    cpu: usize,
+    mode: Option<&str>,
+    extra: &[String],
+) -> Result<Server, BenchError> {
     let port = free_port()?;
     let mut cmd = Command::new(bin);
     cmd.args([
@@ -105,6 +110,7 @@ pub fn corewise_kv(bin: &PathBuf, cpu: usize, mode: Option<&str>) -> Result<Serv
     if let Some(m) = mode {
         cmd.args(["--mode", m]);
     }
+    cmd.args(extra);
     start("corewise-kv", cmd, cpu, port)
 }
 
