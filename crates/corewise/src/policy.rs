@@ -287,6 +287,10 @@ impl CorePolicy for DefaultPolicy {
         let taken = self.exclusive.load(Ordering::Acquire);
         let free = view.active().0 & !taken;
         match class {
+            // Normal threads avoid exclusive cores, but share them rather
+            // than fail while the runtime holds no other core (the extra
+            // core asked for may be capped by the budget or the neighbours).
+            ThreadClass::Normal if free == 0 => view.active(),
             ThreadClass::Normal => CoreMask(free),
             ThreadClass::Exclusive => {
                 for c in CoreMask(free).iter() {

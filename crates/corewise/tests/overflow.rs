@@ -3,7 +3,9 @@
 
 use std::process::Command;
 
+/// Recurses until the stack overflows (on purpose).
 #[inline(never)]
+#[allow(unconditional_recursion)]
 fn recurse(depth: u64, buf: &mut [u8; 1024]) -> u64 {
     let mut local = [0u8; 1024];
     local[depth as usize % 1024] = buf[0].wrapping_add(1);

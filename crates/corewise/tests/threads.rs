@@ -46,7 +46,7 @@ fn a_thread_runs_on_the_cpu_of_its_core() {
     for core in 0..rt.cores() {
         let cpu = Builder::new()
             .core(core)
-            .spawn_in(&rt, || rustix::thread::sched_getcpu())
+            .spawn_in(&rt, rustix::thread::sched_getcpu)
             .unwrap()
             .join()
             .unwrap();
@@ -361,7 +361,7 @@ fn a_runtime_restricted_to_one_cpu_uses_only_it() {
     let rt = Runtime::builder().cpus([1]).build().unwrap();
     assert_eq!(rt.cores(), 1);
     let cpus: Vec<usize> = (0..100)
-        .map(|_| rt.spawn(|| rustix::thread::sched_getcpu()).unwrap())
+        .map(|_| rt.spawn(rustix::thread::sched_getcpu).unwrap())
         .map(|h| h.join().unwrap())
         .collect();
     assert!(cpus.iter().all(|&c| c == 1));
