@@ -112,6 +112,9 @@ pub struct Batch<'a> {
     entries: Vec<Entry>,
     /// Entries whose results were taken: reused by later operations.
     free: Vec<usize>,
+    /// Where the next search for a finished entry starts (round robin, so
+    /// no operation starves behind busier ones).
+    cursor: usize,
     left: usize,
     _fds: PhantomData<(&'a (), *const ())>,
 }
@@ -137,6 +140,7 @@ impl<'a> Batch<'a> {
         Self {
             entries: Vec::new(),
             free: Vec::new(),
+            cursor: 0,
             left: 0,
             _fds: PhantomData,
         }
@@ -253,11 +257,13 @@ impl<'a> Batch<'a> {
                 return Ok(None);
             }
             self.progress()?;
-            if let Some(i) = self
-                .entries
-                .iter()
-                .position(|e| matches!(e.st, St::Done(_)))
-            {
+            let n = self.entries.len();
+            let start = self.cursor.min(n);
+            let done = (start..n)
+                .chain(0..start)
+                .find(|&i| matches!(self.entries[i].st, St::Done(_)));
+            if let Some(i) = done {
+                self.cursor = i + 1;
                 return Ok(Some((Token(i), self.take(i))));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
