@@ -388,11 +388,25 @@ fn block_ticks(slot: &ThreadContext, ticks: u64) {
 
 /// Makes `thread` runnable if it is blocked, or makes its next `block`
 /// return at once. Signalling a thread that has ended does nothing (or, if
-/// its slot is reused meanwhile, wakes the new thread spuriously).
+/// its slot is reused meanwhile, wakes the new thread spuriously); a signal
+/// that arrives before the thread has first run may be absorbed by its
+/// start, as in Arachne. So a thread blocks in a loop on a condition that
+/// the signaller sets first:
 ///
 /// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::sync::Arc;
 /// let rt = corewise::Runtime::new().unwrap();
-/// let h = rt.spawn(|| corewise::block()).unwrap();
+/// let ready = Arc::new(AtomicBool::new(false));
+/// let r = ready.clone();
+/// let h = rt
+///     .spawn(move || {
+///         while !r.load(Ordering::Acquire) {
+///             corewise::block();
+///         }
+///     })
+///     .unwrap();
+/// ready.store(true, Ordering::Release);
 /// corewise::signal(h.thread());
 /// h.join().unwrap();
 /// ```
