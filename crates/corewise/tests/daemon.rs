@@ -570,6 +570,9 @@ fn daemon_stopped_mid_run_leaves_the_application_running() {
 /// `COREWISE_ARBITER`.
 #[test]
 fn unreachable_daemon_falls_back_to_local_with_one_warning() {
+    // Serialised with the tests that move this process into a cgroup
+    // subtree: a child spawned meanwhile would inherit that cgroup.
+    let _g = serial();
     let sock = std::env::temp_dir().join(format!(
         "corewise-no-daemon-{}-{}.sock",
         std::process::id(),
