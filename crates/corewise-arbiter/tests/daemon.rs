@@ -131,6 +131,12 @@ fn kernel_thread(c: client::Client, idx: u32, stubborn: bool) {
                 std::thread::sleep(Duration::from_millis(1));
             }
             assert!(me.must_release_core());
+            // The daemon bumps the count right after it marks the thread:
+            // give the two writes a moment to both be visible.
+            let t = std::time::Instant::now();
+            while c.preempted_count() != p0 + 1 && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             assert_eq!(c.preempted_count(), p0 + 1);
             say(format!(
                 "preempted {idx} {}",
