@@ -334,17 +334,23 @@ mod runtime_core {
     pub(crate) struct ThreadContext {
         /// Line 0: function, class, generation, signal count.
         pub(crate) invocation: Invocation,
-        /// Line 1 on: the core-private half of the wakeup state, ...
-        local: LocalWake,
-        /// The thread's name, if it has one (a leaked `Box<str>` while the
-        /// thread lives; read by the stack-overflow handler).
-        name_ptr: AtomicPtr<u8>,
-        name_len: AtomicUsize,
+        /// Line 1 is read-mostly: a signaller reads `core` right after its
+        /// swap on line 0, so nothing the dispatcher writes on every
+        /// wakeup may share this line (that would cost the signaller a
+        /// second transfer).
         /// Owned by the core's kernel thread.
         core: AtomicPtr<Core>,
         /// The slot the context occupies in its core (it moves when the
         /// thread migrates).
         index: AtomicUsize,
+        /// The thread's name, if it has one (a leaked `Box<str>` while the
+        /// thread lives; read by the stack-overflow handler).
+        name_ptr: AtomicPtr<u8>,
+        name_len: AtomicUsize,
+        /// Lines 2 on, core-private: the dispatcher's half of the wakeup
+        /// state (written on every wakeup), the execution context, the
+        /// yielder.
+        local: CachePadded<LocalWake>,
         context: UnsafeCell<Option<Context>>,
         /// Set by the slot's coroutine when it starts; valid while it lives.
         pub(crate) yielder: Cell<*const crate::context::SlotYielder>,
@@ -363,11 +369,11 @@ mod runtime_core {
         fn new(index: usize) -> Self {
             Self {
                 invocation: Invocation::new(),
-                local: LocalWake::new(),
-                name_ptr: AtomicPtr::new(std::ptr::null_mut()),
-                name_len: AtomicUsize::new(0),
                 core: AtomicPtr::new(std::ptr::null_mut()),
                 index: AtomicUsize::new(index),
+                name_ptr: AtomicPtr::new(std::ptr::null_mut()),
+                name_len: AtomicUsize::new(0),
+                local: CachePadded::new(LocalWake::new()),
                 context: UnsafeCell::new(None),
                 yielder: Cell::new(std::ptr::null()),
             }

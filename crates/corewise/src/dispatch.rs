@@ -49,15 +49,26 @@ pub(crate) fn run(core: &'static Core) {
     let mut spin_since = 0u64;
     let mut rotation_start = clock::now();
     let mut rotation_runs = 0u64;
+    // The clock as the idle loop last read it (0: not read since a sleep).
+    let mut idle_now = 0u64;
     loop {
         if let Some(i) = find_runnable(core, next) {
             if idle_since != 0 {
-                let now = clock::now();
+                // Leaving idle: a wakeup's latency is this path, so it reads
+                // no clock when the spinning loop read one a moment ago, and
+                // skips the rotation's bookkeeping below (that loop passed
+                // the I/O and checked for a release just now).
+                let now = if idle_now != 0 {
+                    idle_now
+                } else {
+                    clock::now()
+                };
                 bump(&core.stats.idle_ticks, now.wrapping_sub(idle_since));
                 core.stats.idle_since.store(0, Ordering::Release);
                 idle_since = 0;
                 spin_since = 0;
                 rotation_start = now;
+                next = i;
             }
             if i < next {
                 // The scan wrapped: one rotation is over. Submit its I/O
@@ -99,6 +110,7 @@ pub(crate) fn run(core: &'static Core) {
             continue;
         }
         let now = clock::now();
+        idle_now = now;
         if rotation_runs != 0 {
             bump(
                 &core.stats.load_ticks,
@@ -148,6 +160,7 @@ pub(crate) fn run(core: &'static Core) {
             core.gate.sleep(timeout);
         }
         spin_since = 0;
+        idle_now = 0;
     }
 }
 
