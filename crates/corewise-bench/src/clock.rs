@@ -149,6 +149,18 @@ impl Clock {
         self.ticks_per_ns
     }
 
+    /// Reads the clock at the start of a measured operation: first waits
+    /// (a full fence) until the caller's earlier stores have reached the
+    /// cache, so the interval covers the operation and not the draining of
+    /// unrelated writes before it (the stamp reset, the wake flag). Go's
+    /// peer gets the same from its atomic store just before it reads the
+    /// clock.
+    #[inline(always)]
+    pub fn start(&self) -> u64 {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.now()
+    }
+
     /// Reads the clock.
     #[inline(always)]
     pub fn now(&self) -> u64 {

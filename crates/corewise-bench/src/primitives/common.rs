@@ -206,7 +206,7 @@ pub fn cache_line_round_trip(ctx: &Ctx) -> Result<f64, BenchError> {
             let mut v = Vec::with_capacity(samples);
             let mut x: u64 = 0;
             for i in 0..samples + warm {
-                let t0 = clock.now();
+                let t0 = clock.start();
                 for _ in 0..batch {
                     line.0.store(x + 1, Ordering::Release);
                     x += 2;
@@ -260,7 +260,7 @@ pub fn pingpong_leader(
     for i in 0..samples + warmup {
         let start = counter.load(Ordering::Acquire);
         let target = start + batch;
-        let t0 = clock.now();
+        let t0 = clock.start();
         loop {
             let c = counter.load(Ordering::Acquire);
             if c >= target {
@@ -304,7 +304,7 @@ pub fn batched(
     let clock = ctx.clock;
     let mut out = Vec::with_capacity(samples);
     for i in 0..samples + warmup {
-        let t0 = clock.now();
+        let t0 = clock.start();
         for _ in 0..batch {
             op();
         }

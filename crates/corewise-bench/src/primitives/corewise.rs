@@ -68,7 +68,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
         while !col.done() {
             let stamp = Arc::new(Stamp::new());
             let s2 = stamp.clone();
-            let t0 = clock.now();
+            let t0 = clock.start();
             Builder::new()
                 .core(cb)
                 .spawn_detached(move || s2.record(clock.now()))
@@ -88,7 +88,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
         let (n, w) = (c.samples(Cost::Cheap), c.warmup(Cost::Cheap));
         let mut v = Vec::with_capacity(n);
         for i in 0..n + w {
-            let t0 = clock.now();
+            let t0 = clock.start();
             Builder::new()
                 .core(ca)
                 .spawn(|| ())
@@ -179,7 +179,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
             common::busy_wait(settle);
             st3.clear();
             *m.lock() = true;
-            let t0 = clock.now();
+            let t0 = clock.start();
             cv.notify_one();
             let (t1, cpu) = st3.wait("corewise condvar wake", to)?;
             col.offer(clock.delta_ns(t0, t1), cpu == cpu_b);
@@ -204,6 +204,9 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
         .spawn_in(&rt, move || {
             for round in 1..=rounds as u64 {
                 rd.store(round, Ordering::Release);
+                // The thread runs again when `block` returns: the time is
+                // taken there, before the flag's line is read.
+                let mut woke = None;
                 loop {
                     let v = f2.load(Ordering::Acquire);
                     if v >= round {
@@ -213,8 +216,9 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
                         break;
                     }
                     corewise::block();
+                    woke = Some(clock.now());
                 }
-                st.record(clock.now());
+                st.record(woke.unwrap_or_else(|| clock.now()));
             }
         })
         .map_err(rt_err)?;
@@ -231,7 +235,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
             common::busy_wait(settle);
             st3.clear();
             f3.store(round, Ordering::Release);
-            let t0 = clock.now();
+            let t0 = clock.start();
             corewise::signal(waiter_id);
             let (t1, cpu) = st3.wait("corewise signal wake", to)?;
             col.offer(clock.delta_ns(t0, t1), cpu == cpu_b);

@@ -77,7 +77,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
         while !c.done() {
             let stamp = Arc::new(Stamp::new());
             let s2 = stamp.clone();
-            let t0 = clock.now();
+            let t0 = clock.start();
             let h = go(move || s2.record(clock.now()))?;
             let (t1, cpu) = stamp.wait("may create_cross_core", to)?;
             let _ = h.join();
@@ -96,7 +96,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
     let sj = in_coroutine_on(a, move || {
         let mut c = Collector::new(n, w);
         while !c.done() {
-            let t0 = clock.now();
+            let t0 = clock.start();
             let res = go(affinity::current_cpu).map(|h| h.join());
             let t1 = clock.now();
             match res {
@@ -112,7 +112,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
     let ny = in_coroutine_on(a, move || {
         let mut c = Collector::new(n, w);
         while !c.done() {
-            let t0 = clock.now();
+            let t0 = clock.start();
             for _ in 0..10 {
                 co::yield_now();
             }
@@ -139,7 +139,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
         let batch = 20u64;
         while follower.is_ok() && !c.done() {
             let start = counter.load(Ordering::Acquire);
-            let t0 = clock.now();
+            let t0 = clock.start();
             let mut spins = 0u64;
             loop {
                 let v = counter.load(Ordering::Acquire);
@@ -252,7 +252,7 @@ fn condvar(ctx: &Ctx, notes: &mut Vec<String>) -> Result<Vec<f64>, BenchError> {
             common::busy_wait(ctx.settle);
             stamp.clear();
             m.lock().map_err(|_| may_err("poisoned"))?.0 = round;
-            let t0 = clock.now();
+            let t0 = clock.start();
             cv.notify_one();
             let (t1, cpu) = stamp.wait("may condvar wake", to)?;
             c.offer(clock.delta_ns(t0, t1), cpu == b);
@@ -282,6 +282,9 @@ fn park_unpark(ctx: &Ctx, notes: &mut Vec<String>) -> Result<Vec<f64>, BenchErro
         loop {
             round += 1;
             rd.store(round, Ordering::Release);
+            // The thread runs again when the park returns: the time is
+            // taken there, before the flag's line is read.
+            let mut woke = None;
             loop {
                 let g = g2.load(Ordering::Acquire);
                 if g == u64::MAX {
@@ -291,8 +294,9 @@ fn park_unpark(ctx: &Ctx, notes: &mut Vec<String>) -> Result<Vec<f64>, BenchErro
                     break;
                 }
                 co::park();
+                woke = Some(clock.now());
             }
-            st.record(clock.now());
+            st.record(woke.unwrap_or_else(|| clock.now()));
         }
     })?;
     let handle = waiter.coroutine().clone();
@@ -307,7 +311,7 @@ fn park_unpark(ctx: &Ctx, notes: &mut Vec<String>) -> Result<Vec<f64>, BenchErro
             common::busy_wait(ctx.settle);
             stamp.clear();
             goflag.store(round, Ordering::Release);
-            let t0 = clock.now();
+            let t0 = clock.start();
             handle.unpark();
             let (t1, cpu) = stamp.wait("may park wake", to)?;
             c.offer(clock.delta_ns(t0, t1), cpu == b);

@@ -34,7 +34,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
         while !c.done() {
             let stamp = Arc::new(Stamp::new());
             let s2 = stamp.clone();
-            let t0 = clock.now();
+            let t0 = clock.start();
             let h = spawn(move || {
                 let _ = affinity::pin_current(b);
                 s2.record(clock.now());
@@ -54,7 +54,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
         let w = ctx.warmup(Cost::OsThread);
         let mut v = Vec::with_capacity(n);
         for i in 0..n + w {
-            let t0 = clock.now();
+            let t0 = clock.start();
             join(spawn(|| {})?)?;
             let t1 = clock.now();
             if i >= w {
@@ -211,7 +211,7 @@ fn condvar(ctx: &Ctx) -> Result<Vec<f64>, BenchError> {
                     .map_err(|_| BenchError::Thread("poisoned".into()))?;
                 g.go = round;
             }
-            let t0 = clock.now();
+            let t0 = clock.start();
             cv.notify_one();
             let (t1, cpu) = stamp.wait("std condvar wake", to)?;
             c.offer(clock.delta_ns(t0, t1), cpu == b);
@@ -243,6 +243,9 @@ fn park_unpark(ctx: &Ctx) -> Result<Vec<f64>, BenchError> {
         loop {
             round += 1;
             rd.store(round, Ordering::Release);
+            // The thread runs again when the park returns: the time is
+            // taken there, before the flag's line is read.
+            let mut woke = None;
             loop {
                 let g = g2.load(Ordering::Acquire);
                 if g == u64::MAX {
@@ -252,8 +255,9 @@ fn park_unpark(ctx: &Ctx) -> Result<Vec<f64>, BenchError> {
                     break;
                 }
                 std::thread::park();
+                woke = Some(clock.now());
             }
-            st.record(clock.now());
+            st.record(woke.unwrap_or_else(|| clock.now()));
         }
     })?;
     let th = waiter.thread().clone();
@@ -268,7 +272,7 @@ fn park_unpark(ctx: &Ctx) -> Result<Vec<f64>, BenchError> {
             common::busy_wait(ctx.settle);
             stamp.clear();
             go.store(round, Ordering::Release);
-            let t0 = clock.now();
+            let t0 = clock.start();
             th.unpark();
             let (t1, cpu) = stamp.wait("std park wake", to)?;
             c.offer(clock.delta_ns(t0, t1), cpu == b);

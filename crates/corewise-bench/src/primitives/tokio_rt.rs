@@ -83,7 +83,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
         while !c.done() {
             let stamp = Arc::new(Stamp::new());
             let s2 = stamp.clone();
-            let t0 = clock.now();
+            let t0 = clock.start();
             drop(remote.handle.spawn(async move {
                 s2.record(clock.now());
             }));
@@ -105,7 +105,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
             .block_on(rt.spawn(async move {
                 let mut v = Vec::with_capacity(n);
                 for i in 0..n + w {
-                    let t0 = clock.now();
+                    let t0 = clock.start();
                     let _ = tokio::spawn(async {}).await;
                     let t1 = clock.now();
                     if i >= w {
@@ -119,7 +119,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
             .block_on(rt.spawn(async move {
                 let mut v = Vec::with_capacity(n);
                 for i in 0..n + w {
-                    let t0 = clock.now();
+                    let t0 = clock.start();
                     for _ in 0..10 {
                         tokio::task::yield_now().await;
                     }
@@ -150,7 +150,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
                     let mut v = Vec::with_capacity(n / 2);
                     for i in 0..(n + w) / 2 {
                         let start = counter.load(Ordering::Acquire);
-                        let t0 = clock.now();
+                        let t0 = clock.start();
                         loop {
                             let c = counter.load(Ordering::Acquire);
                             if c >= start + batch {
@@ -210,7 +210,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
             })?;
             common::busy_wait(ctx.settle);
             stamp.clear();
-            let t0 = clock.now();
+            let t0 = clock.start();
             notify.notify_one();
             let (t1, cpu) = stamp.wait("tokio notify wake", to)?;
             c.offer(clock.delta_ns(t0, t1), cpu == b);
@@ -238,7 +238,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
             }));
             spin_until("tokio oneshot ready", to, || ready.load(Ordering::Acquire))?;
             common::busy_wait(ctx.settle);
-            let t0 = clock.now();
+            let t0 = clock.start();
             let _ = tx.send(());
             let (t1, cpu) = stamp.wait("tokio oneshot wake", to)?;
             c.offer(clock.delta_ns(t0, t1), cpu == b);
