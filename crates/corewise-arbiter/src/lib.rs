@@ -44,6 +44,8 @@ pub mod shm;
 #[cfg(feature = "daemon")]
 pub mod status;
 pub mod topology;
+#[cfg(feature = "daemon")]
+pub mod warm;
 
 pub use client::{connect, Client, ClientError, CoreThread, RequestAck};
 pub use topology::CoreId;

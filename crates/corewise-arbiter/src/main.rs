@@ -62,6 +62,11 @@ enum Cmd {
         /// Busy-poll this many microseconds after asking for a release (0: never).
         #[arg(long, default_value_t = 200)]
         release_spin_us: u64,
+        /// Keep a managed core that was just freed in the polling idle state
+        /// for this many microseconds (0: never), so granting it again does
+        /// not wait for the CPU to wake from a deep idle state.
+        #[arg(long, default_value_t = 1000)]
+        warm_window_us: u64,
     },
     /// Print who holds which core.
     Status {
@@ -85,6 +90,7 @@ fn main() -> ExitCode {
             json_logs,
             rt_priority,
             release_spin_us,
+            warm_window_us,
         } => {
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -125,6 +131,7 @@ fn main() -> ExitCode {
                 config,
                 rt_priority,
                 release_spin: Duration::from_micros(release_spin_us),
+                warm_window: Duration::from_micros(warm_window_us),
                 ..Options::default()
             };
             match daemon::run(opts) {

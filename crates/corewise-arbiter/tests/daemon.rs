@@ -311,6 +311,12 @@ impl Daemon {
             args.push("--cgroup-root".into());
             args.push(sb.cg.display().to_string());
         }
+        if !extra.contains(&"--warm-window-us") {
+            // Only the warm-window test's daemon may write the CPU's PM QoS
+            // file (a machine-wide setting that parallel tests would race on).
+            args.push("--warm-window-us".into());
+            args.push("0".into());
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
             .args(&args)
@@ -953,6 +959,89 @@ fn daemon_restart_with_live_clients() {
 
     drop(a);
     assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+const PM_QOS_CPU1: &str = "/sys/devices/system/cpu/cpu1/power/pm_qos_resume_latency_us";
+
+fn pm_qos_cpu1() -> String {
+    std::fs::read_to_string(PM_QOS_CPU1)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Puts CPU 1's PM QoS limit back even when the test fails.
+struct RestorePmQos(String);
+
+impl Drop for RestorePmQos {
+    fn drop(&mut self) {
+        let _ = std::fs::write(PM_QOS_CPU1, &self.0);
+    }
+}
+
+#[test]
+fn warm_window_keeps_a_freed_core_polling() {
+    if !can_run() {
+        return;
+    }
+    let original = pm_qos_cpu1();
+    if original.is_empty() || original == "n/a" {
+        eprintln!("skipping: no PM QoS limit to manage on cpu1 ({original:?})");
+        return;
+    }
+    let _restore = RestorePmQos(original.clone());
+    let sb = Sandbox::new();
+    let warm = [
+        "--reclaim-timeout-ms",
+        "20000",
+        "--warm-window-us",
+        "300000",
+    ];
+    let mut d = Daemon::start(&sb, &warm);
+    let record = PathBuf::from(format!("{}.pmqos", sb.socket().display()));
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap(),
+        format!("1 {original}\n")
+    );
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let tid = a.thread("coop");
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(&sb, tid, cpu);
+    assert_eq!(pm_qos_cpu1(), original, "a held core sleeps as usual");
+
+    // Released: the core polls for the window, then gets its limit back.
+    a.request([0; 8]);
+    a.expect("releasing");
+    assert_core1_free(&sb);
+    wait_until("freed core polling", || pm_qos_cpu1() == "n/a");
+    wait_until("window over", || pm_qos_cpu1() == original);
+
+    // Granted within the window: the limit comes back at the grant.
+    a.request(level(0, 1));
+    a.granted();
+    a.request([0; 8]);
+    a.expect("releasing");
+    wait_until("freed core polling", || pm_qos_cpu1() == "n/a");
+    a.request(level(0, 1));
+    a.granted();
+    wait_until("granted core sleeps as usual", || pm_qos_cpu1() == original);
+
+    // A daemon killed in a window leaves the core polling; the next one
+    // restores it from the record before anything else.
+    a.request([0; 8]);
+    a.expect("releasing");
+    wait_until("freed core polling", || pm_qos_cpu1() == "n/a");
+    d.kill9();
+    assert_eq!(pm_qos_cpu1(), "n/a");
+    let mut d = Daemon::start(&sb, &warm);
+    assert_eq!(pm_qos_cpu1(), original, "restored from the record");
+    drop(a);
+    assert!(d.stop());
+    assert!(!record.exists(), "a clean exit removes the record");
+    assert_eq!(pm_qos_cpu1(), original);
     assert_cleaned(&sb);
 }
 

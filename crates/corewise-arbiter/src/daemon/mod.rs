@@ -24,6 +24,7 @@ use crate::config::{Config, ConfigError};
 use crate::fence::{AffinityFence, CgroupFence, CgroupVersion, Fence, FenceError};
 use crate::protocol::{decode_request, encode_response, Request, Response, MAX_REQUEST_PAYLOAD};
 use crate::topology::{online_cpus, CoreId, CpuList, Topology};
+use crate::warm::WarmCores;
 use state::{ConnId, State};
 
 /// Which fencing backend to use.
@@ -65,6 +66,11 @@ pub struct Options {
     /// sockets without sleeping for up to this long (bounded by the release
     /// timeout), which shortens reclaims. Zero disables it.
     pub release_spin: Duration,
+    /// How long a managed core that was just freed (or asked to be) is kept
+    /// in the polling idle state, so that granting it again does not wait
+    /// for the CPU to leave a deep idle state (see [`crate::warm`]). Zero
+    /// disables it.
+    pub warm_window: Duration,
 }
 
 impl Default for Options {
@@ -80,6 +86,7 @@ impl Default for Options {
             socket_mode: 0o666,
             rt_priority: None,
             release_spin: Duration::from_micros(200),
+            warm_window: Duration::from_millis(1),
         }
     }
 }
@@ -296,6 +303,13 @@ fn setup(opts: &Options) -> Result<(State, UnixListener), DaemonError> {
         opts.config.clone(),
     );
     state.set_release_spin(opts.release_spin.min(opts.reclaim_timeout));
+    let record = PathBuf::from(format!("{}.pmqos", opts.socket.display()));
+    state.set_warm(WarmCores::new(
+        Path::new(crate::warm::SYSFS_CPU_ROOT),
+        &managed,
+        opts.warm_window,
+        Some(&record),
+    ));
     tracing::info!(backend = state.fence_name(), cpus = %all, unmanaged = %keep, managed = ?managed, socket = %opts.socket.display(), "core arbiter started");
     Ok((state, listener))
 }
@@ -429,7 +443,10 @@ fn serve(listener: &UnixListener, state: &mut State, sig: &OwnedFd) -> Result<()
         let wake_at = if state.spin_until().is_some() {
             Some(Instant::now())
         } else {
-            state.next_deadline()
+            match (state.next_deadline(), state.warm_deadline()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
         };
         let timeout = wake_at.map(|d| {
             let left = d.saturating_duration_since(Instant::now());
@@ -515,6 +532,8 @@ fn serve(listener: &UnixListener, state: &mut State, sig: &OwnedFd) -> Result<()
         }
         state.expire(Instant::now());
         flush(&mut conns, state);
+        // After the replies: a grant's wake-up is not delayed by these writes.
+        state.sync_warm(Instant::now());
     }
 }
 

@@ -14,6 +14,7 @@ use crate::policy::{choose_core, choose_victim, targets, Demand};
 use crate::protocol::{Response, StatusEntry, PRIORITY_LEVELS};
 use crate::shm::{SharedPageWriter, ShmError};
 use crate::topology::{CoreId, CpuList, Topology};
+use crate::warm::WarmCores;
 
 /// Identifies a connection (applications are keyed by their control
 /// connection; ids grow, so they also give the age order).
@@ -109,6 +110,10 @@ pub struct State {
     next_token: u64,
     release_spin: Duration,
     spin_until: Option<Instant>,
+    /// Freed cores kept polling for a moment, and who held each core when
+    /// that was last looked at (to see releases and new grants).
+    warm: WarmCores,
+    warm_holders: BTreeMap<CoreId, ConnId>,
     /// Replies to deliver, in order.
     pub outbox: Vec<(ConnId, Response)>,
     /// Connections the daemon decided to close.
@@ -144,6 +149,8 @@ impl State {
             next_token: seed | 1,
             release_spin: Duration::ZERO,
             spin_until: None,
+            warm: WarmCores::disabled(),
+            warm_holders: BTreeMap::new(),
             outbox: Vec::new(),
             to_close: Vec::new(),
         }
@@ -154,6 +161,34 @@ impl State {
     /// wake-up of the daemon on the critical path of a reclaim.
     pub fn set_release_spin(&mut self, d: Duration) {
         self.release_spin = d;
+    }
+
+    /// Keep freed cores polling through `warm` (see [`crate::warm`]).
+    pub fn set_warm(&mut self, warm: WarmCores) {
+        self.warm = warm;
+    }
+
+    /// When the next warm window ends.
+    pub fn warm_deadline(&self) -> Option<Instant> {
+        self.warm.next_deadline()
+    }
+
+    /// Opens a warm window on every core that lost its holder since the
+    /// last call, closes it on every core granted to a new holder, and ends
+    /// the windows that are over. Called after the replies went out.
+    pub fn sync_warm(&mut self, now: Instant) {
+        for &core in &self.managed {
+            let before = self.warm_holders.get(&core).copied();
+            let after = self.holder.get(&core).copied();
+            match (before, after) {
+                (Some(_), None) => self.warm.freed(core, now),
+                (None, Some(_)) => self.warm.taken(core),
+                (Some(a), Some(b)) if a != b => self.warm.taken(core),
+                _ => {}
+            }
+        }
+        self.warm_holders.clone_from(&self.holder);
+        self.warm.expire(now);
     }
 
     /// Until when the daemon loop should poll without sleeping.
@@ -420,6 +455,9 @@ impl State {
                         }
                     }
                     self.apps[&id].shm.set_release(v, true);
+                    // The core is about to fall idle and be granted again:
+                    // keep it polling through the hand-over.
+                    self.warm.freed(v, now);
                     self.spin_until = Some(now + self.release_spin);
                     tracing::debug!(app = id, core = v, "release requested");
                 }
@@ -554,6 +592,7 @@ impl State {
         for a in self.apps.values() {
             a.shm.set_shutdown();
         }
+        self.warm.restore_all();
         self.fence.teardown()
     }
 

@@ -1,0 +1,356 @@
+//! Keeping a just-freed managed core out of deep idle for a short window.
+//!
+//! A grant ends with a wake-up of the granted thread on the granted core.
+//! When that core is idle, the wake-up waits for the CPU to leave its idle
+//! state: microseconds for a shallow C-state on bare metal, but on a
+//! virtual machine a halted vCPU must be rescheduled by the host, which on
+//! the 2-vCPU machines this project runs on costs about 40 µs — more than
+//! everything else in a grant together (a bare cross-core wake-up through
+//! a socket: ~46 µs to a halted CPU, ~5 µs to a polling one).
+//!
+//! Cores are released and wanted again on the time scale of the runtime's
+//! core estimation, so the daemon keeps a core that just became free in the
+//! polling idle state for a bounded window (default 1 ms) through the CPU's
+//! per-device PM QoS resume-latency limit
+//! (`/sys/devices/system/cpu/cpuN/power/pm_qos_resume_latency_us` set to
+//! `n/a`, which leaves cpuidle only its polling state). When the window
+//! ends, or the core is granted (its new holder's idle sleep should halt
+//! again), or the daemon exits, the CPU gets its original limit back. This
+//! is what the haltpoll cpuidle governor does for every idle entry, limited
+//! to the managed cores the daemon owns and to the moments after a release;
+//! the price is at most one window of polling per release. A window of zero
+//! turns it off; where the file is missing or read-only the daemon says so
+//! once and grants without it.
+//!
+//! A daemon killed in the middle of a window (kill -9) cannot restore the
+//! limit, and a core left polling would burn its CPU until reboot. So the
+//! originals are also written to a record file (next to the daemon's
+//! socket) when the daemon starts and removed when it exits; a daemon that
+//! finds a record left behind first puts those limits back.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::topology::CoreId;
+
+/// The value that allows only the polling idle state.
+const POLL_ONLY: &str = "n/a";
+
+/// Default sysfs directory of the CPU devices.
+pub const SYSFS_CPU_ROOT: &str = "/sys/devices/system/cpu";
+
+struct Entry {
+    path: PathBuf,
+    original: String,
+    /// While warm: when the window ends.
+    until: Option<Instant>,
+}
+
+/// The warm-window state of the managed cores.
+///
+/// ```
+/// use corewise_arbiter::warm::WarmCores;
+/// use std::time::{Duration, Instant};
+/// let dir = std::env::temp_dir().join(format!("warm-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(dir.join("cpu1/power")).unwrap();
+/// let file = dir.join("cpu1/power/pm_qos_resume_latency_us");
+/// std::fs::write(&file, "0\n").unwrap();
+/// let mut warm = WarmCores::new(&dir, &[1], Duration::from_millis(1), None);
+/// let now = Instant::now();
+/// warm.freed(1, now);
+/// assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), "n/a");
+/// warm.expire(now + Duration::from_millis(2));
+/// assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), "0");
+/// std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+pub struct WarmCores {
+    window: Duration,
+    cores: BTreeMap<CoreId, Entry>,
+    record: Option<PathBuf>,
+}
+
+impl WarmCores {
+    /// Reads the current limits of `managed` under `cpu_root` (normally
+    /// [`SYSFS_CPU_ROOT`]). A core whose file cannot be read and written
+    /// back, or that is already poll-only, is left alone. With `record`,
+    /// first restores what a previous daemon's record file there lists,
+    /// then writes this daemon's originals to it.
+    pub fn new(
+        cpu_root: &Path,
+        managed: &[CoreId],
+        window: Duration,
+        record: Option<&Path>,
+    ) -> Self {
+        if let Some(r) = record {
+            recover(cpu_root, r);
+        }
+        let mut cores = BTreeMap::new();
+        if !window.is_zero() {
+            for &c in managed {
+                let path = cpu_root
+                    .join(format!("cpu{c}"))
+                    .join("power/pm_qos_resume_latency_us");
+                let original = match std::fs::read_to_string(&path) {
+                    Ok(s) => s.trim().to_owned(),
+                    Err(e) => {
+                        tracing::warn!(core = c, error = %e, path = %path.display(),
+                            "no PM QoS limit to hold freed cores awake; grants to idle cores pay the idle exit");
+                        continue;
+                    }
+                };
+                if original == POLL_ONLY {
+                    // Someone else keeps it polling; nothing to do or undo.
+                    continue;
+                }
+                if let Err(e) = std::fs::write(&path, &original) {
+                    tracing::warn!(core = c, error = %e, path = %path.display(),
+                        "PM QoS limit not writable; grants to idle cores pay the idle exit");
+                    continue;
+                }
+                cores.insert(
+                    c,
+                    Entry {
+                        path,
+                        original,
+                        until: None,
+                    },
+                );
+            }
+        }
+        let record = record.and_then(|r| {
+            let text: String = cores
+                .iter()
+                .map(|(c, e)| format!("{c} {}\n", e.original))
+                .collect();
+            if cores.is_empty() {
+                return None;
+            }
+            match std::fs::write(r, text) {
+                Ok(()) => Some(r.to_path_buf()),
+                Err(e) => {
+                    tracing::warn!(path = %r.display(), error = %e, "cannot write the PM QoS record");
+                    None
+                }
+            }
+        });
+        Self {
+            window,
+            cores,
+            record,
+        }
+    }
+
+    /// A window that does nothing (`--warm-window 0`, tests).
+    pub fn disabled() -> Self {
+        Self {
+            window: Duration::ZERO,
+            cores: BTreeMap::new(),
+            record: None,
+        }
+    }
+
+    /// `core` just became free: keep it polling until `now + window`.
+    pub fn freed(&mut self, core: CoreId, now: Instant) {
+        let window = self.window;
+        let Some(e) = self.cores.get_mut(&core) else {
+            return;
+        };
+        // Already warm: extend the window; else open it if the write works.
+        if e.until.is_some() || write(&e.path, POLL_ONLY) {
+            e.until = Some(now + window);
+        }
+    }
+
+    /// `core` was granted: its holder's idle sleep may halt again.
+    pub fn taken(&mut self, core: CoreId) {
+        if let Some(e) = self.cores.get_mut(&core) {
+            restore(e);
+        }
+    }
+
+    /// Ends every window that is over at `now`.
+    pub fn expire(&mut self, now: Instant) {
+        for e in self.cores.values_mut() {
+            if e.until.is_some_and(|u| u <= now) {
+                restore(e);
+            }
+        }
+    }
+
+    /// When the next window ends.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.cores.values().filter_map(|e| e.until).min()
+    }
+
+    /// Whether `core` is in its window now.
+    pub fn is_warm(&self, core: CoreId) -> bool {
+        self.cores.get(&core).is_some_and(|e| e.until.is_some())
+    }
+
+    /// Gives every core its original limit back and removes the record
+    /// (daemon exit).
+    pub fn restore_all(&mut self) {
+        for e in self.cores.values_mut() {
+            restore(e);
+        }
+        if let Some(r) = self.record.take() {
+            let _ = std::fs::remove_file(r);
+        }
+    }
+}
+
+impl Drop for WarmCores {
+    fn drop(&mut self) {
+        self.restore_all();
+    }
+}
+
+/// Puts back the limits a daemon that did not exit cleanly recorded, where
+/// its window left them poll-only, and removes its record.
+fn recover(cpu_root: &Path, record: &Path) {
+    let Ok(text) = std::fs::read_to_string(record) else {
+        return;
+    };
+    for line in text.lines() {
+        let Some((cpu, value)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(cpu) = cpu.parse::<CoreId>() else {
+            continue;
+        };
+        let value = value.trim();
+        if value.is_empty() || value == POLL_ONLY {
+            continue;
+        }
+        let path = cpu_root
+            .join(format!("cpu{cpu}"))
+            .join("power/pm_qos_resume_latency_us");
+        if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == POLL_ONLY)
+            && write(&path, value)
+        {
+            tracing::info!(
+                core = cpu,
+                value,
+                "restored a PM QoS limit left by a previous daemon"
+            );
+        }
+    }
+    let _ = std::fs::remove_file(record);
+}
+
+fn restore(e: &mut Entry) {
+    if e.until.take().is_some() {
+        let _ = write(&e.path, &e.original);
+    }
+}
+
+fn write(path: &Path, value: &str) -> bool {
+    match std::fs::write(path, value) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!(path = %path.display(), error = %e, "PM QoS write failed");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct FakeSysfs(PathBuf);
+
+    impl FakeSysfs {
+        fn new(tag: &str, cpus: &[(CoreId, &str)]) -> Self {
+            let dir = std::env::temp_dir().join(format!("warm-{tag}-{}", std::process::id()));
+            for &(c, v) in cpus {
+                let p = dir.join(format!("cpu{c}/power"));
+                std::fs::create_dir_all(&p).unwrap();
+                std::fs::write(p.join("pm_qos_resume_latency_us"), format!("{v}\n")).unwrap();
+            }
+            Self(dir)
+        }
+        fn value(&self, c: CoreId) -> String {
+            std::fs::read_to_string(
+                self.0
+                    .join(format!("cpu{c}/power/pm_qos_resume_latency_us")),
+            )
+            .unwrap()
+            .trim()
+            .to_owned()
+        }
+    }
+
+    impl Drop for FakeSysfs {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn window_opens_on_release_and_closes_on_grant_expiry_and_exit() {
+        let fs = FakeSysfs::new("cycle", &[(1, "0"), (2, "25")]);
+        let mut w = WarmCores::new(&fs.0, &[1, 2], Duration::from_millis(1), None);
+        let t = Instant::now();
+        w.freed(1, t);
+        w.freed(2, t);
+        assert_eq!((fs.value(1), fs.value(2)), ("n/a".into(), "n/a".into()));
+        assert_eq!(w.next_deadline(), Some(t + Duration::from_millis(1)));
+        w.taken(1);
+        assert_eq!(fs.value(1), "0");
+        assert!(!w.is_warm(1) && w.is_warm(2));
+        w.expire(t + Duration::from_micros(500));
+        assert_eq!(fs.value(2), "n/a");
+        w.expire(t + Duration::from_millis(1));
+        assert_eq!(fs.value(2), "25", "the original limit comes back");
+        w.freed(2, t);
+        drop(w);
+        assert_eq!(fs.value(2), "25", "exit restores");
+    }
+
+    #[test]
+    fn missing_files_already_polling_cores_and_zero_window_are_left_alone() {
+        let fs = FakeSysfs::new("skip", &[(1, "n/a")]);
+        let mut w = WarmCores::new(&fs.0, &[1, 3], Duration::from_millis(1), None);
+        w.freed(1, Instant::now());
+        w.freed(3, Instant::now());
+        assert_eq!(w.next_deadline(), None);
+        drop(w);
+        assert_eq!(fs.value(1), "n/a", "not ours to restore");
+        let fs = FakeSysfs::new("zero", &[(1, "0")]);
+        let mut w = WarmCores::new(&fs.0, &[1], Duration::ZERO, None);
+        w.freed(1, Instant::now());
+        assert_eq!(fs.value(1), "0");
+    }
+
+    #[test]
+    fn a_second_release_extends_the_window() {
+        let fs = FakeSysfs::new("extend", &[(1, "0")]);
+        let mut w = WarmCores::new(&fs.0, &[1], Duration::from_millis(1), None);
+        let t = Instant::now();
+        w.freed(1, t);
+        w.freed(1, t + Duration::from_micros(800));
+        w.expire(t + Duration::from_millis(1));
+        assert_eq!(fs.value(1), "n/a");
+        w.expire(t + Duration::from_micros(1800));
+        assert_eq!(fs.value(1), "0");
+    }
+
+    #[test]
+    fn a_record_left_by_a_killed_daemon_is_restored_at_start() {
+        let fs = FakeSysfs::new("record", &[(1, "0")]);
+        let record = fs.0.join("arbiter.sock.pmqos");
+        let mut w = WarmCores::new(&fs.0, &[1], Duration::from_millis(1), Some(&record));
+        assert_eq!(std::fs::read_to_string(&record).unwrap(), "1 0\n");
+        w.freed(1, Instant::now());
+        // kill -9: nothing is restored.
+        std::mem::forget(w);
+        assert_eq!(fs.value(1), "n/a");
+        let w = WarmCores::new(&fs.0, &[1], Duration::from_millis(1), Some(&record));
+        assert_eq!(fs.value(1), "0", "the next daemon puts the limit back");
+        assert!(!w.is_warm(1));
+        drop(w);
+        assert!(!record.exists(), "a clean exit removes the record");
+    }
+}
