@@ -199,6 +199,46 @@ impl CgroupFence {
                 check.display()
             )));
         }
+        if version == CgroupVersion::V2 {
+            // Checked before anything is created: without the controller the
+            // daemon would turn the root threaded and then fail.
+            let controllers = read_file(&check)?;
+            if !controllers.split_whitespace().any(|c| c == "cpuset") {
+                return Err(FenceError::Unavailable(format!(
+                    "the cpuset controller is not available in {} (cgroup.controllers: {:?}); \
+                     it may be bound to a cgroup v1 hierarchy, or not enabled in the parent's \
+                     cgroup.subtree_control",
+                    root.display(),
+                    controllers.trim()
+                )));
+            }
+        }
+        let created = Self::build(version, &root, all, managed);
+        if created.is_err() {
+            // Leave the root as it was: tasks back, sets removed.
+            let dirs = std::iter::once(root.join(UNMANAGED_DIR))
+                .chain(managed.iter().map(|&c| root.join(core_dir_name(c))));
+            for dir in dirs {
+                let back = match version {
+                    CgroupVersion::V1 => (dir.join("tasks"), root.join("tasks")),
+                    CgroupVersion::V2 => (dir.join("cgroup.procs"), root.join("cgroup.procs")),
+                };
+                for id in read_ids(&back.0) {
+                    let _ = std::fs::write(&back.1, id.to_string());
+                }
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
+        created
+    }
+
+    fn build(
+        version: CgroupVersion,
+        root: &Path,
+        all: &CpuList,
+        managed: &[CoreId],
+    ) -> Result<Self, FenceError> {
+        let root = root.to_path_buf();
         let unmanaged = root.join(UNMANAGED_DIR);
         let mk = |dir: &Path| -> Result<(), FenceError> {
             match std::fs::create_dir(dir) {

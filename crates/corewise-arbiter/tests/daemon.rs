@@ -1045,6 +1045,63 @@ fn warm_window_keeps_a_freed_core_polling() {
     assert_cleaned(&sb);
 }
 
+/// A cgroup v2 directory of one test, removed on drop.
+struct V2Dir(PathBuf);
+
+impl Drop for V2Dir {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(&self.0) {
+            for e in rd.flatten().filter(|e| e.path().is_dir()) {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn cgroup_v2_without_cpuset_fails_cleanly() {
+    const V2: &str = "/sys/fs/cgroup/unified";
+    if !can_run() || !Path::new(V2).join("cgroup.controllers").exists() {
+        return;
+    }
+    let dir = V2Dir(Path::new(V2).join(format!("corewise-test-v2-{}", std::process::id())));
+    std::fs::create_dir(&dir.0).unwrap();
+    let controllers = std::fs::read_to_string(dir.0.join("cgroup.controllers")).unwrap();
+    if controllers.split_whitespace().any(|c| c == "cpuset") {
+        eprintln!("skipping: cpuset is available in cgroup v2 here");
+        return;
+    }
+    let sock = std::env::temp_dir().join(format!("corewise-test-v2-{}.sock", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
+        .args(["run", "--backend", "cgroup-v2", "--cpus", "0-1", "--socket"])
+        .arg(&sock)
+        .arg("--cgroup-root")
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("cpuset controller is not available"),
+        "a clear reason: {err}"
+    );
+    let subdirs: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .collect();
+    assert!(subdirs.is_empty(), "nothing created: {subdirs:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.0.join("cgroup.type"))
+            .unwrap()
+            .trim(),
+        "domain",
+        "the root is left as it was"
+    );
+    assert!(!sock.exists(), "no socket left behind");
+}
+
 #[test]
 fn affinity_backend_pins_threads() {
     if !can_run() {
