@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 use corewise_arbiter::client::{Client, ClientError};
 use corewise_arbiter::daemon::{self, Backend, DaemonError, Options};
 use corewise_arbiter::topology::CpuList;
-use serde::Serialize;
 
-const CPUSET: &str = "/sys/fs/cgroup/cpuset";
+use crate::cpuset::{Subtree, SubtreeError};
+use serde::Serialize;
 
 /// Command-line arguments of `core-grant`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -105,88 +105,6 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Co
         op,
         path: path.to_path_buf(),
         source,
-    }
-}
-
-fn read_ids(p: &Path) -> Vec<u32> {
-    std::fs::read_to_string(p)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
-/// Removes subtrees left by earlier runs that were killed (their process is
-/// gone, so their sets hold no tasks and can simply be removed).
-fn remove_stale(root: &Path) {
-    let Ok(rd) = std::fs::read_dir(root) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix("corewise-bench-") else {
-            continue;
-        };
-        if pid.parse::<u32>().is_err() || Path::new("/proc").join(pid).exists() {
-            continue;
-        }
-        if let Ok(children) = std::fs::read_dir(e.path()) {
-            for c in children.flatten() {
-                if c.path().is_dir() {
-                    let _ = std::fs::remove_dir(c.path());
-                }
-            }
-        }
-        let _ = std::fs::remove_dir(e.path());
-    }
-}
-
-/// Our own cpuset subtree; the process lives in it while the benchmark runs.
-struct Subtree {
-    dir: PathBuf,
-}
-
-impl Subtree {
-    fn create() -> Result<Self, CoreGrantError> {
-        let root = Path::new(CPUSET);
-        if !rustix::process::geteuid().is_root() || !root.join("tasks").exists() {
-            return Err(CoreGrantError::Unsupported(
-                "root and a cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset".into(),
-            ));
-        }
-        remove_stale(root);
-        let dir = root.join(format!("corewise-bench-{}", std::process::id()));
-        std::fs::create_dir(&dir).map_err(io("mkdir", &dir))?;
-        let st = Self { dir };
-        for f in ["cpuset.mems", "cpuset.cpus"] {
-            let v = std::fs::read_to_string(root.join(f)).map_err(io("read", &root.join(f)))?;
-            std::fs::write(st.dir.join(f), v.trim()).map_err(io("write", &st.dir.join(f)))?;
-        }
-        // Every thread of this process moves in; the daemon then puts them
-        // in its unmanaged set, off the managed cores.
-        let procs = st.dir.join("cgroup.procs");
-        std::fs::write(&procs, std::process::id().to_string()).map_err(io("write", &procs))?;
-        Ok(st)
-    }
-}
-
-impl Drop for Subtree {
-    fn drop(&mut self) {
-        let root = Path::new(CPUSET);
-        // Back to the root cpuset (whole process), then remove the directory
-        // (the daemon already removed its children).
-        let _ = std::fs::write(root.join("cgroup.procs"), std::process::id().to_string());
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.dir.exists() && std::fs::remove_dir(&self.dir).is_err() {
-            for tid in read_ids(&self.dir.join("tasks")) {
-                let _ = std::fs::write(root.join("tasks"), tid.to_string());
-            }
-            if Instant::now() > deadline {
-                eprintln!("core-grant: could not remove {}", self.dir.display());
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
     }
 }
 
@@ -392,7 +310,10 @@ pub fn run(args: CoreGrantArgs) -> Result<CoreGrantReport, CoreGrantError> {
         _ => return Err(CoreGrantError::Unsupported("at least 2 CPUs".into())),
     };
     let floor = reference_wake(first, last, n.min(1000))?;
-    let subtree = Subtree::create()?;
+    let subtree = Subtree::create().map_err(|e| match e {
+        SubtreeError::Unsupported(why) => CoreGrantError::Unsupported(why),
+        SubtreeError::Io { op, path, source } => CoreGrantError::Io { op, path, source },
+    })?;
     let cpus: CpuList = std::fs::read_to_string(subtree.dir.join("cpuset.cpus"))
         .map_err(io("read", &subtree.dir))?
         .parse()

@@ -8,6 +8,7 @@ mod affinity;
 mod clock;
 mod core_grant;
 mod cores;
+mod cpuset;
 mod echo;
 mod error;
 mod kv;

@@ -43,6 +43,10 @@ pub struct Plan {
     pub measure: Duration,
     /// RNG seed (same seed, same request sequence).
     pub seed: u64,
+    /// Sleep in `epoll_wait` until the next arrival or reply instead of
+    /// polling: for runs where the generator shares its CPU with other work
+    /// (`--neighbour`), so that it leaves that CPU when it has nothing to do.
+    pub blocking: bool,
 }
 
 /// One measurement's result.
@@ -175,6 +179,51 @@ impl Conn {
 
 struct Epoll(std::os::fd::OwnedFd);
 
+const TIMER_TOKEN: u64 = u64::MAX;
+/// In blocking mode, gaps shorter than this are polled, not slept.
+const BLOCK_MIN_NS: u64 = 30_000;
+/// In blocking mode, how much earlier than the next event the sleep ends.
+const WAKE_EARLY_NS: u64 = 10_000;
+
+/// A one-shot monotonic timer whose expiry is an epoll event.
+struct Timer(std::os::fd::OwnedFd);
+
+impl Timer {
+    fn new(ep: &Epoll) -> Result<Self, BenchError> {
+        // SAFETY: plain system call.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(BenchError::io("timerfd_create", io::Error::last_os_error()));
+        }
+        // SAFETY: a new fd that nobody else owns.
+        let t = Timer(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
+        ep.add(t.0.as_raw_fd(), TIMER_TOKEN)?;
+        Ok(t)
+    }
+
+    /// Fires once, `ns` from now (re-arming also clears an expiry not yet
+    /// seen, so the edge-triggered event comes again).
+    fn arm(&self, ns: u64) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (ns % 1_000_000_000).max(1) as libc::c_long,
+            },
+        };
+        // SAFETY: valid pointers for the call; a null old value is allowed.
+        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+}
+
 impl Epoll {
     fn new() -> Result<Self, BenchError> {
         // SAFETY: plain system call.
@@ -196,6 +245,30 @@ impl Epoll {
             return Err(BenchError::io("epoll_ctl", io::Error::last_os_error()));
         }
         Ok(())
+    }
+
+    /// Waits up to `timeout_ns` for events (sub-millisecond: the timeout is
+    /// a timerfd in the set, re-armed on every call).
+    fn wait(&self, timer: &Timer, evs: &mut [libc::epoll_event], timeout_ns: u64) -> usize {
+        let n = if timeout_ns == 0 {
+            self.poll(evs)
+        } else {
+            timer.arm(timeout_ns);
+            // SAFETY: `evs` is valid for writes of its length.
+            let n = unsafe {
+                libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, -1)
+            };
+            n.max(0) as usize
+        };
+        // The timer's own event carries no work.
+        let mut k = 0;
+        for i in 0..n {
+            if evs[i].u64 != TIMER_TOKEN {
+                evs[k] = evs[i];
+                k += 1;
+            }
+        }
+        k
     }
 
     fn poll(&self, evs: &mut [libc::epoll_event]) -> usize {
@@ -240,6 +313,7 @@ pub fn preload(port: u16, w: &Workload, fill: &[u8]) -> Result<(), BenchError> {
 /// Runs one measurement.
 pub fn run(plan: &Plan, w: &Workload, fill: &[u8]) -> Result<Outcome, BenchError> {
     let ep = Epoll::new()?;
+    let timer = Timer::new(&ep)?;
     let mut conns = Vec::with_capacity(plan.connections);
     for i in 0..plan.connections.max(1) {
         let c = Conn::connect(plan.port)?;
@@ -311,7 +385,32 @@ pub fn run(plan: &Plan, w: &Workload, fill: &[u8]) -> Result<Outcome, BenchError
                     .map_err(|e| BenchError::io("sending requests", e))?;
             }
         }
-        let k = ep.poll(&mut evs);
+        let k = if plan.blocking {
+            let pending_out = conns.iter().any(|c| c.out_pos < c.out.len());
+            let until = if pending_out {
+                now
+            } else if depth == 0 && now < end {
+                (next_arrival as u64).min(end)
+            } else if now < end {
+                end
+            } else {
+                drain_end
+            };
+            // Sleeping costs a timer and a wake-up: only for gaps that are
+            // worth it, waking a little early and polling the rest.
+            let gap = until.saturating_sub(now);
+            ep.wait(
+                &timer,
+                &mut evs,
+                if gap < BLOCK_MIN_NS {
+                    0
+                } else {
+                    gap - WAKE_EARLY_NS
+                },
+            )
+        } else {
+            ep.poll(&mut evs)
+        };
         if k == 0 {
             continue;
         }

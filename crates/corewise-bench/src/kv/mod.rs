@@ -48,7 +48,9 @@ pub struct Args {
     /// Short run (under three minutes).
     #[arg(long)]
     pub quick: bool,
-    /// Also measure beside a CPU-bound neighbour on the server's CPU.
+    /// Also measure each server alone and beside a CPU-bound neighbour:
+    /// memcached with the neighbour on its CPU, corewise-kv with the arbiter
+    /// daemon keeping the neighbour on the unmanaged core (needs root).
     #[arg(long)]
     pub neighbour: bool,
     /// Write results as JSON here.
@@ -70,10 +72,11 @@ pub struct Args {
     /// The memcached binary.
     #[arg(long, default_value = "memcached")]
     pub memcached_bin: PathBuf,
-    /// CPU for the servers (default: the first allowed CPU).
+    /// CPU for the servers (default: the last allowed CPU).
     #[arg(long)]
     pub server_cpu: Option<usize>,
-    /// CPU for the load generator (default: the second allowed CPU).
+    /// CPU for the load generator (default: the first allowed CPU other
+    /// than the servers').
     #[arg(long)]
     pub client_cpu: Option<usize>,
     /// RNG seed.
@@ -133,8 +136,182 @@ pub struct NeighbourResult {
     pub offered_per_s: f64,
     /// Alone.
     pub alone: Point,
-    /// Beside a CPU-bound process on the same CPU.
+    /// Beside a CPU-bound process (on the server's CPU for memcached, in
+    /// the arbiter's unmanaged set for corewise-kv).
     pub beside_neighbour: Point,
+    /// How the server ran: "pinned" or "arbiter daemon".
+    pub setup: &'static str,
+}
+
+/// A CPU-bound process (`sh -c 'while :; do :; done'`), killed by PID and
+/// reaped on drop.
+struct Spinner(std::process::Child);
+
+impl Spinner {
+    fn start(cpu: usize) -> Result<Self, BenchError> {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "while :; do :; done"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null());
+        // SAFETY: runs in the forked child before exec; it only makes the
+        // sched_setaffinity and prctl system calls on a stack-local CPU set.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| BenchError::io("starting the neighbour", e))?;
+        Ok(Spinner(child))
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's PID; not reaped yet (we hold
+        // the Child), so the PID cannot have been reused.
+        unsafe {
+            libc::kill(self.0.id() as libc::pid_t, libc::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// The calling thread under SCHED_FIFO (children it starts get the normal
+/// policy back, `SCHED_RESET_ON_FORK`) until dropped.
+struct Realtime;
+
+impl Realtime {
+    fn enter(priority: i32) -> Result<Self, BenchError> {
+        let p = libc::sched_param {
+            sched_priority: priority,
+        };
+        // SAFETY: valid pointer; affects the calling thread only.
+        let r = unsafe {
+            libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &p)
+        };
+        if r != 0 {
+            return Err(BenchError::io(
+                "sched_setscheduler(SCHED_FIFO) for the load generator",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(Realtime)
+    }
+}
+
+impl Drop for Realtime {
+    fn drop(&mut self) {
+        let p = libc::sched_param { sched_priority: 0 };
+        // SAFETY: as in `enter`.
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
+    }
+}
+
+/// The colocation experiment: each server alone and beside a CPU-bound
+/// neighbour at `rate`, the generator sleeping between events under
+/// SCHED_FIFO (it shares its CPU with the neighbour in corewise-kv's case,
+/// and stands for remote clients that a neighbour cannot slow down).
+///
+/// - memcached, pinned to `server_cpu`: the neighbour is pinned there too.
+/// - corewise-kv with the arbiter daemon (started here on a cpuset subtree
+///   of its own with `server_cpu` managed and `client_cpu` unmanaged): the
+///   daemon grants corewise-kv the managed core and keeps everything else,
+///   the neighbour included, in the unmanaged set.
+fn colocation(
+    args: &Args,
+    setup: &Setup,
+    mc: &servers::Server,
+    kv_bin: &PathBuf,
+    rate: f64,
+    server_cpu: usize,
+    client_cpu: usize,
+) -> Result<(NeighbourResult, NeighbourResult), BenchError> {
+    use corewise_arbiter::daemon::{self, Backend, Options};
+    println!("neighbour: {rate:.0}/s, each server alone, then beside a CPU-bound process");
+    let measure = |name: &str, port: u16| -> Result<Point, BenchError> {
+        let o = setup.measure_with(port, Pace::Open(rate), true)?;
+        let p = Point::of(&o);
+        show(name, &p);
+        Ok(p)
+    };
+
+    // memcached: the neighbour shares its CPU.
+    let mc_result = {
+        let _rt = Realtime::enter(5)?;
+        let alone = measure("memcached", mc.port)?;
+        let nb = Spinner::start(server_cpu)?;
+        std::thread::sleep(Duration::from_millis(200));
+        let beside = measure("memcached+nb", mc.port)?;
+        drop(nb);
+        NeighbourResult {
+            offered_per_s: rate,
+            alone,
+            beside_neighbour: beside,
+            setup: "pinned",
+        }
+    };
+
+    // corewise-kv with the daemon.
+    let subtree = crate::cpuset::Subtree::create()
+        .map_err(|e| BenchError::Machine(format!("kv --neighbour needs a cpuset subtree: {e}")))?;
+    let socket =
+        std::env::temp_dir().join(format!("corewise-bench-kv-{}.sock", std::process::id()));
+    let cpus: corewise_arbiter::topology::CpuList = format!("{client_cpu},{server_cpu}")
+        .parse()
+        .map_err(|e| BenchError::Machine(format!("cpu list: {e}")))?;
+    if client_cpu > server_cpu {
+        return Err(BenchError::Machine(
+            "kv --neighbour: the daemon keeps the lower CPU unmanaged, so --client-cpu must be lower than --server-cpu".into(),
+        ));
+    }
+    let d = daemon::spawn(Options {
+        socket: socket.clone(),
+        backend: Backend::CgroupV1,
+        cgroup_root: Some(subtree.dir.clone()),
+        cpus: Some(cpus),
+        rt_priority: Some(10),
+        ..Options::default()
+    })
+    .map_err(|e| BenchError::Machine(format!("arbiter daemon: {e}")))?;
+    let kv_result = (|| -> Result<NeighbourResult, BenchError> {
+        let kv = servers::corewise_kv(
+            kv_bin,
+            server_cpu,
+            args.kv_mode.as_deref(),
+            &args.kv_arg,
+            Some((&socket, &format!("{client_cpu},{server_cpu}"))),
+        )?;
+        // The grant: the floor steps back once the managed core is held.
+        std::thread::sleep(Duration::from_millis(300));
+        load::preload(kv.port, &setup.workload, &setup.fill)?;
+        let _rt = Realtime::enter(5)?;
+        let alone = measure("corewise-kv", kv.port)?;
+        // Started from this thread, which is in the daemon's unmanaged set.
+        let nb = Spinner::start(client_cpu)?;
+        std::thread::sleep(Duration::from_millis(200));
+        let beside = measure("corewise-kv+nb", kv.port)?;
+        drop(nb);
+        Ok(NeighbourResult {
+            offered_per_s: rate,
+            alone,
+            beside_neighbour: beside,
+            setup: "arbiter daemon",
+        })
+    })();
+    let stopped = d.stop();
+    drop(subtree);
+    let kv_result = kv_result?;
+    stopped.map_err(|e| BenchError::Machine(format!("arbiter daemon: {e}")))?;
+    Ok((mc_result, kv_result))
 }
 
 fn peak(curve: &[Point]) -> f64 {
@@ -156,6 +333,10 @@ struct Setup {
 
 impl Setup {
     fn measure(&self, port: u16, pace: Pace) -> Result<Outcome, BenchError> {
+        self.measure_with(port, pace, false)
+    }
+
+    fn measure_with(&self, port: u16, pace: Pace, blocking: bool) -> Result<Outcome, BenchError> {
         let plan = Plan {
             port,
             connections: self.connections,
@@ -163,6 +344,7 @@ impl Setup {
             warmup: self.warmup,
             measure: self.measure,
             seed: self.seed,
+            blocking,
         };
         load::run(&plan, &self.workload, &self.fill)
     }
@@ -178,7 +360,9 @@ fn show(name: &str, p: &Point) {
 /// Runs the benchmark.
 pub fn run(args: &Args) -> Result<(), BenchError> {
     let allowed = crate::affinity::allowed_cpus()?;
-    let server_cpu = args.server_cpu.unwrap_or(allowed[0]);
+    // Servers on the last CPU, load on the first: with `--neighbour` the
+    // arbiter daemon keeps the lowest CPU unmanaged for everything else.
+    let server_cpu = args.server_cpu.unwrap_or(*allowed.last().unwrap_or(&0));
     let client_cpu = match args.client_cpu {
         Some(c) => c,
         None => *allowed.iter().find(|&&c| c != server_cpu).ok_or_else(|| {
@@ -214,7 +398,13 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         setup.workload.mean_size(),
         args.connections
     );
-    let kv = servers::corewise_kv(&kv_bin, server_cpu, args.kv_mode.as_deref(), &args.kv_arg)?;
+    let kv = servers::corewise_kv(
+        &kv_bin,
+        server_cpu,
+        args.kv_mode.as_deref(),
+        &args.kv_arg,
+        None,
+    )?;
     let mc = servers::memcached(&args.memcached_bin, server_cpu)?;
     println!(
         "servers: corewise-kv pid {} port {}, memcached pid {} port {}",
@@ -303,32 +493,11 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                 .max(1.0)
                 * 1000.0
         };
-        println!(
-            "neighbour: {rate:.0}/s alone, then beside a CPU-bound process on CPU {server_cpu}"
-        );
-        let mut alone = Vec::new();
-        for s in both {
-            let p = Point::of(&setup.measure(s.port, Pace::Open(rate))?);
-            show(s.name, &p);
-            alone.push(p);
+        let (mc_nb, kv_nb) = colocation(args, &setup, &mc, &kv_bin, rate, server_cpu, client_cpu)?;
+        for (i, r) in [kv_nb, mc_nb].into_iter().enumerate() {
+            results[i].p99_growth = Some(r.beside_neighbour.p99_us / r.alone.p99_us.max(1e-9));
+            results[i].neighbour = Some(r);
         }
-        let guard = crate::neighbours::children::Neighbours::start(1)?;
-        for pid in guard.pids() {
-            servers::confine(pid, server_cpu)?;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        for (i, s) in both.iter().enumerate() {
-            let p = Point::of(&setup.measure(s.port, Pace::Open(rate))?);
-            show(&format!("{}+nb", s.name), &p);
-            let a = alone[i].clone();
-            results[i].p99_growth = Some(p.p99_us / a.p99_us.max(1e-9));
-            results[i].neighbour = Some(NeighbourResult {
-                offered_per_s: rate,
-                alone: a,
-                beside_neighbour: p,
-            });
-        }
-        drop(guard);
     }
     drop(kv);
     drop(mc);
@@ -375,9 +544,13 @@ fn report(r: &[ServerResult; 2], rates: &[f64]) {
         r[1].peak_throughput_at_p99_1ms,
     );
     println!();
+    let ratio = if pm > 0.0 {
+        format!("{:.2}", pk / pm)
+    } else {
+        "n/a (memcached kept p99 <= 1 ms at no point)".into()
+    };
     println!(
-        "peak throughput at p99 <= 1 ms: corewise-kv {pk:.0}/s, memcached {pm:.0}/s, ratio {:.2}",
-        pk / pm.max(1e-9)
+        "peak throughput at p99 <= 1 ms: corewise-kv {pk:.0}/s, memcached {pm:.0}/s, ratio {ratio}"
     );
     let (sk, sm) = (r[0].max_sustained_per_s, r[1].max_sustained_per_s);
     println!(

@@ -4,7 +4,9 @@
 //! so every thread either server ever creates inherits the one CPU
 //! (setting it after start would miss threads already pinned elsewhere).
 //! memcached also gets `-t 1` (one worker thread); corewise-kv gets
-//! `-t 1 --cpus <cpu>`, so its runtime holds exactly that core.
+//! `-t 1 --cpus <cpu>`, so its runtime holds exactly that core. With the
+//! arbiter daemon (`kv --neighbour`), corewise-kv is not pinned: the daemon
+//! grants it the core.
 
 use crate::error::BenchError;
 use std::os::unix::process::CommandExt;
@@ -51,7 +53,7 @@ pub fn free_port() -> Result<u16, BenchError> {
 fn start(
     name: &'static str,
     mut cmd: Command,
-    cpu: usize,
+    cpu: Option<usize>,
     port: u16,
 ) -> Result<Server, BenchError> {
     cmd.stdin(Stdio::null())
@@ -61,10 +63,12 @@ fn start(
     // sched_setaffinity and prctl system calls on a stack-local CPU set.
     unsafe {
         cmd.pre_exec(move || {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                return Err(std::io::Error::last_os_error());
+            if let Some(cpu) = cpu {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
             Ok(())
@@ -87,12 +91,17 @@ fn start(
     Err(BenchError::Timeout("server start"))
 }
 
-/// Starts corewise-kv on `cpu`.
+/// Starts corewise-kv on `cpu`: pinned there, or, with `arbiter` (the
+/// daemon's socket and the CPUs it manages), taking one core from the
+/// daemon. Then the runtime gets a kernel thread per CPU of the daemon and
+/// `-t 1`: its floor kernel thread runs in the unmanaged set only until the
+/// daemon grants the managed core, which its other kernel thread takes.
 pub fn corewise_kv(
     bin: &PathBuf,
     cpu: usize,
     mode: Option<&str>,
     extra: &[String],
+    arbiter: Option<(&std::path::Path, &str)>,
 ) -> Result<Server, BenchError> {
     let port = free_port()?;
     let mut cmd = Command::new(bin);
@@ -106,12 +115,23 @@ pub fn corewise_kv(
         "-t",
         "1",
     ])
-    .args(["--cpus", &cpu.to_string()]);
+    .args([
+        "--cpus",
+        &arbiter.map_or_else(|| cpu.to_string(), |(_, cpus)| cpus.to_string()),
+    ]);
     if let Some(m) = mode {
         cmd.args(["--mode", m]);
     }
+    if let Some((socket, _)) = arbiter {
+        cmd.arg("--arbiter").arg(socket);
+    }
     cmd.args(extra);
-    start("corewise-kv", cmd, cpu, port)
+    start(
+        "corewise-kv",
+        cmd,
+        if arbiter.is_some() { None } else { Some(cpu) },
+        port,
+    )
 }
 
 /// Starts memcached (`-t 1 -U 0 -m 64`) on `cpu`.
@@ -134,26 +154,5 @@ pub fn memcached(bin: &PathBuf, cpu: usize) -> Result<Server, BenchError> {
     if unsafe { libc::geteuid() } == 0 {
         cmd.args(["-u", "root"]);
     }
-    start("memcached", cmd, cpu, port)
-}
-
-/// Confines another process (a neighbour) to `cpu`.
-pub fn confine(pid: u32, cpu: usize) -> Result<(), BenchError> {
-    // SAFETY: a zeroed cpu_set_t is valid; the calls get valid pointers.
-    let r = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(
-            pid as libc::pid_t,
-            std::mem::size_of::<libc::cpu_set_t>(),
-            &set,
-        )
-    };
-    if r != 0 {
-        return Err(BenchError::Pin {
-            cpu,
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+    start("memcached", cmd, Some(cpu), port)
 }
