@@ -499,7 +499,7 @@ impl Fence for AffinityFence {
         self.unmanaged = cpus.clone();
         let parked = std::mem::take(&mut self.parked);
         for tid in parked {
-            if Self::pin(tid, self.unmanaged.iter()).is_ok() {
+            if Self::pin(tid, self.unmanaged.cores()).is_ok() {
                 self.parked.push(tid);
             }
         }
@@ -516,7 +516,7 @@ impl Fence for AffinityFence {
 
     fn unconfine(&mut self, tid: u32) -> Result<(), FenceError> {
         self.confined.retain(|&(t, _)| t != tid);
-        Self::pin(tid, self.unmanaged.iter())?;
+        Self::pin(tid, self.unmanaged.cores())?;
         if !self.parked.contains(&tid) {
             self.parked.push(tid);
         }
@@ -538,7 +538,7 @@ impl Fence for AffinityFence {
             .chain(self.confined.drain(..).map(|(t, _)| t))
             .collect();
         for tid in tids {
-            let _ = Self::pin(tid, self.all.iter());
+            let _ = Self::pin(tid, self.all.cores());
         }
         Ok(())
     }
@@ -560,7 +560,7 @@ mod tests {
     #[test]
     fn affinity_pins_and_unpins_a_real_thread() {
         let all = crate::topology::online_cpus();
-        let Some(core) = all.iter().last() else {
+        let Some(core) = all.cores().last() else {
             return;
         };
         let mut f = AffinityFence::new(&all);

@@ -33,6 +33,7 @@
 pub mod client;
 #[cfg(feature = "daemon")]
 pub mod config;
+pub mod cpulist;
 #[cfg(feature = "daemon")]
 pub mod daemon;
 #[cfg(feature = "daemon")]

@@ -305,7 +305,7 @@ fn reference_wake(from: u32, to: u32, n: usize) -> Result<Latency, CoreGrantErro
 pub fn run(args: CoreGrantArgs) -> Result<CoreGrantReport, CoreGrantError> {
     let n = if args.quick { 1000 } else { 5000 };
     let online = corewise_arbiter::topology::online_cpus();
-    let (first, last) = match (online.iter().next(), online.iter().last()) {
+    let (first, last) = match (online.cores().next(), online.cores().last()) {
         (Some(f), Some(l)) if f != l => (f, l),
         _ => return Err(CoreGrantError::Unsupported("at least 2 CPUs".into())),
     };

@@ -34,7 +34,6 @@
 //! ```
 
 mod cgroup;
-mod cpulist;
 mod neighbour;
 mod watch;
 
@@ -43,7 +42,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-pub use cpulist::{CpuList, CpuListError, MAX_CPU_ID};
+pub use corewise_arbiter::cpulist::{CpuList, CpuListError, MAX_CPU_ID};
 pub use neighbour::{neighbour_cap, CpuTimes, NeighbourConfig, NeighbourShare};
 pub use watch::{BudgetHandle, BudgetWatcher, WatcherBuilder, DEFAULT_REFRESH_INTERVAL};
 

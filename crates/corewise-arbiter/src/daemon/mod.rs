@@ -256,7 +256,7 @@ fn setup(opts: &Options) -> Result<(State, UnixListener), DaemonError> {
             "need at least 2 CPUs (one always stays unmanaged)".into(),
         ));
     }
-    if all.iter().any(|c| c as usize >= crate::shm::MAX_CPUS) {
+    if all.iter().any(|c| c >= crate::shm::MAX_CPUS) {
         return Err(DaemonError::Settings("CPU number too large".into()));
     }
     let unmanaged = opts.unmanaged.max(1);
@@ -270,17 +270,20 @@ fn setup(opts: &Options) -> Result<(State, UnixListener), DaemonError> {
     // Keep whole physical cores unmanaged: the lowest-numbered CPUs and their
     // hyperthread siblings.
     let mut keep = CpuList::new();
-    for c in all.iter() {
+    for c in all.cores() {
         if keep.len() >= unmanaged {
             break;
         }
         for s in topo.siblings(c) {
-            if all.contains(s) {
-                keep.insert(s);
+            if all.contains(s as usize) {
+                keep.insert(s as usize);
             }
         }
     }
-    let managed: Vec<CoreId> = all.iter().filter(|c| !keep.contains(*c)).collect();
+    let managed: Vec<CoreId> = all
+        .cores()
+        .filter(|&c| !keep.contains(c as usize))
+        .collect();
     if managed.is_empty() {
         return Err(DaemonError::Settings("no core left to manage".into()));
     }

@@ -560,7 +560,7 @@ impl State {
     fn sync_unmanaged(&mut self) {
         let set: CpuList = self
             .all
-            .iter()
+            .cores()
             .filter(|c| !self.holder.contains_key(c))
             .collect();
         if let Err(e) = self.fence.set_unmanaged(&set) {

@@ -2,7 +2,9 @@
 //!
 //! Cgroup files (`cpuset.cpus`, `cpuset.effective_cpus`,
 //! `cpuset.cpus.effective`) and `/sys/devices/system/cpu/online` all use this
-//! notation. The parser is total: any input yields a list or an error, never a
+//! notation. One implementation serves the daemon (its `--cpus` and the
+//! sets it writes) and the runtime (its CPU budget, which re-exports it as
+//! `corewise::budget::CpuList`). The parser is total: any input yields a list or an error, never a
 //! panic, and CPU ids are bounded by [`MAX_CPU_ID`] so a hostile
 //! `0-4294967295` cannot make it allocate gigabytes.
 
@@ -38,7 +40,7 @@ pub enum CpuListError {
 /// A set of CPU ids, printed and parsed in the kernel's list notation.
 ///
 /// ```
-/// use corewise::budget::CpuList;
+/// use corewise_arbiter::cpulist::CpuList;
 ///
 /// let cpus: CpuList = "0-3,5,7-8".parse().unwrap();
 /// assert_eq!(cpus.len(), 7);
@@ -64,7 +66,7 @@ impl CpuList {
     /// commas are skipped.
     ///
     /// ```
-    /// use corewise::budget::CpuList;
+    /// use corewise_arbiter::cpulist::CpuList;
     /// assert!(CpuList::parse(" \n").unwrap().is_empty());
     /// assert!(CpuList::parse("3-1").is_err());
     /// assert!(CpuList::parse("max").is_err());
@@ -105,6 +107,16 @@ impl CpuList {
         }
         self.words[word] |= 1 << (cpu % 64);
         true
+    }
+
+    /// Removes `cpu` (if present).
+    pub fn remove(&mut self, cpu: usize) {
+        if let Some(w) = self.words.get_mut(cpu / 64) {
+            *w &= !(1 << (cpu % 64));
+        }
+        while self.words.last() == Some(&0) {
+            self.words.pop();
+        }
     }
 
     /// Whether `cpu` is in the list.
@@ -155,6 +167,12 @@ impl CpuList {
         })
     }
 
+    /// The CPUs in ascending order as the arbiter's protocol numbers them
+    /// ([`CoreId`](crate::CoreId)).
+    pub fn cores(&self) -> impl Iterator<Item = u32> + '_ {
+        self.iter().map(|c| c as u32)
+    }
+
     /// The CPUs in ascending order, collected.
     pub fn to_vec(&self) -> Vec<usize> {
         self.iter().collect()
@@ -169,6 +187,14 @@ impl FromIterator<usize> for CpuList {
             list.insert(cpu);
         }
         list
+    }
+}
+
+impl FromIterator<u32> for CpuList {
+    /// Collects CPU numbers as the arbiter's protocol carries them
+    /// ([`CoreId`](crate::CoreId)); ids at or above [`MAX_CPU_ID`] are dropped.
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        iter.into_iter().map(|c| c as usize).collect()
     }
 }
 
@@ -274,6 +300,11 @@ mod tests {
         // Trailing zero words are trimmed, so equal sets compare equal.
         assert_eq!(a.intersection(&b), CpuList::parse("1").unwrap());
         assert!(!CpuList::new().insert(MAX_CPU_ID));
+        let mut c = CpuList::parse("1,70").unwrap();
+        c.remove(70);
+        assert_eq!(c, CpuList::parse("1").unwrap(), "trimmed after a remove");
+        c.remove(5);
+        assert_eq!(c.to_vec(), vec![1]);
     }
 
     proptest! {
