@@ -24,7 +24,7 @@
 //! kernel thread waits for a core again.
 
 use crate::clock;
-use crate::core::{Core, BLOCKED, SLOTS};
+use crate::core::{Core, BLOCKED};
 use crate::policy::ThreadClass;
 use crate::shim::{fence, Ordering};
 
@@ -103,7 +103,11 @@ pub(crate) fn run(core: &'static Core) {
             }
             rotation_runs += 1;
             run_thread(core, i);
-            next = if i + 1 == SLOTS { 0 } else { i + 1 };
+            // May be SLOTS: the next scan then wraps to a lower slot, which
+            // ends the rotation. (Resetting it to 0 here hid the wrap from
+            // slot SLOTS - 1 to slot 0: a full slot table never ended a
+            // rotation, so it never accounted load nor released its core.)
+            next = i + 1;
             continue;
         }
         if core.io.pass() {
@@ -293,8 +297,8 @@ fn find_runnable(core: &Core, start: usize) -> Option<usize> {
         }
         now_cache
     };
-    let from_start = mask & (!0u64 << start);
-    for part in [from_start, mask & !(!0u64 << start)] {
+    let ahead = (!0u64).checked_shl(start as u32).unwrap_or(0);
+    for part in [mask & ahead, mask & !ahead] {
         let mut m = part;
         while m != 0 {
             let i = m.trailing_zeros() as usize;

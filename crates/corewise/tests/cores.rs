@@ -239,3 +239,49 @@ fn a_one_cpu_quota_keeps_the_runtime_on_one_core() {
     assert_eq!(most, 1, "a 1-CPU quota must keep the runtime on one core");
     drop(cg);
 }
+
+/// A core whose 56 slots are all occupied by runnable threads still ends
+/// its rotations: it accounts load and notices that it must give the core
+/// back (the scan once reset to slot 0 after slot 55, which hid the wrap).
+#[test]
+fn a_core_with_every_slot_full_still_releases() {
+    let rt = Runtime::builder()
+        .min_cores(2)
+        .neighbour_awareness(None)
+        .build()
+        .unwrap();
+    if rt.cores() < 2 {
+        return;
+    }
+    wait_for("two cores", Duration::from_secs(10), || {
+        rt.active_cores() == 2
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    // Fill every slot of core 1 with threads that are always runnable (core
+    // 0 stays free to take them when core 1 goes).
+    let mut workers = Vec::new();
+    loop {
+        let stop = stop.clone();
+        match Builder::new().core(1).spawn_in(&rt, move || {
+            while !stop.load(Ordering::Relaxed) {
+                corewise::yield_now();
+            }
+        }) {
+            Ok(h) => workers.push(h),
+            Err(corewise::SpawnError::Full { .. }) => break,
+            Err(e) => panic!("spawn: {e}"),
+        }
+    }
+    let full = rt.core_stats()[1].threads;
+    assert!(full >= 56, "core 1 holds {full} threads");
+    rt.set_max_cores(1);
+    wait_for(
+        "the full core to give itself back",
+        Duration::from_secs(20),
+        || rt.active_cores() == 1,
+    );
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+}
