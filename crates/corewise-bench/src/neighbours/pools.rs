@@ -1,4 +1,5 @@
-//! The three pools and the open-loop generator that drives them.
+//! The three pools, the open-loop generator that drives the measured pool,
+//! and the closed loop that keeps a neighbour's pool saturated.
 //!
 //! Every task `i` has a *scheduled* submission time `t0 + i / rate`. The
 //! generator (one OS thread, outside any pool) sleeps until that time and
@@ -7,6 +8,10 @@
 //! of the generator beside busy neighbours) adds to the measured latency
 //! instead of silently lowering the offered load (no coordinated
 //! omission). Tasks stamp their own start and end with the shared clock.
+//!
+//! The pools take the task body as a [`Task`] closure, so a neighbour
+//! process runs exactly the same pool code with a body that only computes
+//! `fib(N)` and hands a credit back to its closed loop ([`saturate`]).
 
 use super::fib::fib;
 use crate::clock::Clock;
@@ -61,11 +66,19 @@ pub trait Submit {
     /// No more tasks will come; returns once every submitted task has run
     /// or been skipped (after `Stamps::abandon`).
     fn finish(self: Box<Self>) -> Result<(), BenchError>;
-    /// Cores (or workers) the pool uses now.
-    fn active(&self) -> usize;
+    /// A reader, for another thread (a sampler), of the cores (or
+    /// workers) the pool uses; it answers `None` once the pool is shutting
+    /// down.
+    fn probe(&self) -> Probe;
 }
 
-/// The task parameters shared by the pools.
+/// See [`Submit::probe`].
+pub type Probe = Arc<dyn Fn() -> Option<usize> + Send + Sync>;
+
+/// The body of a task, called with the task's index on a pool thread.
+pub type Task = Arc<dyn Fn(usize) + Send + Sync>;
+
+/// The task parameters of a measured run.
 #[derive(Debug, Clone)]
 pub struct Work {
     /// The clock.
@@ -74,6 +87,14 @@ pub struct Work {
     pub stamps: Arc<Stamps>,
     /// `fib` argument.
     pub n: u32,
+}
+
+impl Work {
+    /// The measured task: stamps start, `fib(n)`, stamps end.
+    pub fn task(&self) -> Task {
+        let w = self.clone();
+        Arc::new(move |i| w.stamps.run(&w.clock, i, w.n))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -91,8 +112,8 @@ pub struct StdPool {
 }
 
 impl StdPool {
-    /// Starts `workers` threads.
-    pub fn start(workers: usize, work: &Work) -> Result<Self, BenchError> {
+    /// Starts `workers` threads running `task`.
+    pub fn start(workers: usize, task: &Task) -> Result<Self, BenchError> {
         let q: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
         let mut pool = StdPool {
             q,
@@ -100,10 +121,10 @@ impl StdPool {
         };
         for k in 0..workers.max(1) {
             let q = Arc::clone(&pool.q);
-            let w = work.clone();
+            let t = Arc::clone(task);
             let h = std::thread::Builder::new()
                 .name(format!("pool-worker-{k}"))
-                .spawn(move || worker(&q, &w))
+                .spawn(move || worker(&q, &*t))
                 .map_err(|e| BenchError::Thread(format!("pool worker: {e}")));
             match h {
                 Ok(h) => pool.workers.push(h),
@@ -128,7 +149,7 @@ impl StdPool {
     }
 }
 
-fn worker(q: &(Mutex<Queue>, Condvar), w: &Work) {
+fn worker(q: &(Mutex<Queue>, Condvar), task: &(dyn Fn(usize) + Send + Sync)) {
     let (m, cv) = q;
     loop {
         let item = {
@@ -147,7 +168,7 @@ fn worker(q: &(Mutex<Queue>, Condvar), w: &Work) {
             }
         };
         match item {
-            Some(i) => w.stamps.run(&w.clock, i, w.n),
+            Some(i) => task(i),
             None => return,
         }
     }
@@ -169,8 +190,9 @@ impl Submit for StdPool {
         Ok(())
     }
 
-    fn active(&self) -> usize {
-        self.workers.len()
+    fn probe(&self) -> Probe {
+        let n = self.workers.len();
+        Arc::new(move || Some(n))
     }
 }
 
@@ -183,14 +205,16 @@ impl Drop for StdPool {
 /// Tasks as corewise user threads, one per task, created from the
 /// generator (an OS thread) with `wait_for_slot(true)`.
 pub struct CorewisePool {
-    rt: Option<corewise::Runtime>,
-    work: Work,
+    // Shared only with probes, which hold a `Weak` and upgrade it for the
+    // length of one `active_cores` call.
+    rt: Option<Arc<corewise::Runtime>>,
+    task: Task,
 }
 
 impl CorewisePool {
     /// Builds the runtime: every allowed CPU, default policy, neighbour
     /// awareness with overcommit `overcommit` (None: off).
-    pub fn start(work: &Work, overcommit: Option<f64>) -> Result<Self, BenchError> {
+    pub fn start(task: &Task, overcommit: Option<f64>) -> Result<Self, BenchError> {
         let nb = overcommit.map(|o| corewise::budget::NeighbourConfig {
             overcommit: o,
             ..corewise::budget::NeighbourConfig::default()
@@ -203,29 +227,24 @@ impl CorewisePool {
                 message: e.to_string(),
             })?;
         Ok(CorewisePool {
-            rt: Some(rt),
-            work: work.clone(),
+            rt: Some(Arc::new(rt)),
+            task: Arc::clone(task),
         })
-    }
-
-    /// Cores the runtime holds now.
-    pub fn active_cores(&self) -> usize {
-        self.rt.as_ref().map_or(0, |r| r.active_cores())
     }
 }
 
 impl Submit for CorewisePool {
     fn submit(&mut self, i: usize) -> Result<(), BenchError> {
-        let Some(rt) = self.rt.as_ref() else {
+        let Some(rt) = self.rt.as_deref() else {
             return Err(BenchError::Runtime {
                 runtime: "corewise",
                 message: "runtime already stopped".into(),
             });
         };
-        let w = self.work.clone();
+        let t = Arc::clone(&self.task);
         corewise::thread::Builder::new()
             .wait_for_slot(true)
-            .spawn_detached_in(rt, move || w.stamps.run(&w.clock, i, w.n))
+            .spawn_detached_in(rt, move || t(i))
             .map(|_| ())
             .map_err(|e| BenchError::Runtime {
                 runtime: "corewise",
@@ -239,6 +258,7 @@ impl Submit for CorewisePool {
         // that never finishes (a runtime bug) is reported, not waited for.
         match self.rt.take() {
             Some(rt) => {
+                let rt = unwrap_shared(rt, Duration::from_secs(1))?;
                 if drop_with_timeout(rt, Duration::from_secs(10)) {
                     Ok(())
                 } else {
@@ -251,8 +271,32 @@ impl Submit for CorewisePool {
         }
     }
 
-    fn active(&self) -> usize {
-        self.active_cores()
+    fn probe(&self) -> Probe {
+        let weak = self.rt.as_ref().map(Arc::downgrade);
+        Arc::new(move || {
+            weak.as_ref()
+                .and_then(std::sync::Weak::upgrade)
+                .map(|r| r.active_cores())
+        })
+    }
+}
+
+/// Takes the runtime back from its `Arc` once no probe holds it (probes
+/// hold it only for one atomic load, so this waits microseconds).
+fn unwrap_shared(
+    mut rt: Arc<corewise::Runtime>,
+    limit: Duration,
+) -> Result<corewise::Runtime, BenchError> {
+    let start = std::time::Instant::now();
+    loop {
+        match Arc::try_unwrap(rt) {
+            Ok(r) => return Ok(r),
+            Err(a) if start.elapsed() < limit => {
+                rt = a;
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            Err(_) => return Err(BenchError::Timeout("a probe kept the runtime alive")),
+        }
     }
 }
 
@@ -282,8 +326,6 @@ pub fn scheduled_ticks(t0: u64, i: usize, interval_ticks: f64) -> u64 {
 pub struct Driven {
     /// Every task finished before the drain deadline.
     pub complete: bool,
-    /// The pool's active cores (workers), sampled at each submission.
-    pub active_samples: Vec<usize>,
     /// When the drain deadline passed with tasks unfinished (ticks).
     pub abandoned_at: Option<u64>,
 }
@@ -304,7 +346,6 @@ pub fn drive(
     drain: Duration,
 ) -> Result<Driven, BenchError> {
     let mut pool = pool;
-    let mut active_samples = Vec::with_capacity(n);
     let end = scheduled_ticks(t0, n, interval_ticks);
     let deadline = end + (drain.as_nanos() as f64 * clock.ticks_per_ns()) as u64;
     let mut abandoned_at = None;
@@ -320,7 +361,6 @@ pub fn drive(
             let ns = clock.delta_ns(now, target);
             std::thread::sleep(Duration::from_nanos(ns as u64));
         }
-        active_samples.push(pool.active());
         if let Err(e) = pool.submit(i) {
             stamps.abandon.store(true, Ordering::Relaxed);
             let _ = pool.finish();
@@ -340,9 +380,79 @@ pub fn drive(
     pool.finish()?;
     Ok(Driven {
         complete,
-        active_samples,
         abandoned_at,
     })
+}
+
+/// A counter of tasks in flight, for a closed loop.
+#[derive(Debug, Default)]
+pub struct Credits {
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Credits {
+    /// Takes a credit if fewer than `max` are out, waiting at most `wait`
+    /// for one to come back; `false` if none came.
+    pub fn acquire(&self, max: usize, wait: Duration) -> bool {
+        let Ok(mut g) = self.used.lock() else {
+            return false;
+        };
+        if *g >= max {
+            g = match self.freed.wait_timeout_while(g, wait, |u| *u >= max) {
+                Ok((g, _)) => g,
+                Err(_) => return false,
+            };
+        }
+        if *g >= max {
+            return false;
+        }
+        *g += 1;
+        true
+    }
+
+    /// Gives a credit back (a task finished).
+    pub fn release(&self) {
+        if let Ok(mut g) = self.used.lock() {
+            *g = g.saturating_sub(1);
+        }
+        self.freed.notify_one();
+    }
+
+    /// Credits out now.
+    #[cfg(test)]
+    pub fn in_flight(&self) -> usize {
+        self.used.lock().map_or(0, |g| *g)
+    }
+}
+
+/// The task of a saturating neighbour: `fib(n)`, then a credit back.
+pub fn neighbour_task(credits: &Arc<Credits>, n: u32) -> Task {
+    let c = Arc::clone(credits);
+    Arc::new(move |_| {
+        black_box(fib(black_box(n)));
+        c.release();
+    })
+}
+
+/// Closed loop: keeps `in_flight` tasks submitted to `pool` (each created
+/// with [`neighbour_task`] over the same `credits`) until `keep_going`
+/// returns false; checked at least every 100 ms. Returns the number of
+/// tasks submitted.
+pub fn saturate(
+    pool: &mut dyn Submit,
+    credits: &Credits,
+    in_flight: usize,
+    mut keep_going: impl FnMut() -> bool,
+) -> Result<u64, BenchError> {
+    let mut i = 0u64;
+    while keep_going() {
+        if credits.acquire(in_flight.max(1), Duration::from_millis(100)) {
+            pool.submit(i as usize)?;
+            i += 1;
+        }
+    }
+    Ok(i)
 }
 
 #[cfg(test)]
@@ -365,7 +475,7 @@ mod tests {
             stamps: Arc::clone(&stamps),
             n: 10,
         };
-        let pool = StdPool::start(2, &work).expect("pool");
+        let pool = StdPool::start(2, &work.task()).expect("pool");
         let t0 = clock.now();
         let ok = drive(
             Box::new(pool),
@@ -378,8 +488,35 @@ mod tests {
         )
         .expect("drive");
         assert!(ok.complete);
-        assert_eq!(ok.active_samples.len(), 20);
         assert_eq!(stamps.done.load(Ordering::Relaxed), 20);
         assert!(stamps.end.iter().all(|e| e.load(Ordering::Relaxed) > 0));
+    }
+
+    #[test]
+    fn closed_loop_keeps_the_pool_full() {
+        let credits = Arc::new(Credits::default());
+        let task = neighbour_task(&credits, 15);
+        let mut pool = StdPool::start(2, &task).expect("pool");
+        let start = std::time::Instant::now();
+        let mut peak = 0;
+        let n = saturate(&mut pool, &credits, 4, || {
+            peak = peak.max(credits.in_flight());
+            start.elapsed() < Duration::from_millis(100)
+        })
+        .expect("saturate");
+        assert!(n >= 4, "{n}");
+        assert!(peak <= 4, "{peak}");
+        Box::new(pool).finish().expect("finish");
+        assert_eq!(credits.in_flight(), 0);
+    }
+
+    #[test]
+    fn credits_time_out_when_all_are_out() {
+        let c = Credits::default();
+        assert!(c.acquire(1, Duration::ZERO));
+        assert!(!c.acquire(1, Duration::from_millis(5)));
+        c.release();
+        assert!(c.acquire(1, Duration::ZERO));
+        assert_eq!(c.in_flight(), 1);
     }
 }
