@@ -181,9 +181,9 @@ struct Epoll(std::os::fd::OwnedFd);
 
 const TIMER_TOKEN: u64 = u64::MAX;
 /// In blocking mode, gaps shorter than this are polled, not slept.
-const BLOCK_MIN_NS: u64 = 30_000;
+const BLOCK_MIN_NS: u64 = 20_000;
 /// In blocking mode, how much earlier than the next event the sleep ends.
-const WAKE_EARLY_NS: u64 = 10_000;
+const WAKE_EARLY_NS: u64 = 5_000;
 
 /// A one-shot monotonic timer whose expiry is an epoll event.
 struct Timer(std::os::fd::OwnedFd);

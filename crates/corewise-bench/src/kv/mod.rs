@@ -216,6 +216,9 @@ impl Drop for Realtime {
     }
 }
 
+/// Highest offered rate of the colocation runs (requests/s).
+const NEIGHBOUR_RATE_MAX: f64 = 40_000.0;
+
 /// The colocation experiment: each server alone and beside a CPU-bound
 /// neighbour at `rate`, the generator sleeping between events under
 /// SCHED_FIFO (it shares its CPU with the neighbour in corewise-kv's case,
@@ -484,14 +487,21 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     }
 
     if args.neighbour {
+        // Half of what both servers sustain with p99 <= 1 ms (or, if one
+        // never did, a third of what both sustained at all), and at most
+        // NEIGHBOUR_RATE_MAX: the generator runs under SCHED_FIFO here and
+        // must sleep most of the time, or the kernel's real-time
+        // throttling (95 % of each second) would stop it for 50 ms a second
+        // and that, not the servers, would make the tail.
         let rate = {
             let p = results[0]
                 .peak_throughput_at_p99_1ms
                 .min(results[1].peak_throughput_at_p99_1ms);
-            ((if p > 0.0 { 0.5 * p } else { 0.3 * cap }) / 1000.0)
-                .round()
-                .max(1.0)
-                * 1000.0
+            let sustained = results[0]
+                .max_sustained_per_s
+                .min(results[1].max_sustained_per_s);
+            let r = if p > 0.0 { 0.5 * p } else { sustained / 3.0 };
+            (r.min(NEIGHBOUR_RATE_MAX) / 1000.0).round().max(1.0) * 1000.0
         };
         let (mc_nb, kv_nb) = colocation(args, &setup, &mc, &kv_bin, rate, server_cpu, client_cpu)?;
         for (i, r) in [kv_nb, mc_nb].into_iter().enumerate() {
