@@ -589,3 +589,59 @@ both_backends!(
     sleeping_core_wakes_for_io,
     os_thread_fallback,
 );
+
+/// SQPOLL (the FlexSC syscall core): the rings' submission pollers run on a
+/// CPU outside the runtime's; sockets still carry bytes both ways, a read
+/// that waits (the core idle in its ring) is woken by the peer's write, and
+/// a timeout still fires.
+#[test]
+fn sqpoll_rings_carry_bytes() {
+    let allowed: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| rustix::thread::sched_getaffinity(None).is_ok_and(|s| s.is_set(c)))
+        .collect();
+    let [poller, .., core] = allowed[..] else {
+        eprintln!("skipping: SQPOLL needs a CPU outside the runtime's");
+        return;
+    };
+    let rt = Runtime::builder()
+        .cpus([core])
+        .io_backend(IoBackend::Uring)
+        .sqpoll(Some(poller))
+        .build()
+        .unwrap();
+    if rt.io_backend() != IoBackend::Uring {
+        eprintln!("skipping: no io_uring here");
+        return;
+    }
+    rt.block_on(|| {
+        let (s, c) = pair();
+        let echo = corewise::spawn(move || {
+            let mut buf = [0u8; 64];
+            for _ in 0..100 {
+                (&s).read_exact(&mut buf).unwrap();
+                (&s).write_all(&buf).unwrap();
+            }
+            s
+        })
+        .unwrap();
+        let mut buf = [0u8; 64];
+        for i in 0..100u8 {
+            (&c).write_all(&[i; 64]).unwrap();
+            (&c).read_exact(&mut buf).unwrap();
+            assert_eq!(buf, [i; 64]);
+            if i % 10 == 0 {
+                // Let the core fall idle in its ring between messages.
+                corewise::sleep(Duration::from_millis(2));
+            }
+        }
+        // Kept open: the read below must time out, not see EOF.
+        let _s = echo.join().unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let e = c.read(&mut buf).unwrap_err();
+        assert!(
+            matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock),
+            "{e}"
+        );
+    })
+    .unwrap();
+}

@@ -425,9 +425,10 @@ fn submit(core: &'static Core, e: &mut Entry) {
                 .build()
                 .user_data(IGNORE)
                 .flags(io_uring::squeue::Flags::IO_LINK);
-            u.push(&poll);
+            u.push_linked(&poll, &e.kind.sqe().user_data(t));
+        } else {
+            u.push(&e.kind.sqe().user_data(t));
         }
-        u.push(&e.kind.sqe().user_data(t));
     }
     e.st = St::Waiting(Via::Ring(core), t);
 }

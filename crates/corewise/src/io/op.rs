@@ -419,8 +419,10 @@ pub(crate) unsafe fn ring_wait(
             unsafe {
                 match &ts {
                     Some(ts) => {
-                        u.push(&sqe.user_data(token).flags(squeue::Flags::IO_LINK));
-                        u.push(&opcode::LinkTimeout::new(ts).build().user_data(IGNORE));
+                        u.push_linked(
+                            &sqe.user_data(token).flags(squeue::Flags::IO_LINK),
+                            &opcode::LinkTimeout::new(ts).build().user_data(IGNORE),
+                        );
                     }
                     None => u.push(&sqe.user_data(token)),
                 }

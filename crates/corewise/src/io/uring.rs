@@ -161,6 +161,30 @@ impl Uring {
         }
     }
 
+    /// Writes `first` (flagged `IO_LINK` by the caller) and `second` as one
+    /// link, both published to the kernel at once: an SQPOLL thread that
+    /// saw `first` alone would take the end of the queue for the end of the
+    /// chain and run it without its linked timeout.
+    ///
+    /// # Safety
+    /// As for [`push`](Self::push), for both entries.
+    pub(crate) unsafe fn push_linked(&mut self, first: &squeue::Entry, second: &squeue::Entry) {
+        loop {
+            // SAFETY: per the function's contract.
+            let pushed = unsafe {
+                self.ring
+                    .submission()
+                    .push_multiple(&[first.clone(), second.clone()])
+            };
+            if pushed.is_ok() {
+                self.queued += 2;
+                self.inflight += 2;
+                return;
+            }
+            self.submit();
+        }
+    }
+
     fn submit(&mut self) {
         // EBUSY/EAGAIN: completions must be reaped first; EINTR: retry later.
         match self.ring.submit() {
