@@ -243,9 +243,12 @@ impl Builder {
         io.resolve();
         let n = cpus.len();
         // The CPU budget (affinity, cpusets, quotas, COREWISE_MAX_CORES),
-        // re-read every second, and the neighbour share, every window.
+        // re-read every second, and the neighbour share, every window. With
+        // one CPU the share could only ever cap at 1 core, so it is not
+        // sampled: its 100 wakeups a second would each preempt the one
+        // dispatcher for tens of microseconds, for nothing.
         let watcher = BudgetWatcher::builder()
-            .neighbour(self.neighbour)
+            .neighbour(if n > 1 { self.neighbour } else { None })
             .spawn()
             .map_err(|e| BuildError::Invalid(format!("CPU budget: {e}")))?;
         let mut policy_config = self.policy_config.clone();

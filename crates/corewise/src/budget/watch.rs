@@ -90,7 +90,12 @@ impl Shared {
         let cores = self.cores.load(Ordering::Relaxed);
         let mut active = cores;
         if let (Some(n), Some(next)) = (&mut w.neighbour, &mut w.next_share) {
-            if now >= *next {
+            if cores <= 1 {
+                // A cap clamped to [1, 1] says nothing: no sampling (and no
+                // wakeups) until a re-read finds a larger budget; that first
+                // sample then covers the whole pause, an average to start from.
+                *next = w.next_budget;
+            } else if now >= *next {
                 *next = now + n.config().window;
                 match n.update() {
                     Ok(cap) => active = cap.min(cores),
@@ -426,6 +431,37 @@ mod tests {
         std::fs::remove_file(dir.join("proc/self/cgroup")).unwrap();
         assert!(w.handle().refresh_now().is_ok());
         assert!(w.handle().last_error().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn one_core_budget_does_not_sample_the_neighbour_share() {
+        let dir = std::env::temp_dir().join(format!("corewise-watch-one-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("proc/self")).unwrap();
+        let watcher = |cores| {
+            WatcherBuilder {
+                probe: BudgetProbe::new()
+                    .root(&dir)
+                    .max_cores(Some(cores))
+                    .affinity("0-3".parse().unwrap()),
+                interval: Duration::from_secs(3600),
+                neighbour: Some(NeighbourConfig::default()),
+            }
+            .build()
+            .unwrap()
+        };
+        let (one, two) = (watcher(1), watcher(2));
+        assert_eq!((one.cores(), two.cores()), (1, 2));
+        let window = NeighbourConfig::default().window;
+        // The first window is due in both; after it only the 2-core
+        // watcher has another window due, the 1-core one waits for its
+        // next budget re-read.
+        for round in 0..2 {
+            std::thread::sleep(window + Duration::from_millis(5));
+            assert!(two.handle().refresh_if_due(), "round {round}");
+            assert_eq!(one.handle().refresh_if_due(), round == 0, "round {round}");
+        }
+        assert_eq!(one.active_cores(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
