@@ -5,16 +5,31 @@
 //! block until granted a core and give it back when asked), because the
 //! core policy scales the active cores up and down through it. `Local`
 //! grants the runtime's own CPUs, in order, up to the number requested (the
-//! runtime has already capped the request by the CPU budget), and pins each
-//! kernel thread to its CPU with `sched_setaffinity`.
-
+//! runtime has already capped the request by the CPU budget).
+//!
+//! **Where the granted kernel threads run.** With every CPU granted, kernel
+//! thread `k` is pinned to `cpus[k]` with `sched_setaffinity`, one per CPU.
+//! With fewer granted than CPUs (the core policy, a quota or the neighbour
+//! cap holds the runtime back) the granted threads may run on any of the
+//! runtime's CPUs and the kernel places them. Pinning a partial grant would
+//! put kernel thread 0 of *every* capped process on the first CPU: three
+//! corewise processes capped to one core each on a 2-CPU machine all ran on
+//! CPU 0 while CPU 1 idled. Without a daemon nobody owns a CPU, so the
+//! kernel's load balancer is the one that can see the neighbours. (A
+//! departure from Arachne, whose cores are always exclusive, and from the
+//! first issue's "one kernel thread pinned per CPU", which now holds for full
+//! grants.) Crossing between a full and a partial grant re-places the kernel
+//! threads that keep their core.
 use super::{ArbiterError, ArbiterKind, CoreArbiter};
 use crate::policy::PRIORITIES;
+use rustix::thread::{CpuSet, Pid};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// The in-process arbiter: grants the runtime's CPUs, in order, up to the
-/// number requested; kernel thread `k` owns CPU `cpus[k]` and is pinned to it.
+/// number requested; with all of them granted kernel thread `k` owns CPU
+/// `cpus[k]` and is pinned to it, with fewer the granted threads share all
+/// of the runtime's CPUs (see the [module docs](self)).
 ///
 /// ```
 /// use corewise::arbiter::{CoreArbiter, Local};
@@ -30,24 +45,45 @@ pub struct Local {
     cpus: Vec<usize>,
     requested: AtomicUsize,
     shutdown: AtomicBool,
-    lock: Mutex<()>,
+    /// Each kernel thread's id once it has been granted a core, so that a
+    /// change between a full and a partial grant can re-place it.
+    lock: Mutex<Vec<Option<Pid>>>,
     changed: Condvar,
 }
 
 impl Local {
     /// An arbiter over `cpus` (kernel thread `k` gets `cpus[k]`).
     pub fn new(cpus: Vec<usize>) -> Self {
+        let cpus_len = cpus.len();
         Self {
-            cpus,
             requested: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
-            lock: Mutex::new(()),
+            lock: Mutex::new(vec![None; cpus_len]),
             changed: Condvar::new(),
+            cpus,
         }
     }
 
+    fn state(&self) -> MutexGuard<'_, Vec<Option<Pid>>> {
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where kernel thread `k` may run while `granted` cores are granted:
+    /// its own CPU under a full grant, any of the runtime's otherwise.
+    fn placement(&self, k: usize, granted: usize) -> CpuSet {
+        let mut set = CpuSet::new();
+        if granted >= self.cpus.len() {
+            set.set(self.cpus[k]);
+        } else {
+            for &cpu in &self.cpus {
+                set.set(cpu);
+            }
+        }
+        set
+    }
+
     fn notify(&self) {
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.state();
         self.changed.notify_all();
     }
 }
@@ -55,9 +91,23 @@ impl Local {
 impl CoreArbiter for Local {
     fn set_requested_cores(&self, per_priority: [u32; PRIORITIES]) {
         let total: usize = per_priority.iter().map(|&n| n as usize).sum();
-        self.requested
-            .store(total.min(self.cpus.len()), Ordering::SeqCst);
-        self.notify();
+        let total = total.min(self.cpus.len());
+        let tids = self.state();
+        let before = self.requested.swap(total, Ordering::SeqCst);
+        let full = |n: usize| n >= self.cpus.len();
+        if full(before) != full(total) {
+            // The threads that keep their core move between "pinned" and
+            // "anywhere"; newly granted ones place themselves when they wake.
+            for (k, tid) in tids.iter().enumerate().take(before.min(total)) {
+                let Some(tid) = *tid else { continue };
+                if let Err(e) =
+                    rustix::thread::sched_setaffinity(Some(tid), &self.placement(k, total))
+                {
+                    tracing::warn!(core = k, error = %e, "cannot re-place kernel thread");
+                }
+            }
+        }
+        self.changed.notify_all();
     }
 
     fn block_until_core_available(&self, kthread: usize) -> Result<Option<usize>, ArbiterError> {
@@ -65,23 +115,26 @@ impl CoreArbiter for Local {
             .cpus
             .get(kthread)
             .ok_or(ArbiterError::NoSuchThread(kthread))?;
-        let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
+        let mut tids = self.state();
+        let granted = loop {
             if self.shutdown.load(Ordering::SeqCst) {
                 return Ok(None);
             }
-            if kthread < self.requested.load(Ordering::SeqCst) {
-                break;
+            let granted = self.requested.load(Ordering::SeqCst);
+            if kthread < granted {
+                break granted;
             }
-            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
-        drop(g);
-        let mut set = rustix::thread::CpuSet::new();
-        set.set(cpu);
-        rustix::thread::sched_setaffinity(None, &set).map_err(|e| ArbiterError::Pin {
-            cpu,
-            source: e.into(),
-        })?;
+            tids = self.changed.wait(tids).unwrap_or_else(|e| e.into_inner());
+        };
+        // Placed under the lock, so a concurrent change of the grant either
+        // sees this thread's id or has already published the new count.
+        rustix::thread::sched_setaffinity(None, &self.placement(kthread, granted)).map_err(
+            |e| ArbiterError::Pin {
+                cpu,
+                source: e.into(),
+            },
+        )?;
+        tids[kthread] = Some(rustix::thread::gettid());
         Ok(Some(cpu))
     }
 
@@ -102,5 +155,63 @@ impl CoreArbiter for Local {
 
     fn kind(&self) -> ArbiterKind {
         ArbiterKind::Local
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn affinity(tid: Pid) -> Vec<usize> {
+        let set = rustix::thread::sched_getaffinity(Some(tid)).unwrap();
+        (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
+    }
+
+    #[test]
+    fn full_grants_pin_partial_grants_share_the_cpus() {
+        let set = rustix::thread::sched_getaffinity(None).unwrap();
+        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .take(2)
+            .collect();
+        if cpus.len() < 2 {
+            eprintln!("skipped: needs two CPUs, has {cpus:?}");
+            return;
+        }
+        let local = Arc::new(Local::new(cpus.clone()));
+        local.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0]);
+        // Real kernel threads, granted as the runtime's would be; each holds
+        // its grant (no dispatcher) until the test ends.
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let stop_rx = Arc::new(Mutex::new(stop_rx));
+        let grant = |k: usize| {
+            let (local, stop_rx) = (local.clone(), stop_rx.clone());
+            let (tx, rx) = std::sync::mpsc::channel();
+            let t = std::thread::spawn(move || {
+                let cpu = local.block_until_core_available(k).unwrap();
+                tx.send((cpu, rustix::thread::gettid())).unwrap();
+                let _ = stop_rx.lock().unwrap().recv();
+            });
+            (rx.recv().unwrap(), t)
+        };
+        let ((cpu0, tid0), t0) = grant(0);
+        assert_eq!(cpu0, Some(cpus[0]));
+        assert_eq!(affinity(tid0), cpus, "one of two granted: any CPU");
+        local.set_requested_cores([2, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(affinity(tid0), vec![cpus[0]], "full grant: thread 0 pinned");
+        let ((cpu1, tid1), t1) = grant(1);
+        assert_eq!(cpu1, Some(cpus[1]));
+        assert_eq!(affinity(tid1), vec![cpus[1]], "full grant: thread 1 pinned");
+        local.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            affinity(tid0),
+            cpus,
+            "back to one: thread 0 shares the CPUs"
+        );
+        local.shutdown();
+        drop(stop_tx);
+        t0.join().unwrap();
+        t1.join().unwrap();
     }
 }

@@ -95,7 +95,9 @@ pub trait CoreArbiter: Send + Sync + 'static {
     fn set_requested_cores(&self, per_priority: [u32; PRIORITIES]);
 
     /// Kernel thread `kthread` sleeps until it is granted a core and returns
-    /// the CPU it now runs on, or `None` once the arbiter is shut down.
+    /// the core's CPU, or `None` once the arbiter is shut down. (Under a
+    /// partial [`Local`] grant the thread may run on any of the runtime's
+    /// CPUs; the CPU returned is the one it is pinned to under a full grant.)
     fn block_until_core_available(&self, kthread: usize) -> Result<Option<usize>, ArbiterError>;
 
     /// Whether kernel thread `kthread` must give its core back.
