@@ -113,9 +113,11 @@ pub struct Args {
     /// connections; `conn` holds at most 55 connections per core.
     #[arg(long = "mode", value_enum, default_value_t = Mode::Conn)]
     pub mode: Mode,
-    /// The runtime's I/O back end. epoll is the default: with io_uring,
-    /// replies to connections blocked in read were measured to wait about
-    /// a millisecond (median) at 20k requests/s on one core.
+    /// The runtime's I/O back end. epoll is the default by measurement
+    /// (`corewise-bench kv`, one server CPU, ETC mix, 31k-248k requests/s):
+    /// io_uring's median is a little lower (10 vs 12 µs at 31k/s), but one
+    /// run in three at low load showed a p99 of 1-2 ms, which epoll's runs
+    /// did not.
     #[arg(long = "io", value_enum, default_value_t = Io::Epoll)]
     pub io: Io,
     /// CPUs the runtime may use, e.g. `0` or `2-3` (default: all allowed).

@@ -236,7 +236,7 @@ const NEIGHBOUR_RATE_MAX: f64 = 40_000.0;
 fn colocation(
     args: &Args,
     setup: &Setup,
-    mc: &servers::Server,
+    [mc, sweep_kv]: [&servers::Server; 2],
     kv_bin: &PathBuf,
     rate: f64,
     server_cpu: usize,
@@ -271,6 +271,7 @@ fn colocation(
 
     // memcached: the neighbour shares its CPU.
     let mc_result = {
+        let _idle = sweep_kv.pause()?;
         let _rt = Realtime::enter(5)?;
         let (alone, beside) = pair("memcached", mc.port, server_cpu)?;
         NeighbourResult {
@@ -314,6 +315,7 @@ fn colocation(
         // The grant: the floor steps back once the managed core is held.
         std::thread::sleep(Duration::from_millis(300));
         load::preload(kv.port, &setup.workload, &setup.fill)?;
+        let _idle = [mc.pause()?, sweep_kv.pause()?];
         let _rt = Realtime::enter(5)?;
         // The neighbour is started from this thread, which is in the
         // daemon's unmanaged set.
@@ -442,7 +444,8 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     if let Some(depths) = &args.closed {
         println!("closed loop:");
         for &d in depths {
-            for s in both {
+            for (i, s) in both.iter().enumerate() {
+                let _idle = both[1 - i].pause()?;
                 let o = setup.measure(s.port, Pace::Closed(d))?;
                 print!("  depth {d:>3} ");
                 show(s.name, &Point::of(&o));
@@ -451,9 +454,11 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         return Ok(());
     }
 
-    // Probe: what does each server sustain, closed loop?
+    // Probe: what does each server sustain, closed loop? (The other server
+    // is paused during each measurement, here and below.)
     let mut cap: f64 = 0.0;
-    for s in both {
+    for (i, s) in both.iter().enumerate() {
+        let _idle = both[1 - i].pause()?;
         let o = setup.measure(s.port, Pace::Closed(4))?;
         println!(
             "probe (closed loop, depth 4): {:<12} {:>9.0}/s",
@@ -486,7 +491,9 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         for r in 0..repeats {
             let order: [usize; 2] = if (k + r) % 2 == 0 { [0, 1] } else { [1, 0] };
             for i in order {
+                let idle = both[1 - i].pause()?;
                 let o = setup.measure(both[i].port, Pace::Open(rate))?;
+                drop(idle);
                 let p = Point::of(&o);
                 show(both[i].name, &p);
                 if o.misses > 0 {
@@ -533,7 +540,15 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             let r = if p > 0.0 { 0.5 * p } else { sustained / 3.0 };
             (r.min(NEIGHBOUR_RATE_MAX) / 1000.0).round().max(1.0) * 1000.0
         };
-        let (mc_nb, kv_nb) = colocation(args, &setup, &mc, &kv_bin, rate, server_cpu, client_cpu)?;
+        let (mc_nb, kv_nb) = colocation(
+            args,
+            &setup,
+            [&mc, &kv],
+            &kv_bin,
+            rate,
+            server_cpu,
+            client_cpu,
+        )?;
         for (i, r) in [kv_nb, mc_nb].into_iter().enumerate() {
             results[i].p99_growth = Some(r.beside_neighbour.p99_us / r.alone.p99_us.max(1e-9));
             results[i].neighbour = Some(r);
