@@ -213,6 +213,35 @@ impl CgroupFence {
                 )));
             }
         }
+        if version == CgroupVersion::V1 {
+            // A cpuset made with mkdir starts with no CPUs and no memory
+            // nodes; every set under it would fail with a bare EACCES.
+            for (file, what) in [("cpuset.cpus", "CPUs"), ("cpuset.mems", "memory nodes")] {
+                if read_file(&root.join(file))?.trim().is_empty() {
+                    return Err(FenceError::Unavailable(format!(
+                        "{} is empty: a new cgroup v1 cpuset has no {what} until they are \
+                         written; give {} the {what} to manage first (for example its \
+                         parent's cpuset.cpus and cpuset.mems)",
+                        root.join(file).display(),
+                        root.display()
+                    )));
+                }
+            }
+            let cpus: CpuList = read_file(&root.join("cpuset.cpus"))?
+                .trim()
+                .parse()
+                .map_err(|e| FenceError::Unavailable(format!("{}: {e}", root.display())))?;
+            let missing: Vec<u32> = all
+                .cores()
+                .filter(|&c| !cpus.contains(c as usize))
+                .collect();
+            if !missing.is_empty() {
+                return Err(FenceError::Unavailable(format!(
+                    "{} holds CPUs {cpus}; the daemon's CPUs {missing:?} are not among them",
+                    root.display()
+                )));
+            }
+        }
         let created = Self::build(version, &root, all, managed);
         if created.is_err() {
             // Leave the root as it was: tasks back, sets removed.

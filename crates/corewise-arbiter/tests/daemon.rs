@@ -1142,3 +1142,35 @@ fn affinity_backend_pins_threads() {
     drop(a);
     assert!(d.stop());
 }
+
+#[test]
+fn an_empty_v1_cgroup_root_fails_with_a_clear_reason() {
+    if !can_run() {
+        return;
+    }
+    // A cpuset made with mkdir: no CPUs, no memory nodes yet.
+    let dir = V2Dir(Path::new(CPUSET).join(format!("corewise-test-empty-{}", std::process::id())));
+    std::fs::create_dir(&dir.0).unwrap();
+    let sock =
+        std::env::temp_dir().join(format!("corewise-test-empty-{}.sock", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
+        .args(["run", "--backend", "cgroup-v1", "--cpus", "0-1", "--socket"])
+        .arg(&sock)
+        .arg("--cgroup-root")
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("cpuset.cpus is empty"),
+        "a clear reason: {err}"
+    );
+    let subdirs: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .collect();
+    assert!(subdirs.is_empty(), "nothing created: {subdirs:?}");
+    assert!(!sock.exists(), "no socket left behind");
+}
