@@ -27,6 +27,7 @@ use std::time::Duration;
 const EVENTFD: u64 = u64::MAX;
 const STOP: u32 = u32::MAX;
 const GATE_SLEEPING: u32 = 1;
+const GATE_AWAKE: u32 = 0;
 
 #[derive(Debug, Default)]
 struct FdWaiters {
@@ -141,6 +142,17 @@ impl Epoll {
         let Ok((events, _)) = epoll::wait(&self.epfd, &mut buf[..], ts.as_ref()) else {
             return 0;
         };
+        if timeout != Some(Duration::ZERO) {
+            // Back from the idle sleep: the core is awake before it signals
+            // the threads whose fds are ready (all on this core). With the
+            // gate still `SLEEPING`, each of those signals would futex-wake
+            // the gate, the bridge would wake (on whatever CPU it has) and
+            // poke the eventfd, and the next sleep would return at once for
+            // nothing: a system call and a thread hop per idle cycle. The
+            // dispatcher scans for work after this anyway, which is what
+            // marking the gate awake promises wakers.
+            self.gate.store(GATE_AWAKE, Ordering::SeqCst);
+        }
         let mut woken = 0;
         for ev in events.iter() {
             let ev = *ev;
