@@ -543,9 +543,11 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         // processes around it. (Pausing the idle servers here was tried:
         // corewise-kv's p99.9 beside the neighbour was 2.7-20 ms in all six
         // runs, against 0.6-1.4 ms in eight of nine runs without. Pausing
-        // only memcached does not do it; pausing the sweep's corewise-kv,
-        // which the daemon has moved into its unmanaged set, does. Why is
-        // not yet understood.)
+        // only memcached did not do it; pausing the sweep's corewise-kv,
+        // which the daemon has moved into its unmanaged set, did. The path
+        // was corewise-kv's epoll wake bridge, which lives on the unmanaged
+        // CPU beside the neighbour and was woken twice per idle cycle; since
+        // 63411ef it is not, and the same runs give 0.8-1.4 ms.)
         let (mc_nb, kv_nb) = colocation(args, &setup, &mc, &kv_bin, rate, server_cpu, client_cpu)?;
         for (i, r) in [kv_nb, mc_nb].into_iter().enumerate() {
             results[i].p99_growth = Some(r.beside_neighbour.p99_us / r.alone.p99_us.max(1e-9));
