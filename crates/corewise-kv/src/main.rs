@@ -17,7 +17,9 @@ fn main() -> ExitCode {
         }
     };
     server::raise_fd_limit();
-    let mut b = corewise::Runtime::builder().max_cores(config.threads);
+    let mut b = corewise::Runtime::builder()
+        .max_cores(config.threads)
+        .idle_spin(std::time::Duration::from_micros(config.idle_spin_us));
     let cpus_allowed = config
         .cpus
         .as_ref()

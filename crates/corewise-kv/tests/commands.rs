@@ -215,6 +215,17 @@ fn run_all(mode: &str) {
 }
 
 #[test]
+fn without_an_idle_spin_every_request_wakes_a_sleeping_core() {
+    // --idle-spin-us 0: the core sleeps in the kernel whenever it is idle,
+    // so each request below arrives at a sleeping core and must wake it.
+    let s = Server::start(&["--idle-spin-us", "0"]);
+    let mut c = s.client();
+    classic(&mut c);
+    meta(&mut c);
+    quit(&s);
+}
+
+#[test]
 fn every_command_conn_mode() {
     run_all("conn");
 }
@@ -281,6 +292,7 @@ fn bad_flags_are_reported() {
         &["-U", "5"],
         &["-p", "99999"],
         &["--cpus", "3-1"],
+        &["--idle-spin-us", "-1"],
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_corewise-kv"))
             .args(args)
