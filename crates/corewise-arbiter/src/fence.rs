@@ -216,8 +216,13 @@ impl CgroupFence {
         if version == CgroupVersion::V1 {
             // A cpuset made with mkdir starts with no CPUs and no memory
             // nodes; every set under it would fail with a bare EACCES.
-            for (file, what) in [("cpuset.cpus", "CPUs"), ("cpuset.mems", "memory nodes")] {
-                if read_file(&root.join(file))?.trim().is_empty() {
+            let cpus = read_file(&root.join("cpuset.cpus"))?;
+            let mems = read_file(&root.join("cpuset.mems"))?;
+            for (file, what, text) in [
+                ("cpuset.cpus", "CPUs", &cpus),
+                ("cpuset.mems", "memory nodes", &mems),
+            ] {
+                if text.trim().is_empty() {
                     return Err(FenceError::Unavailable(format!(
                         "{} is empty: a new cgroup v1 cpuset has no {what} until they are \
                          written; give {} the {what} to manage first (for example its \
@@ -227,7 +232,7 @@ impl CgroupFence {
                     )));
                 }
             }
-            let cpus: CpuList = read_file(&root.join("cpuset.cpus"))?
+            let cpus: CpuList = cpus
                 .trim()
                 .parse()
                 .map_err(|e| FenceError::Unavailable(format!("{}: {e}", root.display())))?;

@@ -1045,10 +1045,10 @@ fn warm_window_keeps_a_freed_core_polling() {
     assert_cleaned(&sb);
 }
 
-/// A cgroup v2 directory of one test, removed on drop.
-struct V2Dir(PathBuf);
+/// A cgroup directory of one test (v1 or v2), removed on drop.
+struct CgroupDir(PathBuf);
 
-impl Drop for V2Dir {
+impl Drop for CgroupDir {
     fn drop(&mut self) {
         if let Ok(rd) = std::fs::read_dir(&self.0) {
             for e in rd.flatten().filter(|e| e.path().is_dir()) {
@@ -1065,33 +1065,14 @@ fn cgroup_v2_without_cpuset_fails_cleanly() {
     if !can_run() || !Path::new(V2).join("cgroup.controllers").exists() {
         return;
     }
-    let dir = V2Dir(Path::new(V2).join(format!("corewise-test-v2-{}", std::process::id())));
+    let dir = CgroupDir(Path::new(V2).join(format!("corewise-test-v2-{}", std::process::id())));
     std::fs::create_dir(&dir.0).unwrap();
     let controllers = std::fs::read_to_string(dir.0.join("cgroup.controllers")).unwrap();
     if controllers.split_whitespace().any(|c| c == "cpuset") {
         eprintln!("skipping: cpuset is available in cgroup v2 here");
         return;
     }
-    let sock = std::env::temp_dir().join(format!("corewise-test-v2-{}.sock", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
-        .args(["run", "--backend", "cgroup-v2", "--cpus", "0-1", "--socket"])
-        .arg(&sock)
-        .arg("--cgroup-root")
-        .arg(&dir.0)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("cpuset controller is not available"),
-        "a clear reason: {err}"
-    );
-    let subdirs: Vec<_> = std::fs::read_dir(&dir.0)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .collect();
-    assert!(subdirs.is_empty(), "nothing created: {subdirs:?}");
+    assert_daemon_refuses(&dir.0, "cgroup-v2", "cpuset controller is not available");
     assert_eq!(
         std::fs::read_to_string(dir.0.join("cgroup.type"))
             .unwrap()
@@ -1099,6 +1080,31 @@ fn cgroup_v2_without_cpuset_fails_cleanly() {
         "domain",
         "the root is left as it was"
     );
+}
+
+/// Runs the daemon on `root` with `backend` and checks that it fails with
+/// `reason`, creating no cgroup under `root` and leaving no socket.
+fn assert_daemon_refuses(root: &Path, backend: &str, reason: &str) {
+    let sock = std::env::temp_dir().join(format!(
+        "corewise-test-refuse-{}-{backend}.sock",
+        std::process::id()
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
+        .args(["run", "--backend", backend, "--cpus", "0-1", "--socket"])
+        .arg(&sock)
+        .arg("--cgroup-root")
+        .arg(root)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(reason), "a clear reason: {err}");
+    let subdirs: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .collect();
+    assert!(subdirs.is_empty(), "nothing created: {subdirs:?}");
     assert!(!sock.exists(), "no socket left behind");
 }
 
@@ -1149,28 +1155,8 @@ fn an_empty_v1_cgroup_root_fails_with_a_clear_reason() {
         return;
     }
     // A cpuset made with mkdir: no CPUs, no memory nodes yet.
-    let dir = V2Dir(Path::new(CPUSET).join(format!("corewise-test-empty-{}", std::process::id())));
+    let dir =
+        CgroupDir(Path::new(CPUSET).join(format!("corewise-test-empty-{}", std::process::id())));
     std::fs::create_dir(&dir.0).unwrap();
-    let sock =
-        std::env::temp_dir().join(format!("corewise-test-empty-{}.sock", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
-        .args(["run", "--backend", "cgroup-v1", "--cpus", "0-1", "--socket"])
-        .arg(&sock)
-        .arg("--cgroup-root")
-        .arg(&dir.0)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("cpuset.cpus is empty"),
-        "a clear reason: {err}"
-    );
-    let subdirs: Vec<_> = std::fs::read_dir(&dir.0)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .collect();
-    assert!(subdirs.is_empty(), "nothing created: {subdirs:?}");
-    assert!(!sock.exists(), "no socket left behind");
+    assert_daemon_refuses(&dir.0, "cgroup-v1", "cpuset.cpus is empty");
 }

@@ -47,7 +47,7 @@ pub struct Local {
     shutdown: AtomicBool,
     /// Each kernel thread's id once it has been granted a core, so that a
     /// change between a full and a partial grant can re-place it.
-    lock: Mutex<Vec<Option<Pid>>>,
+    tids: Mutex<Vec<Option<Pid>>>,
     changed: Condvar,
 }
 
@@ -58,14 +58,14 @@ impl Local {
         Self {
             requested: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
-            lock: Mutex::new(vec![None; cpus_len]),
+            tids: Mutex::new(vec![None; cpus_len]),
             changed: Condvar::new(),
             cpus,
         }
     }
 
     fn state(&self) -> MutexGuard<'_, Vec<Option<Pid>>> {
-        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+        self.tids.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Where kernel thread `k` may run while `granted` cores are granted:

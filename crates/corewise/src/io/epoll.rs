@@ -128,12 +128,14 @@ impl Epoll {
         if self.idle_poll_at != 0 && now.wrapping_sub(self.idle_poll_at) < self.poll_gap {
             return 0;
         }
-        let n = self.poll(Some(Duration::ZERO));
+        let n = self.poll(Some(Duration::ZERO), false);
         self.idle_poll_at = if n == 0 { now } else { 0 };
         n
     }
 
-    fn poll(&mut self, timeout: Option<Duration>) -> usize {
+    /// Collects ready fds (waiting up to `timeout`) and signals their
+    /// waiters; `from_sleep`: the core is in its idle sleep (gate `SLEEPING`).
+    fn poll(&mut self, timeout: Option<Duration>, from_sleep: bool) -> usize {
         let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 256];
         let ts = timeout.map(|d| rustix::time::Timespec {
             tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
@@ -142,7 +144,7 @@ impl Epoll {
         let Ok((events, _)) = epoll::wait(&self.epfd, &mut buf[..], ts.as_ref()) else {
             return 0;
         };
-        if timeout != Some(Duration::ZERO) {
+        if from_sleep {
             // Back from the idle sleep: the core is awake before it signals
             // the threads whose fds are ready (all on this core). With the
             // gate still `SLEEPING`, each of those signals would futex-wake
@@ -220,7 +222,7 @@ impl Epoll {
         }
         self.bridge.store(armed, Ordering::SeqCst);
         let _ = futex::wake(&self.bridge, futex::Flags::PRIVATE, 1);
-        self.poll(timeout);
+        self.poll(timeout, true);
         self.bridge.store(armed.wrapping_add(1), Ordering::SeqCst);
     }
 }
