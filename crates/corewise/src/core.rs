@@ -313,6 +313,37 @@ mod runtime_core {
         }
     }
 
+    impl Invocation {
+        /// Puts the running thread's wait link in `storage` and returns it.
+        ///
+        /// The storage is dead from the moment the thread's function was
+        /// taken out of it (`run_published` moves it to the thread's stack)
+        /// until the slot is freed, and a user thread waits on one queue at
+        /// a time; so the link sits in the line that a signal writes and the
+        /// dispatcher reads to wake the thread (see `sync::wait_queue`).
+        ///
+        /// # Safety
+        /// Called only by the slot's running thread, while no earlier link
+        /// of its is still queued.
+        pub(crate) unsafe fn wait_link(
+            &self,
+            link: crate::sync::wait_queue::Link,
+        ) -> &crate::sync::wait_queue::Link {
+            const {
+                assert!(size_of::<crate::sync::wait_queue::Link>() <= INLINE_BYTES);
+                assert!(align_of::<crate::sync::wait_queue::Link>() <= 8);
+            }
+            let p = self.storage.get().cast::<crate::sync::wait_queue::Link>();
+            // SAFETY: per the contract the storage holds nothing live and
+            // no other thread reaches it (the old link is unlinked); it is
+            // big and aligned enough (checked above).
+            unsafe {
+                p.write(link);
+                &*p
+            }
+        }
+    }
+
     /// # Safety
     /// `p` holds an `F` written by `Invocation::put`, read exactly once.
     unsafe fn run_inline<F: FnOnce()>(p: *mut u8) {
@@ -421,16 +452,29 @@ mod runtime_core {
         /// Only the owning core's kernel thread may call this, and not while
         /// the context runs; the returned reference must not outlive that.
         #[allow(clippy::mut_from_ref)]
+        #[inline]
         pub(crate) unsafe fn context(
             &'static self,
             stack_size: usize,
         ) -> std::io::Result<&'static mut Context> {
             // SAFETY: per the contract, no other reference exists.
             let slot = unsafe { &mut *self.context.get() };
-            if slot.is_none() {
-                *slot = Some(Context::new(stack_size, self)?);
+            match slot {
+                Some(c) => Ok(c),
+                None => Self::create_context(slot, stack_size, self),
             }
-            Ok(slot.as_mut().expect("just created"))
+        }
+
+        /// The first use of a slot: its stack and coroutine (out of the
+        /// dispatch path, which only ever finds them made).
+        #[cold]
+        #[inline(never)]
+        fn create_context(
+            slot: &'static mut Option<Context>,
+            stack_size: usize,
+            this: &'static Self,
+        ) -> std::io::Result<&'static mut Context> {
+            Ok(slot.insert(Context::new(stack_size, this)?))
         }
 
         /// Drops the slot's context (its stack), at runtime shutdown.
