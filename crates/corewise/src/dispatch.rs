@@ -13,8 +13,16 @@
 //! cumulative counters the core manager samples: idle ticks (so utilization
 //! is the rest), and load ticks, the runnable-thread count weighted by time.
 //! A rotation (one round-robin pass over the slots) runs each runnable
-//! thread once, so the runs in a rotation times its length is the load;
-//! that costs one clock read per rotation, not per switch.
+//! thread once, so the runs in a rotation times its length is the load.
+//! The clock is read, and the arbiter asked whether the core must go, at the
+//! end of the first rotation after [`RUNS_PER_CLOCK`] runs, not after every
+//! rotation: with two threads yielding to each other a rotation is two
+//! switches, and a TSC read (~15 ns on AMD hosts) was a third of the
+//! dispatcher's time. Between reads a rotation's length is taken to be
+//! proportional to its runs (see [`LoadMeter`]). A full core (56 threads)
+//! still checks after every rotation. Likewise a spinning idle core scans
+//! its slots [`IDLE_POLLS_PER_CLOCK`] times per clock read, so a wakeup
+//! waits for a scan, not for a scan and a TSC read.
 //!
 //! When the arbiter asks for the core back, the dispatcher stops new
 //! threads from landing here and moves every thread it holds into free
@@ -37,6 +45,79 @@ fn bump(counter: &crate::shim::AtomicU64, by: u64) {
     );
 }
 
+/// Empty scans of an idle core between two clock reads (which end its spin,
+/// account its idle time and check whether it must go).
+const IDLE_POLLS_PER_CLOCK: u32 = 16;
+
+/// Runs after which the next rotation's end reads the clock.
+pub(crate) const RUNS_PER_CLOCK: u64 = 32;
+
+/// The load factor's accounting between clock reads.
+///
+/// The load is the runnable-thread count weighted by time: a rotation of
+/// `r` runs that lasted `d` ticks adds `r * d`. Between two clock reads only
+/// the total time `T` is known; taking each rotation's length as
+/// proportional to its runs (threads run for similar slices) gives
+/// `r_i * d_i = T * r_i² / Σr`, so the meter keeps `Σr` and `Σr²`. With a
+/// steady `r` that is exactly `T * r`, as before.
+#[derive(Debug)]
+pub(crate) struct LoadMeter {
+    since: u64,
+    runs: u64,
+    sum: u64,
+    sum_sq: u64,
+}
+
+impl LoadMeter {
+    /// Accounting from `now` on.
+    pub(crate) fn new(now: u64) -> Self {
+        Self {
+            since: now,
+            runs: 0,
+            sum: 0,
+            sum_sq: 0,
+        }
+    }
+
+    /// A thread is about to run in the current rotation.
+    #[inline]
+    pub(crate) fn ran(&mut self) {
+        self.runs += 1;
+    }
+
+    /// Whether any run was counted since the last take.
+    #[inline]
+    pub(crate) fn counted(&self) -> bool {
+        self.runs != 0 || self.sum != 0
+    }
+
+    /// The current rotation is over; returns whether the clock is due.
+    #[inline]
+    pub(crate) fn end_rotation(&mut self) -> bool {
+        self.sum += self.runs;
+        self.sum_sq += self.runs * self.runs;
+        self.runs = 0;
+        self.sum >= RUNS_PER_CLOCK
+    }
+
+    /// The load ticks since the last take (or start), up to `now`.
+    pub(crate) fn take(&mut self, now: u64) -> u64 {
+        let elapsed = now.wrapping_sub(self.since);
+        let load = if self.sum == 0 {
+            0
+        } else {
+            (u128::from(elapsed) * u128::from(self.sum_sq) / u128::from(self.sum)) as u64
+        };
+        self.restart(now);
+        load
+    }
+
+    /// Drops what was counted (an idle period ends) and starts at `now`.
+    pub(crate) fn restart(&mut self, now: u64) {
+        *self = Self::new(now);
+    }
+}
+
 /// Runs `core` until the arbiter asks for it back and its threads have
 /// moved elsewhere.
 pub(crate) fn run(core: &'static Core) {
@@ -47,10 +128,11 @@ pub(crate) fn run(core: &'static Core) {
     // (0: not spinning), and the current rotation.
     let mut idle_since = 0u64;
     let mut spin_since = 0u64;
-    let mut rotation_start = clock::now();
-    let mut rotation_runs = 0u64;
+    let mut load = LoadMeter::new(clock::now());
     // The clock as the idle loop last read it (0: not read since a sleep).
     let mut idle_now = 0u64;
+    // Empty scans left before the idle loop reads the clock again.
+    let mut idle_polls = 0u32;
     loop {
         if let Some(i) = find_runnable(core, next) {
             if idle_since != 0 {
@@ -67,41 +149,39 @@ pub(crate) fn run(core: &'static Core) {
                 core.stats.idle_since.store(0, Ordering::Release);
                 idle_since = 0;
                 spin_since = 0;
-                rotation_start = now;
+                idle_polls = 0;
+                load.restart(now);
                 next = i;
             }
             if i < next {
                 // The scan wrapped: one rotation is over. Submit its I/O
                 // with one enter and reap completions (a few loads when
-                // idle), account its load, and see whether the core must go.
+                // idle); every RUNS_PER_CLOCK runs, account the load and see
+                // whether the core must go.
                 core.io.pass();
-                let now = clock::now();
-                bump(
-                    &core.stats.load_ticks,
-                    rotation_runs * now.wrapping_sub(rotation_start),
-                );
-                rotation_start = now;
-                rotation_runs = 0;
-                if shared.arbiter.must_release_core(core.index) {
-                    // Slot i's thread was just taken (its wakeup consumed):
-                    // put it back as runnable so that it moves with the
-                    // others and runs wherever it lands.
-                    let taken = core.slot(i);
-                    taken.wakeup().set_runnable();
-                    if must_go(core) {
-                        return;
+                if load.end_rotation() {
+                    bump(&core.stats.load_ticks, load.take(clock::now()));
+                    if shared.arbiter.must_release_core(core.index) {
+                        // Slot i's thread was just taken (its wakeup
+                        // consumed): put it back as runnable so that it
+                        // moves with the others and runs wherever it lands.
+                        let taken = core.slot(i);
+                        taken.wakeup().set_runnable();
+                        if must_go(core) {
+                            return;
+                        }
+                        if !std::ptr::eq(core.slot(i), taken) {
+                            // It moved; slot i holds another context now.
+                            continue;
+                        }
+                        // Still here (nowhere to move it): take it again.
+                        taken.wakeup().take_if_due(&mut || 0);
+                    } else {
+                        must_go(core);
                     }
-                    if !std::ptr::eq(core.slot(i), taken) {
-                        // It moved; slot i holds another context now.
-                        continue;
-                    }
-                    // Still here (nowhere to move it): take it again and run it.
-                    taken.wakeup().take_if_due(&mut || 0);
-                } else {
-                    must_go(core);
                 }
             }
-            rotation_runs += 1;
+            load.ran();
             run_thread(core, i);
             // May be SLOTS: the next scan then wraps to a lower slot, which
             // ends the rotation. (Resetting it to 0 here hid the wrap from
@@ -113,16 +193,23 @@ pub(crate) fn run(core: &'static Core) {
         if core.io.pass() {
             continue;
         }
+        if idle_polls != 0 {
+            // Spinning: look at the slots again before the clock (a TSC
+            // read would double the time a spinning core takes to see a
+            // wakeup).
+            idle_polls -= 1;
+            std::hint::spin_loop();
+            continue;
+        }
+        idle_polls = IDLE_POLLS_PER_CLOCK;
         let now = clock::now();
         idle_now = now;
-        if rotation_runs != 0 {
-            bump(
-                &core.stats.load_ticks,
-                rotation_runs * now.wrapping_sub(rotation_start),
-            );
-            rotation_runs = 0;
+        if load.counted() {
+            load.end_rotation();
+            bump(&core.stats.load_ticks, load.take(now));
+        } else {
+            load.restart(now);
         }
-        rotation_start = now;
         if idle_since == 0 {
             idle_since = now;
             // Published so the core manager counts an idle period that is
@@ -165,6 +252,7 @@ pub(crate) fn run(core: &'static Core) {
         }
         spin_since = 0;
         idle_now = 0;
+        idle_polls = 0;
     }
 }
 
@@ -340,4 +428,56 @@ fn run_thread(core: &'static Core, i: usize) {
     d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     ctx.resume();
     crate::thread::set_current(std::ptr::null());
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_steady_rotation_size_is_the_load() {
+        let mut m = LoadMeter::new(1_000);
+        // 3 runs a rotation: the rotation that reaches RUNS_PER_CLOCK runs
+        // makes the clock due.
+        let rotations = RUNS_PER_CLOCK.div_ceil(3);
+        for _ in 0..rotations - 1 {
+            m.ran();
+            m.ran();
+            m.ran();
+            assert!(!m.end_rotation());
+        }
+        m.ran();
+        m.ran();
+        m.ran();
+        assert!(m.end_rotation(), "the clock is due after the last rotation");
+        assert_eq!(m.take(2_000), 3 * 1_000);
+        assert!(!m.counted());
+        assert_eq!(m.take(3_000), 0, "nothing ran since the take");
+    }
+
+    #[test]
+    fn rotations_weigh_by_their_runs() {
+        // One rotation of 3 runs and three of 1 run over 600 ticks: taken
+        // as 3/6 and 1/6 of the time each, the load is (9 + 1 + 1 + 1)/6.
+        let mut m = LoadMeter::new(0);
+        for r in [3, 1, 1, 1] {
+            for _ in 0..r {
+                m.ran();
+            }
+            m.end_rotation();
+        }
+        assert_eq!(m.take(600), 600 * 12 / 6);
+    }
+
+    #[test]
+    fn restart_forgets_what_was_counted() {
+        let mut m = LoadMeter::new(0);
+        m.ran();
+        m.end_rotation();
+        m.restart(500);
+        assert!(!m.counted());
+        m.ran();
+        m.end_rotation();
+        assert_eq!(m.take(700), 200);
+    }
 }

@@ -102,13 +102,25 @@ fn claim(shared: &'static Shared, candidates: CoreMask) -> Option<(&'static Core
         (candidates.0.trailing_zeros() as usize, None)
     } else {
         let r = next_random();
-        let ia = (r as usize) % n;
-        let mut ib = ((r >> 32) as usize) % (n - 1);
-        if ib >= ia {
-            ib += 1;
-        }
-        let a = candidates.nth(ia)?;
-        let b = candidates.nth(ib)?;
+        let (a, b) = if n == 2 {
+            // Both candidates are the two choices; the random bit only
+            // breaks ties.
+            let lo = candidates.0.trailing_zeros() as usize;
+            let hi = 63 - candidates.0.leading_zeros() as usize;
+            if r & 1 == 0 {
+                (lo, hi)
+            } else {
+                (hi, lo)
+            }
+        } else {
+            // Multiply-shift range reduction: no division on this path.
+            let ia = below(r as u32, n);
+            let mut ib = below((r >> 32) as u32, n - 1);
+            if ib >= ia {
+                ib += 1;
+            }
+            (candidates.nth(ia)?, candidates.nth(ib)?)
+        };
         if cores[a].mask.count() <= cores[b].mask.count() {
             (a, Some(b))
         } else {
@@ -131,6 +143,12 @@ fn claim(shared: &'static Shared, candidates: CoreMask) -> Option<(&'static Core
     None
 }
 
+/// `x` scaled into `0..n` (Lemire's multiply-shift; `n` ≤ 64 here).
+#[inline]
+fn below(x: u32, n: usize) -> usize {
+    ((u64::from(x) * n as u64) >> 32) as usize
+}
+
 thread_local! {
     static RNG: Cell<u64> = const { Cell::new(0) };
 }
@@ -151,4 +169,24 @@ fn next_random() -> u64 {
         s.set(x);
         x.wrapping_mul(0x2545_f491_4f6c_dd1d)
     })
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::below;
+
+    #[test]
+    fn below_covers_the_range_evenly() {
+        for n in 1..=64usize {
+            let mut seen = vec![0u32; n];
+            // The midpoints of 64n equal parts of the u32 range.
+            for k in 0..(n as u64 * 64) {
+                let x = ((2 * k + 1) * (1u64 << 32) / (2 * 64 * n as u64)) as u32;
+                let i = below(x, n);
+                assert!(i < n, "below({x}, {n}) = {i}");
+                seen[i] += 1;
+            }
+            assert!(seen.iter().all(|&c| c == 64), "n = {n}: {seen:?}");
+        }
+    }
 }
