@@ -238,8 +238,8 @@ mod runtime_core {
         run: AtomicUsize,
         /// `ThreadClass` of the thread in the slot (as u32).
         pub(crate) class: AtomicU32,
-        /// Bumped when a thread leaves the slot, so stale `ThreadId`s are
-        /// recognised.
+        /// Bumped by the spawner that puts a new thread in the slot, so
+        /// `ThreadId`s of earlier threads are recognised as stale.
         pub(crate) generation: AtomicU32,
         /// The shared half of the slot's wakeup state.
         pub(crate) signals: SignalWord,

@@ -38,11 +38,17 @@ where
         ctx.set_name(Some(name.into_boxed_str()));
     }
     let inv = &ctx.invocation;
+    // A new generation: `ThreadId`s of the slot's earlier threads go stale
+    // (their signals become spurious wakeups of this one, which are
+    // allowed). Only the spawner that claimed the slot writes it, so no
+    // locked instruction; the function's publication releases it.
+    let g = inv.generation.load(Ordering::Relaxed);
+    inv.generation.store(g.wrapping_add(1), Ordering::Relaxed);
     inv.class.store(opts.class.to_u32(), Ordering::Relaxed);
     // SAFETY: we own the slot (claimed it) and have not published it yet.
     unsafe { inv.put(job) };
     // Before the signal: once runnable, the thread may exit at once and
-    // bump the generation.
+    // the slot be claimed again.
     let id = ThreadId::new(ctx);
     ctx.wakeup().signal();
     // The context's core, read after the swap: the thread may have been

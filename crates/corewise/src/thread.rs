@@ -452,9 +452,9 @@ pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
     let inv = &slot.invocation;
     let class = ThreadClass::from_u32(inv.class.load(Ordering::Relaxed));
     slot.set_name(None);
-    // Only the slot's thread writes the generation: no locked instruction.
-    let g = inv.generation.load(Ordering::Relaxed);
-    inv.generation.store(g.wrapping_add(1), Ordering::Release);
+    // The generation is bumped by the next spawner (see `spawn_job`), which
+    // writes this line anyway: a write here would cost this core a line
+    // upgrade per thread.
     slot.wakeup().reset();
     core.runtime().policy.thread_exited(class, core.index);
     core.mask.release(slot.index());
