@@ -132,8 +132,17 @@ impl Conn {
                 let n = self.inp.len() * 2;
                 self.inp.resize(n, 0);
             }
+            let room = self.inp.len() - self.inp_pos;
             match self.s.read(&mut self.inp[self.inp_pos..]) {
                 Ok(0) => return Ok(false),
+                Ok(n) if n < room => {
+                    // A short read emptied the socket: more data is a new
+                    // edge, so no second read to see EAGAIN (a system call
+                    // per event saved; on a host where they are dear, the
+                    // generator's own ceiling).
+                    self.inp_pos += n;
+                    break;
+                }
                 Ok(n) => self.inp_pos += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
