@@ -26,6 +26,9 @@ pub struct Row {
 pub struct Results {
     /// Median cache-line round trip between the two CPUs, ns.
     pub round_trip_ns: f64,
+    /// The round trip around each runtime's own run, ns: the figure its
+    /// cross-core ratios use.
+    pub round_trip_ns_by_runtime: BTreeMap<&'static str, f64>,
     /// One entry per (op, runtime) that has samples.
     pub results: Vec<Row>,
     /// Children created per second, per runtime.
@@ -63,6 +66,7 @@ impl Results {
         };
         Results {
             round_trip_ns: round1(round_trip_ns),
+            round_trip_ns_by_runtime: pick(|r| r.round_trip_ns),
             results,
             creation_throughput_per_s: pick(|r| r.creation_throughput_per_s),
             idle_cpu_percent: pick(|r| r.idle_cpu_percent),
@@ -105,7 +109,8 @@ pub fn markdown(res: &Results, reports: &[RuntimeReport]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "cache-line round trip (RT) between the two cores: {} ns\n",
+        "cache-line round trip between the two cores: {} ns (median of the run); \
+         each column's RT ratios use the round trip around that runtime's run\n",
         fmt_ns(rt)
     );
     let _ = write!(s, "| op |");
@@ -117,9 +122,20 @@ pub fn markdown(res: &Results, reports: &[RuntimeReport]) -> String {
         let _ = write!(s, "---|");
     }
     s.push('\n');
+    let _ = write!(s, "| RT around the run (ns) |");
+    for n in &names {
+        match res.round_trip_ns_by_runtime.get(n) {
+            Some(v) => {
+                let _ = write!(s, " {} |", fmt_ns(*v));
+            }
+            None => s.push_str(" – |"),
+        }
+    }
+    s.push('\n');
     for op in Op::ALL {
         let _ = write!(s, "| {} (median / p99 ns) |", op.name());
         for n in &names {
+            let rt = res.round_trip_ns_by_runtime.get(n).copied().unwrap_or(rt);
             match res.cell(op, n) {
                 Some(c) => {
                     let _ = write!(s, " {} / {}", fmt_ns(c.median_ns), fmt_ns(c.p99_ns));

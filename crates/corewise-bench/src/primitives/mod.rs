@@ -201,6 +201,9 @@ pub struct RuntimeReport {
     /// Remarks printed under the table (e.g. samples rejected because they
     /// ran on the wrong core).
     pub notes: Vec<String>,
+    /// The cache-line round trip around this runtime's run (the mean of the
+    /// measurements just before and just after it), ns; set by the driver.
+    pub round_trip_ns: Option<f64>,
 }
 
 impl RuntimeReport {
@@ -212,6 +215,7 @@ impl RuntimeReport {
             creation_throughput_per_s: None,
             idle_cpu_percent: None,
             notes: Vec::new(),
+            round_trip_ns: None,
         }
     }
 
@@ -294,10 +298,13 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     );
 
     // The host may move the two vCPUs relative to each other during the run
-    // (on this kind of machine they sometimes share a physical core for a
-    // while, and the round trip drops to ~20 ns), so the round trip is
-    // measured before every runtime and after the last, and the median of
-    // those is the figure every ratio uses.
+    // (on these machines they sometimes share a physical core for a while,
+    // and the round trip drops to ~20 ns; on AMD hosts it jumps between
+    // ~75 ns and ~420 ns, one L3 or two), so the round trip is measured
+    // before every runtime and after the last. Each runtime's cross-core
+    // figures are divided by the round trip around its own run (the mean of
+    // the measurements just before and after it); the JSON's
+    // `round_trip_ns` is the median of all of them.
     let mut round_trips = vec![common::cache_line_round_trip(&ctx)?];
     eprintln!("cache-line round trip: {:.1} ns", round_trips[0]);
 
@@ -320,7 +327,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         match runner(&ctx) {
             Ok(r) => {
                 eprintln!("  {name} done in {:.1} s", started.elapsed().as_secs_f64());
-                reports.push(r);
+                reports.push((r, round_trips.len() - 1));
             }
             Err(e) => {
                 eprintln!("  {name} skipped: {e}");
@@ -332,6 +339,20 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let rt_after = common::cache_line_round_trip(&ctx)?;
     eprintln!("cache-line round trip after the runs: {rt_after:.1} ns");
     round_trips.push(rt_after);
+    let reports: Vec<RuntimeReport> = reports
+        .into_iter()
+        .map(|(mut r, i)| {
+            let (before, after) = (round_trips[i], round_trips[i + 1]);
+            r.round_trip_ns = Some((before + after) / 2.0);
+            if before.max(after) > 1.5 * before.min(after) {
+                r.note(format!(
+                    "{}: the round trip moved from {before:.0} to {after:.0} ns across its run (the host moved the vCPUs): its RT ratios are uncertain",
+                    r.runtime
+                ));
+            }
+            r
+        })
+        .collect();
     let rt = crate::stats::Summary::of(&round_trips)
         .map(|s| s.median)
         .unwrap_or(rt_after);
