@@ -163,6 +163,49 @@ fn read_times_out_then_works(b: IoBackend) {
         .unwrap();
 }
 
+/// After a short read (the socket was empty then) the next read waits for
+/// readiness before trying: data that arrived meanwhile is found at once,
+/// data that arrives later wakes it, the timeout still fires, and so does
+/// end of stream.
+fn reads_after_a_short_read(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            let (s, mut c) = pair();
+            let mut big = [0u8; 64];
+            c.write_all(b"one").unwrap();
+            assert_eq!(s.read(&mut big).unwrap(), 3, "a short read");
+            // Already there when the next read starts.
+            c.write_all(b"two").unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+            assert_eq!(s.read(&mut big).unwrap(), 3);
+            assert_eq!(&big[..3], b"two");
+            // Arrives while the reader waits.
+            let writer = corewise::spawn(move || {
+                corewise::sleep(Duration::from_millis(5));
+                c.write_all(b"three").unwrap();
+                c
+            })
+            .unwrap();
+            assert_eq!(s.read(&mut big).unwrap(), 5);
+            assert_eq!(&big[..5], b"three");
+            let c = writer.join().unwrap();
+            // Nothing comes: the timeout fires.
+            s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+            assert_eq!(s.read(&mut big).unwrap_err().kind(), ErrorKind::TimedOut);
+            s.set_read_timeout(None).unwrap();
+            // A full read leaves no hint; the next read is an ordinary one.
+            let mut four = [0u8; 4];
+            (&c).write_all(b"fullrest").unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+            assert_eq!(s.read(&mut four).unwrap(), 4);
+            assert_eq!(s.read(&mut four).unwrap(), 4);
+            assert_eq!(&four, b"rest");
+            drop(c);
+            assert_eq!(s.read(&mut big).unwrap(), 0, "end of stream");
+        })
+        .unwrap();
+}
+
 fn cancel_from_another_thread(b: IoBackend) {
     let rt = rt(b);
     rt.block_on(|| {
@@ -579,6 +622,7 @@ both_backends!(
     peek_and_timeouts_settings,
     peer_closes_mid_read,
     read_times_out_then_works,
+    reads_after_a_short_read,
     cancel_from_another_thread,
     udp,
     unix,

@@ -295,6 +295,25 @@ pub(crate) unsafe fn run(
     deadline: Option<Instant>,
     cancel: Option<&CancelState>,
 ) -> io::Result<usize> {
+    // SAFETY: per our contract.
+    unsafe { run_after(kind, deadline, cancel, false) }
+}
+
+/// Like [`run`]; with `wait_first`, the epoll back end waits for readiness
+/// before the first attempt instead of after an `EAGAIN` (the caller knows
+/// the object was empty a moment ago: a stream whose last read came back
+/// short). Arming the one-shot interest reports data that is already
+/// there, so nothing is missed; the system call saved is the read that
+/// would have seen `EAGAIN`. The ring and plain OS threads ignore it.
+///
+/// # Safety
+/// As [`run`].
+pub(crate) unsafe fn run_after(
+    kind: Kind,
+    deadline: Option<Instant>,
+    cancel: Option<&CancelState>,
+    mut wait_first: bool,
+) -> io::Result<usize> {
     // Each round looks up the caller's core anew: a thread whose core was
     // released between rounds continues on the core it moved to.
     loop {
@@ -325,6 +344,9 @@ pub(crate) unsafe fn run(
             }
             Ctx::Epoll(core) => match kind.readiness() {
                 Some((fd, ev)) => {
+                    if std::mem::take(&mut wait_first) {
+                        epoll_ready(core, fd, ev, deadline, cancel)?;
+                    }
                     // SAFETY: per our contract.
                     match unsafe { kind.now() } {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
