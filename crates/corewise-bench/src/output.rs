@@ -102,6 +102,25 @@ fn fmt_rate(x: f64) -> String {
     }
 }
 
+/// One table row of a per-runtime figure (`–` where a runtime has none).
+fn per_runtime_row(
+    s: &mut String,
+    label: &str,
+    names: &[&str],
+    cell: impl Fn(&str) -> Option<String>,
+) {
+    let _ = write!(s, "| {label} |");
+    for n in names {
+        match cell(n) {
+            Some(v) => {
+                let _ = write!(s, " {v} |");
+            }
+            None => s.push_str(" – |"),
+        }
+    }
+    s.push('\n');
+}
+
 /// The markdown table (plus notes) for stdout.
 pub fn markdown(res: &Results, reports: &[RuntimeReport]) -> String {
     let names: Vec<&str> = reports.iter().map(|r| r.runtime).collect();
@@ -122,16 +141,9 @@ pub fn markdown(res: &Results, reports: &[RuntimeReport]) -> String {
         let _ = write!(s, "---|");
     }
     s.push('\n');
-    let _ = write!(s, "| RT around the run (ns) |");
-    for n in &names {
-        match res.round_trip_ns_by_runtime.get(n) {
-            Some(v) => {
-                let _ = write!(s, " {} |", fmt_ns(*v));
-            }
-            None => s.push_str(" – |"),
-        }
-    }
-    s.push('\n');
+    per_runtime_row(&mut s, "RT around the run (ns)", &names, |n| {
+        res.round_trip_ns_by_runtime.get(n).map(|v| fmt_ns(*v))
+    });
     for op in Op::ALL {
         let _ = write!(s, "| {} (median / p99 ns) |", op.name());
         for n in &names {
@@ -149,25 +161,12 @@ pub fn markdown(res: &Results, reports: &[RuntimeReport]) -> String {
         }
         s.push('\n');
     }
-    let _ = write!(s, "| creation throughput |");
-    for n in &names {
-        match res.creation_throughput_per_s.get(n) {
-            Some(v) => {
-                let _ = write!(s, " {} |", fmt_rate(*v));
-            }
-            None => s.push_str(" – |"),
-        }
-    }
-    let _ = write!(s, "\n| idle CPU (% of one core, 2 s) |");
-    for n in &names {
-        match res.idle_cpu_percent.get(n) {
-            Some(v) => {
-                let _ = write!(s, " {v:.3} % |");
-            }
-            None => s.push_str(" – |"),
-        }
-    }
-    s.push('\n');
+    per_runtime_row(&mut s, "creation throughput", &names, |n| {
+        res.creation_throughput_per_s.get(n).map(|v| fmt_rate(*v))
+    });
+    per_runtime_row(&mut s, "idle CPU (% of one core, 2 s)", &names, |n| {
+        res.idle_cpu_percent.get(n).map(|v| format!("{v:.3} %"))
+    });
     let notes: Vec<&String> = reports.iter().flat_map(|r| r.notes.iter()).collect();
     if !notes.is_empty() {
         s.push_str("\nNotes:\n");
