@@ -21,6 +21,22 @@ fn free_port() -> u16 {
         .expect("no free port")
 }
 
+/// The pid in the `stats` of the server at the other end of `c`.
+fn server_pid(mut c: TcpStream) -> Option<u32> {
+    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    c.write_all(b"stats\r\n").ok()?;
+    let mut lines = BufReader::new(c).lines();
+    while let Some(Ok(line)) = lines.next() {
+        if let Some(pid) = line.strip_prefix("STAT pid ") {
+            return pid.trim().parse().ok();
+        }
+        if line == "END" {
+            break;
+        }
+    }
+    None
+}
+
 impl Server {
     /// Starts the server with these extra flags and waits until it accepts.
     pub fn start(extra: &[&str]) -> Server {
@@ -39,8 +55,15 @@ impl Server {
                 if let Ok(Some(_)) = child.try_wait() {
                     break;
                 }
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Server { child, port };
+                if let Ok(probe) = TcpStream::connect(("127.0.0.1", port)) {
+                    // Another test may have been handed the same free port
+                    // and started its server there first (ours then fails
+                    // to bind and exits): only a server reporting our
+                    // child's pid is ours.
+                    if server_pid(probe) == Some(child.id()) {
+                        return Server { child, port };
+                    }
+                    break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
