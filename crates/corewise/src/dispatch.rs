@@ -52,7 +52,7 @@ fn bump(counter: &crate::shim::AtomicU64, by: u64) {
 const IDLE_POLLS_PER_CLOCK: u32 = 16;
 
 /// Runs after which the next rotation's end reads the clock.
-pub(crate) const RUNS_PER_CLOCK: u64 = 32;
+const RUNS_PER_CLOCK: u64 = 32;
 
 /// The load factor's accounting between clock reads.
 ///
@@ -63,7 +63,7 @@ pub(crate) const RUNS_PER_CLOCK: u64 = 32;
 /// `r_i * d_i = T * r_i² / Σr`, so the meter keeps `Σr` and `Σr²`. With a
 /// steady `r` that is exactly `T * r`, as before.
 #[derive(Debug)]
-pub(crate) struct LoadMeter {
+struct LoadMeter {
     since: u64,
     runs: u64,
     sum: u64,
@@ -72,7 +72,7 @@ pub(crate) struct LoadMeter {
 
 impl LoadMeter {
     /// Accounting from `now` on.
-    pub(crate) fn new(now: u64) -> Self {
+    fn new(now: u64) -> Self {
         Self {
             since: now,
             runs: 0,
@@ -83,19 +83,19 @@ impl LoadMeter {
 
     /// A thread is about to run in the current rotation.
     #[inline]
-    pub(crate) fn ran(&mut self) {
+    fn ran(&mut self) {
         self.runs += 1;
     }
 
     /// Whether any run was counted since the last take.
     #[inline]
-    pub(crate) fn counted(&self) -> bool {
+    fn counted(&self) -> bool {
         self.runs != 0 || self.sum != 0
     }
 
     /// The current rotation is over; returns whether the clock is due.
     #[inline]
-    pub(crate) fn end_rotation(&mut self) -> bool {
+    fn end_rotation(&mut self) -> bool {
         self.sum += self.runs;
         self.sum_sq += self.runs * self.runs;
         self.runs = 0;
@@ -103,7 +103,7 @@ impl LoadMeter {
     }
 
     /// The load ticks since the last take (or start), up to `now`.
-    pub(crate) fn take(&mut self, now: u64) -> u64 {
+    fn take(&mut self, now: u64) -> u64 {
         let elapsed = now.wrapping_sub(self.since);
         let load = if self.sum == 0 {
             0
@@ -115,7 +115,7 @@ impl LoadMeter {
     }
 
     /// Drops what was counted (an idle period ends) and starts at `now`.
-    pub(crate) fn restart(&mut self, now: u64) {
+    fn restart(&mut self, now: u64) {
         *self = Self::new(now);
     }
 }

@@ -84,9 +84,20 @@ impl IoState {
     /// # Safety
     /// As [`op::run`]: the pointers in `kind` are valid until it returns.
     pub(crate) unsafe fn read(&self, kind: Kind) -> io::Result<usize> {
-        let deadline = self.read_timeout().map(|d| Instant::now() + d);
         // SAFETY: per our contract.
-        unsafe { op::run(kind, deadline, self.cancel.get().map(|c| &**c)) }
+        unsafe { self.read_op(kind, false) }
+    }
+
+    /// A read-side operation under the read timeout and the cancel state
+    /// (`wait_first`: see [`op::run_after`]).
+    ///
+    /// # Safety
+    /// As [`op::run`].
+    unsafe fn read_op(&self, kind: Kind, wait_first: bool) -> io::Result<usize> {
+        let deadline = self.read_timeout().map(|d| Instant::now() + d);
+        let cancel = self.cancel.get().map(|c| &**c);
+        // SAFETY: per our contract.
+        unsafe { op::run_after(kind, deadline, cancel, wait_first) }
     }
 
     /// Runs a stream read of `len` bytes: like [`read`](Self::read), and a
@@ -97,11 +108,9 @@ impl IoState {
     /// # Safety
     /// As [`op::run`].
     pub(crate) unsafe fn read_stream(&self, kind: Kind, len: usize) -> io::Result<usize> {
-        let deadline = self.read_timeout().map(|d| Instant::now() + d);
         let wait_first = self.read_drained.load(Ordering::Relaxed);
         // SAFETY: per our contract.
-        let r =
-            unsafe { op::run_after(kind, deadline, self.cancel.get().map(|c| &**c), wait_first) };
+        let r = unsafe { self.read_op(kind, wait_first) };
         if let Ok(n) = r {
             self.read_drained
                 .store(n != 0 && n < len, Ordering::Relaxed);
