@@ -6,7 +6,11 @@
 //! from point to point), so drift of the machine hits both alike. A short
 //! closed-loop probe first finds roughly what the faster server can do; the
 //! sweep then offers fractions of that, open loop, with latency measured
-//! from each request's scheduled send time (see [`load`]). The result is
+//! from each request's scheduled send time (see [`load`]). Where a server's
+//! p99 first passes 1 ms, a few more rates between the two sweep points
+//! around that crossing are measured on both servers (`--refine`): the
+//! sweep's steps (a tenth of the probed capacity) are coarser than the
+//! differences the peak is meant to show. The result is
 //! throughput and p50/p99/p99.9 per point, the peak throughput at which
 //! p99 stays within 1 ms, and with `--neighbour` the growth of p99 when a
 //! CPU-bound process shares the server's CPU.
@@ -86,6 +90,10 @@ pub struct Args {
     /// RNG seed.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Rates added between the last sweep point where a server's p99 was
+    /// within 1 ms and the next one (0: none; default 3, with `--quick` 2).
+    #[arg(long)]
+    pub refine: Option<usize>,
 }
 
 /// One point of a curve.
@@ -371,6 +379,68 @@ impl Setup {
     }
 }
 
+/// Measures one offered rate on both servers (`repeats` times each,
+/// alternating which goes first; the other server is paused meanwhile) and
+/// keeps, per server, the repeat with the median p99.
+fn measure_point(
+    setup: &Setup,
+    both: [&servers::Server; 2],
+    rate: f64,
+    k: usize,
+    repeats: usize,
+) -> Result<[Point; 2], BenchError> {
+    let mut runs: [Vec<Point>; 2] = [Vec::new(), Vec::new()];
+    for r in 0..repeats {
+        let order: [usize; 2] = if (k + r) % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let idle = both[1 - i].pause()?;
+            let o = setup.measure(both[i].port, Pace::Open(rate))?;
+            drop(idle);
+            let p = Point::of(&o);
+            show(both[i].name, &p);
+            if o.misses > 0 {
+                println!("    ({} gets missed)", o.misses);
+            }
+            if o.unanswered > 0 {
+                println!(
+                    "    ({} requests unanswered at the deadline, counted as latency)",
+                    o.unanswered
+                );
+            }
+            runs[i].push(p);
+        }
+    }
+    Ok(runs.map(|mut v| {
+        v.sort_by(|a, b| a.p99_us.total_cmp(&b.p99_us));
+        v.swap_remove(v.len() / 2)
+    }))
+}
+
+/// The rates to add to a sweep (`points`, in offered order): for each
+/// server whose p99 first exceeds 1 ms at sweep point `k > 0`, `n` rates
+/// evenly between points `k - 1` and `k` (rounded to 100/s), without
+/// duplicates.
+fn refinement(points: &[(f64, [Point; 2])], n: usize) -> Vec<f64> {
+    let mut extra: Vec<f64> = Vec::new();
+    for server in 0..2 {
+        let Some(k) = points.iter().position(|(_, p)| p[server].p99_us > 1000.0) else {
+            continue;
+        };
+        if k == 0 {
+            continue;
+        }
+        let (lo, hi) = (points[k - 1].0, points[k].0);
+        for j in 1..=n {
+            let r = ((lo + (hi - lo) * j as f64 / (n + 1) as f64) / 100.0).round() * 100.0;
+            if r > lo && r < hi && !extra.contains(&r) {
+                extra.push(r);
+            }
+        }
+    }
+    extra.sort_by(f64::total_cmp);
+    extra
+}
+
 fn show(name: &str, p: &Point) {
     println!(
         "  {name:<12} offered {:>9.0}/s  throughput {:>9.0}/s  p50 {:>8.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us",
@@ -477,38 +547,33 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                 .collect()
         }
     };
-    let mut results = [ServerResult::default(), ServerResult::default()];
     println!("open-loop sweep:");
     // Each point is measured `repeats` times per server, alternating
     // servers, and the repeat with the median p99 is kept: on a shared VM a
     // single host stall of tens of milliseconds inside a 3 s window sets
     // the p99 of whichever server was being measured.
     let repeats = args.repeats.unwrap_or(3).max(1);
+    let mut points: Vec<(f64, [Point; 2])> = Vec::new();
     for (k, &rate) in rates.iter().enumerate() {
-        let mut runs: [Vec<Point>; 2] = [Vec::new(), Vec::new()];
-        for r in 0..repeats {
-            let order: [usize; 2] = if (k + r) % 2 == 0 { [0, 1] } else { [1, 0] };
-            for i in order {
-                let idle = both[1 - i].pause()?;
-                let o = setup.measure(both[i].port, Pace::Open(rate))?;
-                drop(idle);
-                let p = Point::of(&o);
-                show(both[i].name, &p);
-                if o.misses > 0 {
-                    println!("    ({} gets missed)", o.misses);
-                }
-                if o.unanswered > 0 {
-                    println!(
-                        "    ({} requests unanswered at the deadline, counted as latency)",
-                        o.unanswered
-                    );
-                }
-                runs[i].push(p);
-            }
-        }
-        for (i, mut v) in runs.into_iter().enumerate() {
-            v.sort_by(|a, b| a.p99_us.total_cmp(&b.p99_us));
-            results[i].curve.push(v.swap_remove(v.len() / 2));
+        points.push((rate, measure_point(&setup, both, rate, k, repeats)?));
+    }
+    // The sweep's steps are a tenth of the probed capacity, too coarse to
+    // tell two peaks apart that are within 1.2x of each other: between the
+    // last point where a server's p99 was within 1 ms and the next one,
+    // `--refine` more rates are measured for both servers.
+    let extra = refinement(&points, args.refine.unwrap_or(if quick { 2 } else { 3 }));
+    if !extra.is_empty() {
+        println!("refining around the 1 ms knee: {extra:?}");
+    }
+    for (k, &rate) in extra.iter().enumerate() {
+        points.push((rate, measure_point(&setup, both, rate, k, repeats)?));
+    }
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let rates: Vec<f64> = points.iter().map(|p| p.0).collect();
+    let mut results = [ServerResult::default(), ServerResult::default()];
+    for (_, pair) in points {
+        for (r, p) in results.iter_mut().zip(pair) {
+            r.curve.push(p);
         }
     }
     for r in &mut results {
@@ -661,4 +726,60 @@ fn plot(r: &[ServerResult; 2], path: &std::path::Path) -> Result<(), BenchError>
         1,
     );
     cv.save(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pt(rate: f64, p99: [f64; 2]) -> (f64, [Point; 2]) {
+        let p = |p99_us| Point {
+            offered_per_s: rate,
+            throughput_per_s: rate,
+            p50_us: 10.0,
+            p99_us,
+            p999_us: p99_us,
+        };
+        (rate, [p(p99[0]), p(p99[1])])
+    }
+
+    #[test]
+    fn refinement_fills_each_servers_knee_interval() {
+        let sweep = [
+            pt(30_000.0, [100.0, 200.0]),
+            pt(60_000.0, [300.0, 1500.0]),
+            pt(90_000.0, [1700.0, 9000.0]),
+        ];
+        // memcached crosses between 30k and 60k, corewise-kv between 60k
+        // and 90k.
+        assert_eq!(
+            refinement(&sweep, 2),
+            vec![40_000.0, 50_000.0, 70_000.0, 80_000.0]
+        );
+        // Both crossing in the same interval: no duplicates.
+        let same = [pt(30_000.0, [100.0, 200.0]), pt(60_000.0, [2000.0, 1500.0])];
+        assert_eq!(refinement(&same, 1), vec![45_000.0]);
+    }
+
+    #[test]
+    fn no_refinement_without_a_crossing_inside_the_sweep() {
+        let never = [pt(30_000.0, [100.0, 200.0]), pt(60_000.0, [300.0, 400.0])];
+        assert!(refinement(&never, 3).is_empty());
+        let from_start = [pt(30_000.0, [1100.0, 1200.0])];
+        assert!(refinement(&from_start, 3).is_empty());
+        assert!(refinement(&[], 3).is_empty());
+    }
+
+    #[test]
+    fn peak_stops_at_the_first_point_over_1ms() {
+        let curve: Vec<Point> = [
+            pt(30_000.0, [100.0, 0.0]),
+            pt(45_000.0, [1100.0, 0.0]),
+            pt(60_000.0, [900.0, 0.0]),
+        ]
+        .into_iter()
+        .map(|(_, [a, _])| a)
+        .collect();
+        assert_eq!(peak(&curve), 30_000.0);
+    }
 }
