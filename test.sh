@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: installs what the tests need (Debian packages),
 # then runs every crate's tests, corewise-kv's conformance with real memcached
-# clients (memccapable -a, pymemcache), and the loom models of the cross-core
+# clients (memccapable -a and -b, pymemcache), and the loom models of the cross-core
 # protocols (bounded preemptions, optimised build).
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -600,7 +600,7 @@ fn rusage() -> (f64, f64) {
     (t(ru.ru_utime), t(ru.ru_stime))
 }
 
-fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
+pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
     let store = &shared.store;
     let cfg = &shared.config;
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -668,7 +668,7 @@ fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "cas_enabled", "yes");
             stat(out, "item_size_max", cfg.item_max);
             stat(out, "num_threads", cfg.threads);
-            stat(out, "binding_protocol", "ascii");
+            stat(out, "binding_protocol", "auto-negotiate");
             stat(out, "corewise_mode", cfg.mode);
         }
         Some(b"items") => {

@@ -4,7 +4,7 @@
 //! The crate is split by role: [`protocol`] turns bytes into requests (a
 //! pure, fuzzable parser), [`store`] holds the items (sharded, LRU, memory
 //! limit, expiry, CAS), [`exec`] runs a request against the store and
-//! writes memcached's reply, [`config`] reads memcached's command-line
+//! writes memcached's reply ([`exec_binary`] for the binary protocol), [`config`] reads memcached's command-line
 //! flags, and [`server`] moves bytes between sockets and the rest, either
 //! with one user thread per connection or with a dispatch thread that
 //! creates a short-lived user thread per ready connection (Arachne's
@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod exec;
+pub mod exec_binary;
 pub mod protocol;
 pub mod server;
 pub mod store;

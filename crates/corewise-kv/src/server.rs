@@ -22,6 +22,8 @@
 
 use crate::config::Mode;
 use crate::exec::{execute, write_error, Flow, Shared};
+use crate::exec_binary::{execute_binary, write_malformed, write_too_large};
+use crate::protocol::binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC};
 use crate::protocol::{Decoded, Decoder, Limits, MAX_LINE};
 use corewise::net::{TcpListener, TcpStream};
 use corewise::sync::SpinLock;
@@ -48,6 +50,11 @@ pub struct Connection {
     wbuf: Vec<u8>,
     scratch: Vec<u8>,
     decoder: Decoder,
+    /// The binary decoder, when the connection's first byte chose the
+    /// binary protocol (memcached's negotiation; `negotiated` says whether
+    /// that byte has been seen).
+    binary: Option<BinaryDecoder>,
+    negotiated: bool,
     shared: Arc<Shared>,
 }
 
@@ -79,6 +86,8 @@ impl Connection {
             wbuf: Vec::with_capacity(4096),
             scratch: Vec::new(),
             decoder: Decoder::new(Limits { item_max }),
+            binary: None,
+            negotiated: false,
             shared,
         }
     }
@@ -154,6 +163,19 @@ impl Connection {
 
     /// Runs every complete request in the read buffer, appending replies.
     pub fn process(&mut self) -> Flow {
+        if !self.negotiated {
+            let Some(&first) = self.rbuf[self.pos..self.filled].first() else {
+                return Flow::Continue;
+            };
+            self.negotiated = true;
+            if first == REQUEST_MAGIC {
+                let item_max = self.shared.config.item_max;
+                self.binary = Some(BinaryDecoder::new(Limits { item_max }));
+            }
+        }
+        if self.binary.is_some() {
+            return self.process_binary();
+        }
         loop {
             let buf = &self.rbuf[self.pos..self.filled];
             let (used, d) = self.decoder.decode(buf);
@@ -171,6 +193,38 @@ impl Connection {
                 return Flow::Close;
             }
             if done {
+                return Flow::Continue;
+            }
+        }
+    }
+
+    /// [`process`](Self::process) for a binary-protocol connection.
+    fn process_binary(&mut self) -> Flow {
+        let Some(dec) = self.binary.as_mut() else {
+            return Flow::Continue;
+        };
+        loop {
+            let (used, d) = dec.decode(&self.rbuf[self.pos..self.filled]);
+            let flow = match d {
+                BinDecoded::Incomplete => Flow::Continue,
+                BinDecoded::Frame(f) => execute_binary(&self.shared, &f, &mut self.wbuf),
+                BinDecoded::TooLarge(h) => {
+                    write_too_large(&h, &mut self.wbuf);
+                    Flow::Continue
+                }
+                BinDecoded::Malformed(h) => {
+                    write_malformed(&h, &mut self.wbuf);
+                    Flow::Continue
+                }
+                // Not a request: the stream cannot be followed (memcached
+                // closes such a connection too).
+                BinDecoded::BadMagic => Flow::Close,
+            };
+            self.pos += used;
+            if flow == Flow::Close {
+                return Flow::Close;
+            }
+            if matches!(d, BinDecoded::Incomplete) && (used == 0 || self.pos == self.filled) {
                 return Flow::Continue;
             }
         }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Conformance of corewise-kv with real memcached clients: pymemcache (every
-# command it supports) and `memccapable -a` (libmemcached's ASCII protocol
-# suite), in both server modes. Needs scripts/install-test-deps.sh first.
+# command it supports) and `memccapable -a` and `-b` (libmemcached's ASCII
+# and binary protocol suites), in both server modes. Needs
+# scripts/install-test-deps.sh first.
 # Usage: crates/corewise-kv/tests/conformance.sh   (from anywhere)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
@@ -32,14 +33,16 @@ for mode in conn dispatch; do
         "$py" -c "import socket; socket.create_connection(('127.0.0.1',$port),1)" 2>/dev/null && break
         sleep 0.05
     done
-    echo "== $mode mode: memccapable -a"
-    out="$(memccapable -a -h 127.0.0.1 -p "$port" 2>&1)" || true
-    echo "$out" | tail -n 3
-    if ! echo "$out" | grep -q "All tests passed"; then
-        echo "$out"
-        echo "memccapable failed in $mode mode" >&2
-        exit 1
-    fi
+    for proto in -a -b; do
+        echo "== $mode mode: memccapable $proto"
+        out="$(memccapable "$proto" -h 127.0.0.1 -p "$port" 2>&1)" || true
+        echo "$out" | tail -n 3
+        if ! echo "$out" | grep -q "All tests passed"; then
+            echo "$out"
+            echo "memccapable $proto failed in $mode mode" >&2
+            exit 1
+        fi
+    done
     echo "== $mode mode: pymemcache"
     "$py" crates/corewise-kv/tests/pymemcache_test.py "$port"
     cleanup

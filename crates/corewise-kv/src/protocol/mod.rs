@@ -1,4 +1,5 @@
-//! memcached's text protocol: the classic commands and the meta commands.
+//! memcached's protocols: the classic text commands and the meta commands
+//! (this module), and the binary protocol's frames ([`binary`]).
 //!
 //! Why a separate, pure module: the parser is the one piece of the server
 //! that sees arbitrary bytes from the network, so it is a total function
@@ -11,6 +12,7 @@
 //! memcached does, so one bad request never costs the connection.
 
 mod base64;
+pub mod binary;
 mod meta;
 mod parse;
 

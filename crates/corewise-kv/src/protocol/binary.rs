@@ -1,0 +1,267 @@
+//! memcached's binary protocol: frames.
+//!
+//! A connection whose first byte is `0x80` speaks the binary protocol for
+//! its whole life (memcached negotiates the same way). Every request is a
+//! 24-byte header (magic, opcode, key length, extras length, data type,
+//! vbucket, total body length, opaque, CAS, big-endian) followed by the
+//! body: extras, key, value. Like the text parser this module is pure: it
+//! splits buffered bytes into frames that borrow from the buffer and does
+//! not look at what an opcode means beyond the body's layout
+//! ([`crate::exec_binary`] does). A body larger than the item limit allows
+//! is answered with "too large" and skipped as it arrives, so the
+//! connection goes on, as in memcached.
+
+use super::parse::{Limits, KEY_MAX};
+
+/// The first byte of every request.
+pub const REQUEST_MAGIC: u8 = 0x80;
+/// The first byte of every response.
+pub const RESPONSE_MAGIC: u8 = 0x81;
+/// Header length of requests and responses.
+pub const HEADER_LEN: usize = 24;
+
+/// Extras and key room a body may have beyond its value: the decoder skips
+/// bodies longer than the item limit plus this.
+const BODY_SLACK: usize = 255 + KEY_MAX;
+
+/// A request header.
+///
+/// ```
+/// use corewise_kv::protocol::binary::Header;
+/// let mut b = [0u8; 24];
+/// b[0] = 0x80;
+/// b[1] = 0x0a; // noop
+/// b[12..16].copy_from_slice(&7u32.to_be_bytes());
+/// let h = Header::parse(&b);
+/// assert_eq!((h.opcode, h.opaque, h.body_len), (0x0a, 7, 0));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// The first byte (0x80 for a request).
+    pub magic: u8,
+    /// The command.
+    pub opcode: u8,
+    /// Key length.
+    pub key_len: u16,
+    /// Extras length.
+    pub extras_len: u8,
+    /// Total body length: extras, key and value.
+    pub body_len: u32,
+    /// Copied into the response.
+    pub opaque: u32,
+    /// The request's CAS (0: none).
+    pub cas: u64,
+}
+
+impl Header {
+    /// Reads the first [`HEADER_LEN`] bytes of `b` (which must hold them).
+    pub fn parse(b: &[u8; HEADER_LEN]) -> Header {
+        let be16 = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
+        let be32 = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Header {
+            magic: b[0],
+            opcode: b[1],
+            key_len: be16(2),
+            extras_len: b[4],
+            body_len: be32(8),
+            opaque: be32(12),
+            cas: u64::from(be32(16)) << 32 | u64::from(be32(20)),
+        }
+    }
+}
+
+/// A whole request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// Its header.
+    pub header: Header,
+    /// The extras (their layout depends on the opcode).
+    pub extras: &'a [u8],
+    /// The key (may be empty).
+    pub key: &'a [u8],
+    /// The value (may be empty).
+    pub value: &'a [u8],
+}
+
+/// What [`BinaryDecoder::decode`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinDecoded<'a> {
+    /// More bytes are needed (bytes of a skipped body may have been used).
+    Incomplete,
+    /// One request.
+    Frame(Frame<'a>),
+    /// A body over the size limit: answer "too large"; the decoder skips the
+    /// body as it arrives.
+    TooLarge(Header),
+    /// The header's extras and key do not fit its body length: answer
+    /// "invalid arguments"; the body is skipped.
+    Malformed(Header),
+    /// Not a request magic: the stream cannot be followed, close it.
+    BadMagic,
+}
+
+/// Splits a binary-protocol byte stream into frames.
+///
+/// ```
+/// use corewise_kv::protocol::{binary::{BinDecoded, BinaryDecoder}, Limits};
+/// let mut d = BinaryDecoder::new(Limits::default());
+/// let mut req = vec![0x80, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1];
+/// req.extend_from_slice(&[0; 12]);
+/// req.push(b'k');
+/// let (used, f) = d.decode(&req);
+/// assert_eq!(used, 25);
+/// assert!(matches!(f, BinDecoded::Frame(f) if f.key == b"k" && f.value.is_empty()));
+/// ```
+#[derive(Debug, Clone)]
+pub struct BinaryDecoder {
+    limits: Limits,
+    skip: u64,
+}
+
+impl BinaryDecoder {
+    /// A decoder that refuses values over `limits.item_max`.
+    pub fn new(limits: Limits) -> Self {
+        Self { limits, skip: 0 }
+    }
+
+    /// Decodes the first frame of `buf`; returns the bytes used and what
+    /// they were. Never panics, whatever `buf` holds.
+    pub fn decode<'a>(&mut self, buf: &'a [u8]) -> (usize, BinDecoded<'a>) {
+        if self.skip > 0 {
+            let n = usize::try_from(self.skip)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
+            self.skip -= n as u64;
+            return (n, BinDecoded::Incomplete);
+        }
+        let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
+            if buf.first().is_some_and(|&m| m != REQUEST_MAGIC) {
+                return (0, BinDecoded::BadMagic);
+            }
+            return (0, BinDecoded::Incomplete);
+        };
+        let h = Header::parse(head);
+        if h.magic != REQUEST_MAGIC {
+            return (0, BinDecoded::BadMagic);
+        }
+        let body = u64::from(h.body_len);
+        if body > (self.limits.item_max + BODY_SLACK) as u64 {
+            self.skip = body;
+            return (HEADER_LEN, BinDecoded::TooLarge(h));
+        }
+        let (ext, key) = (usize::from(h.extras_len), usize::from(h.key_len));
+        if ext + key > body as usize {
+            self.skip = body;
+            return (HEADER_LEN, BinDecoded::Malformed(h));
+        }
+        let total = HEADER_LEN + body as usize;
+        let Some(frame) = buf.get(HEADER_LEN..total) else {
+            return (0, BinDecoded::Incomplete);
+        };
+        let (extras, rest) = frame.split_at(ext);
+        let (key, value) = rest.split_at(key);
+        (
+            total,
+            BinDecoded::Frame(Frame {
+                header: h,
+                extras,
+                key,
+                value,
+            }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(op: u8, extras: &[u8], key: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
+        let mut v = vec![REQUEST_MAGIC, op];
+        v.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        v.push(extras.len() as u8);
+        v.extend_from_slice(&[0, 0, 0]);
+        let body = (extras.len() + key.len() + value.len()) as u32;
+        v.extend_from_slice(&body.to_be_bytes());
+        v.extend_from_slice(&opaque.to_be_bytes());
+        v.extend_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        v.extend_from_slice(extras);
+        v.extend_from_slice(key);
+        v.extend_from_slice(value);
+        v
+    }
+
+    #[test]
+    fn splits_a_frame_into_its_parts() {
+        let mut d = BinaryDecoder::new(Limits::default());
+        let b = req(0x01, &[1, 2, 3, 4, 0, 0, 0, 9], b"key", b"value", 42);
+        let (used, f) = d.decode(&b);
+        assert_eq!(used, b.len());
+        let BinDecoded::Frame(f) = f else {
+            panic!("{f:?}")
+        };
+        assert_eq!(f.header.opcode, 0x01);
+        assert_eq!(f.header.opaque, 42);
+        assert_eq!(f.header.cas, 0x0102_0304_0506_0708);
+        assert_eq!(f.extras, &[1, 2, 3, 4, 0, 0, 0, 9]);
+        assert_eq!(f.key, b"key");
+        assert_eq!(f.value, b"value");
+    }
+
+    #[test]
+    fn waits_for_the_whole_frame() {
+        let mut d = BinaryDecoder::new(Limits::default());
+        let b = req(0x00, &[], b"key", &[], 1);
+        for cut in 0..b.len() {
+            assert_eq!(
+                d.decode(&b[..cut]),
+                (0, BinDecoded::Incomplete),
+                "cut {cut}"
+            );
+        }
+        assert!(matches!(d.decode(&b).1, BinDecoded::Frame(_)));
+    }
+
+    #[test]
+    fn skips_a_body_over_the_limit_and_goes_on() {
+        let mut d = BinaryDecoder::new(Limits { item_max: 100 });
+        let big = req(0x01, &[0; 8], b"k", &[7; 1000], 1);
+        let noop = req(0x0a, &[], &[], &[], 2);
+        let mut stream = big.clone();
+        stream.extend_from_slice(&noop);
+        let (used, f) = d.decode(&stream);
+        assert_eq!(used, HEADER_LEN);
+        assert!(matches!(f, BinDecoded::TooLarge(h) if h.opaque == 1));
+        // The body arrives in pieces and is skipped.
+        let mut pos = used;
+        loop {
+            let end = (pos + 300).min(stream.len());
+            let (n, f) = d.decode(&stream[pos..end]);
+            pos += n;
+            if let BinDecoded::Frame(f) = f {
+                assert_eq!(f.header.opaque, 2);
+                break;
+            }
+            assert!(n > 0, "progress");
+        }
+        assert_eq!(pos, stream.len());
+    }
+
+    #[test]
+    fn extras_and_key_longer_than_the_body_are_malformed() {
+        let mut d = BinaryDecoder::new(Limits::default());
+        let mut b = req(0x00, &[], b"key", &[], 1);
+        b[2..4].copy_from_slice(&10u16.to_be_bytes());
+        let (used, f) = d.decode(&b);
+        assert_eq!(used, HEADER_LEN);
+        assert!(matches!(f, BinDecoded::Malformed(_)));
+        assert_eq!(d.decode(&b[HEADER_LEN..]), (3, BinDecoded::Incomplete));
+    }
+
+    #[test]
+    fn a_wrong_magic_stops_the_stream() {
+        let mut d = BinaryDecoder::new(Limits::default());
+        assert_eq!(d.decode(b"get a\r\n"), (0, BinDecoded::BadMagic));
+        assert_eq!(d.decode(&[0x81; 30]), (0, BinDecoded::BadMagic));
+    }
+}
