@@ -3,8 +3,9 @@
 //! `--mode conn` gives each connection a user thread that blocks in
 //! `read` (the Fred/libfibre way): simple, and a blocked thread costs its
 //! core nothing. Its limit is the runtime's thread slots (56 per core): a
-//! connection that finds no slot is refused like one over `-c`, with
-//! memcached's "Too many open connections" line.
+//! connection that finds no slot within 50 ms (closing connections free
+//! theirs) is refused like one over `-c`, with memcached's "Too many open
+//! connections" line.
 //!
 //! `--mode dispatch` is Arachne's memcached: one dispatch thread (its own
 //! core when the runtime may use two or more) waits on every connection at
@@ -38,6 +39,10 @@ use std::time::{Duration, Instant};
 pub const TOO_MANY: &[u8] = b"SERVER_ERROR Too many open connections\r\n";
 
 const INITIAL_BUF: usize = 16 * 1024;
+
+/// How long conn mode waits for a free thread slot before it refuses a
+/// connection (see `serve_conn`).
+const SLOT_WAIT: Duration = Duration::from_millis(50);
 
 /// One client connection: its socket, buffers and decoder.
 #[derive(Debug)]
@@ -360,17 +365,30 @@ fn serve_conn(listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
         // failed spawn (every slot taken) leaves it here to be refused
         // with memcached's message instead of silently closed.
         let cell = Arc::new(SpinLock::new(Some(conn)));
-        let theirs = Arc::clone(&cell);
-        let spawned = corewise::thread::Builder::new().spawn_detached(move || {
-            let Some(mut conn) = theirs.lock().take() else {
-                return;
-            };
-            if let Err(e) = run_conn(&mut conn) {
-                if verbose > 0 {
-                    eprintln!("corewise-kv: connection: {e}");
+        let spawn = || {
+            let theirs = Arc::clone(&cell);
+            corewise::thread::Builder::new().spawn_detached(move || {
+                let Some(mut conn) = theirs.lock().take() else {
+                    return;
+                };
+                if let Err(e) = run_conn(&mut conn) {
+                    if verbose > 0 {
+                        eprintln!("corewise-kv: connection: {e}");
+                    }
                 }
-            }
-        });
+            })
+        };
+        // Every slot taken may only mean that connections the client just
+        // closed have not seen their end of stream yet (a client that
+        // reconnects at once races its own old connections): wait a
+        // little for a slot before refusing.
+        let mut spawned = spawn();
+        let give_up = Instant::now() + SLOT_WAIT;
+        while matches!(spawned, Err(corewise::SpawnError::Full { .. })) && Instant::now() < give_up
+        {
+            corewise::sleep(Duration::from_micros(200));
+            spawned = spawn();
+        }
         if let Err(e) = spawned {
             if let Some(conn) = cell.lock().take() {
                 refuse_conn(conn);
