@@ -1,6 +1,13 @@
 //! One shard of the store: a hash map from key to a slot in a slab of
 //! items, and an LRU list threaded through the slab by index.
 //!
+//! A read does not move its item to the head of the list: it marks the item
+//! active, and eviction gives an active tail item a second chance (back to
+//! the head, mark cleared) instead of evicting it, as memcached's segmented
+//! LRU does with its active bit. Moving an item on every read wrote to its
+//! two list neighbours, two cache misses on random items: with 100 000
+//! items a read took 420-480 ns, most of it those misses.
+//!
 //! Indices instead of pointers keep the list safe code; the slab reuses
 //! freed slots so a steady workload stops allocating list nodes. The key is
 //! kept twice (map and item) so eviction can find the map entry from the
@@ -33,6 +40,8 @@ pub struct Item {
     pub last_access: u32,
     /// Whether it has been read since it was stored.
     pub fetched: bool,
+    /// Read since it last reached the LRU tail (its second chance).
+    active: bool,
     prev: u32,
     next: u32,
 }
@@ -48,6 +57,7 @@ impl Item {
             cas,
             last_access: now,
             fetched: false,
+            active: false,
             prev: NIL,
             next: NIL,
         }
@@ -141,7 +151,7 @@ impl Shard {
     }
 
     /// Looks `key` up; an expired or flushed item is removed and reported
-    /// as a miss. `bump` moves a hit to the head of the LRU.
+    /// as a miss. `bump` marks a hit as recently used (see the module docs).
     pub fn lookup(
         &mut self,
         key: &[u8],
@@ -171,14 +181,15 @@ impl Shard {
                 Miss::Flushed
             });
         }
-        if bump {
-            self.detach(i);
-            self.push_head(i);
-        }
-        self.slab
+        let it = self
+            .slab
             .get_mut(i as usize)
             .and_then(Option::as_mut)
-            .ok_or(Miss::Absent)
+            .ok_or(Miss::Absent)?;
+        if bump {
+            it.active = true;
+        }
+        Ok(it)
     }
 
     /// Inserts `item`, replacing an item of the same key and evicting from
@@ -259,6 +270,19 @@ impl Shard {
     }
 
     fn evict_one(&mut self, now: u32) -> bool {
+        // Active tail items go back to the head, each once: the loop ends
+        // at the first inactive or expired one (or after every item).
+        for _ in 0..self.map.len() {
+            let t = self.tail;
+            match self.links(t) {
+                Some(it) if it.active && (it.exptime == 0 || it.exptime > now) => {
+                    it.active = false;
+                    self.detach(t);
+                    self.push_head(t);
+                }
+                _ => break,
+            }
+        }
         let t = self.tail;
         let Some(it) = self.unlink(t) else {
             return false;
@@ -346,6 +370,35 @@ mod tests {
         let keys: Vec<_> = s.iter_lru().map(|i| i.key.to_vec()).collect();
         assert_eq!(keys, vec![b"d".to_vec(), b"a".to_vec(), b"c".to_vec()]);
         assert!(s.used() <= s.limit());
+    }
+
+    #[test]
+    fn a_read_item_gets_one_second_chance() {
+        let size = item("a", 100).size();
+        let mut s = Shard::new(3 * size);
+        for k in ["a", "b", "c"] {
+            assert!(s.insert(item(k, 100), 1));
+        }
+        assert!(s.lookup(b"a", 1, 0, true).is_ok());
+        // "a" is at the tail but was read: "b" goes instead, "a" moves up.
+        assert!(s.insert(item("d", 100), 1));
+        assert!(s.lookup(b"b", 1, 0, false).is_err());
+        // Not read again since: "c", then "a" go in LRU order.
+        assert!(s.insert(item("e", 100), 1));
+        assert!(s.lookup(b"c", 1, 0, false).is_err());
+        assert!(s.insert(item("f", 100), 1));
+        assert!(s.lookup(b"a", 1, 0, false).is_err());
+        assert_eq!(s.counters.evictions, 3);
+        // An expired active item is reclaimed, not kept.
+        let mut s = Shard::new(2 * size);
+        let mut short = item("x", 100);
+        short.exptime = 5;
+        assert!(s.insert(short, 1));
+        assert!(s.lookup(b"x", 1, 0, true).is_ok());
+        assert!(s.insert(item("y", 100), 1));
+        assert!(s.insert(item("z", 100), 10));
+        assert!(s.lookup(b"x", 10, 0, false).is_err());
+        assert_eq!((s.counters.reclaimed, s.counters.evictions), (1, 0));
     }
 
     #[test]
