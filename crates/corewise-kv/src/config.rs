@@ -129,13 +129,16 @@ pub struct Args {
     #[arg(long = "arbiter")]
     pub arbiter: Option<PathBuf>,
     /// How long an idle core polls for work before it sleeps in the kernel,
-    /// in microseconds (the runtime's idle spin budget). Measured with
-    /// `corewise-bench kv` on one shared CPU: 50 gives the lowest median
-    /// (12 µs at 58k requests/s) and the best tails near saturation; 2-10
-    /// doubles the median (20-24 µs) but kept p99.9 near 1 ms at 58k-117k/s
-    /// where 50 let it reach 3-10 ms, because a core that never sleeps is
-    /// the one the kernel makes share its CPU evenly with any other task.
-    #[arg(long = "idle-spin-us", default_value_t = 50)]
+    /// in microseconds (the runtime's idle spin budget; the runtime's own
+    /// default is 50). Measured with `corewise-bench kv` on one shared CPU
+    /// (2026-11-24, AMD host): with 50 the core almost never sleeps at
+    /// 89k requests/s and its p99 was 0.6-2.3 ms in all of 12 runs
+    /// (memcached 0.15-0.9 ms, but for one noisy minute); with 10 it was
+    /// 0.06-0.16 ms, for a median of 19-23 µs instead of 14-24 (memcached
+    /// 27-42). A core that never sleeps is the
+    /// one the kernel makes share its CPU with any other task that wakes
+    /// there; one that sleeps between bursts is woken ahead of them.
+    #[arg(long = "idle-spin-us", default_value_t = 10)]
     pub idle_spin_us: u64,
 }
 
@@ -181,7 +184,7 @@ impl Default for Config {
             io: Io::Epoll,
             cpus: None,
             arbiter: None,
-            idle_spin_us: 50,
+            idle_spin_us: 10,
             verbose: 0,
         }
     }
