@@ -133,11 +133,11 @@ pub struct Args {
     /// default is 50). Measured with `corewise-bench kv` on one shared CPU
     /// (2026-11-24, AMD host): with 50 the core almost never sleeps at
     /// 89k requests/s and its p99 was 0.6-2.3 ms in all of 12 runs
-    /// (memcached 0.15-0.9 ms, but for one noisy minute); with 10 it was
-    /// 0.06-0.16 ms, for a median of 19-23 µs instead of 14-24 (memcached
-    /// 27-42). A core that never sleeps is the
-    /// one the kernel makes share its CPU with any other task that wakes
-    /// there; one that sleeps between bursts is woken ahead of them.
+    /// (memcached 0.15-0.9 ms, but for three runs in a noisy spell); with
+    /// 10 it was 0.06-0.16 ms, for a median of 19-23 µs instead of 14-24
+    /// (memcached 27-42). A core that never sleeps is the one the kernel
+    /// makes share its CPU with any other task that wakes there; one that
+    /// sleeps between bursts is woken ahead of them.
     #[arg(long = "idle-spin-us", default_value_t = 10)]
     pub idle_spin_us: u64,
 }
