@@ -26,14 +26,31 @@ use std::time::{Duration, Instant};
 const BACKLOG: i32 = 4096;
 
 /// Timeouts and cancel state shared by every I/O object.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct IoState {
+    /// This object's number (see [`op::Object::ident`]): every I/O object
+    /// owns its fd from creation to drop.
+    ident: u64,
     read_ns: AtomicU64,
     write_ns: AtomicU64,
     cancel: OnceLock<Arc<CancelState>>,
     /// The last stream read returned less than it asked for: the socket was
     /// empty then, so the next read waits for readiness first (epoll).
     read_drained: AtomicBool,
+}
+
+impl Default for IoState {
+    fn default() -> Self {
+        /// The last number handed out (0 means "unknown" to the back end).
+        static NEXT_IDENT: AtomicU64 = AtomicU64::new(0);
+        Self {
+            ident: NEXT_IDENT.fetch_add(1, Ordering::Relaxed) + 1,
+            read_ns: AtomicU64::new(0),
+            write_ns: AtomicU64::new(0),
+            cancel: OnceLock::new(),
+            read_drained: AtomicBool::new(false),
+        }
+    }
 }
 
 impl IoState {
@@ -89,20 +106,24 @@ impl IoState {
     }
 
     /// A read-side operation under the read timeout and the cancel state
-    /// (`wait_first`: see [`op::run_after`]).
+    /// (`wait_first`: see [`op::Object`]).
     ///
     /// # Safety
     /// As [`op::run`].
     unsafe fn read_op(&self, kind: Kind, wait_first: bool) -> io::Result<usize> {
         let deadline = self.read_timeout().map(|d| Instant::now() + d);
         let cancel = self.cancel.get().map(|c| &**c);
+        let object = op::Object {
+            ident: self.ident,
+            wait_first,
+        };
         // SAFETY: per our contract.
-        unsafe { op::run_after(kind, deadline, cancel, wait_first) }
+        unsafe { op::run_on(kind, deadline, cancel, object) }
     }
 
     /// Runs a stream read of `len` bytes: like [`read`](Self::read), and a
     /// short result makes the next one wait for readiness before trying
-    /// (see [`op::run_after`]): per request on a connection that is read
+    /// (see [`op::Object`]): per request on a connection that is read
     /// dry each time, one `EAGAIN` system call fewer.
     ///
     /// # Safety
@@ -124,8 +145,12 @@ impl IoState {
     /// As [`op::run`].
     pub(crate) unsafe fn write(&self, kind: Kind) -> io::Result<usize> {
         let deadline = self.write_timeout().map(|d| Instant::now() + d);
+        let object = op::Object {
+            ident: self.ident,
+            wait_first: false,
+        };
         // SAFETY: per our contract.
-        unsafe { op::run(kind, deadline, self.cancel.get().map(|c| &**c)) }
+        unsafe { op::run_on(kind, deadline, self.cancel.get().map(|c| &**c), object) }
     }
 }
 
@@ -232,8 +257,12 @@ fn finish_connect(fd: &OwnedFd, state: &IoState, deadline: Option<Instant>) -> i
         fd: fd.as_raw_fd(),
         events: libc::POLLOUT as u32,
     };
+    let object = op::Object {
+        ident: state.ident,
+        wait_first: false,
+    };
     // SAFETY: a poll carries no pointers.
-    unsafe { op::run(kind, deadline, state.cancel.get().map(|c| &**c)) }?;
+    unsafe { op::run_on(kind, deadline, state.cancel.get().map(|c| &**c), object) }?;
     match rustix::net::sockopt::socket_error(fd)? {
         Ok(()) => Ok(()),
         Err(e) => Err(e.into()),

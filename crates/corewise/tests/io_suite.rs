@@ -6,6 +6,7 @@ use corewise::net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream}
 use corewise::Runtime;
 use std::io::{ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -204,6 +205,64 @@ fn reads_after_a_short_read(b: IoBackend) {
             assert_eq!(s.read(&mut big).unwrap(), 0, "end of stream");
         })
         .unwrap();
+}
+
+fn an_edge_while_nobody_waits(b: IoBackend) {
+    // One core: its epoll set is polled only between user threads, so the
+    // data below arrives (and is reported) while the reader is asleep, not
+    // waiting for it; its next read, which after a short read waits for
+    // readiness first, must still see it. A timeout turns a lost edge into
+    // a failure instead of a hang.
+    let rt = Runtime::builder().cpus([0]).io_backend(b).build().unwrap();
+    rt.block_on(|| {
+        let (s, c) = pair();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let reader = corewise::spawn(move || {
+            let mut big = [0u8; 64];
+            // Waits (the fd is registered), then reads short.
+            let n = s.read(&mut big).unwrap();
+            assert_eq!(&big[..n], b"one");
+            corewise::sleep(Duration::from_millis(30));
+            let n = s.read(&mut big).expect("the edge that came while asleep");
+            assert_eq!(&big[..n], b"two");
+        })
+        .unwrap();
+        corewise::sleep(Duration::from_millis(5));
+        (&c).write_all(b"one").unwrap();
+        corewise::sleep(Duration::from_millis(10));
+        (&c).write_all(b"two").unwrap();
+        reader.join().unwrap();
+    })
+    .unwrap();
+}
+
+fn a_reused_fd_number_is_registered_afresh(b: IoBackend) {
+    // Closing a socket takes it out of the epoll set; a new socket that gets
+    // the same number must be registered again, or its reads would wait
+    // forever (here: fail on the timeout).
+    let rt = Runtime::builder().cpus([0]).io_backend(b).build().unwrap();
+    rt.block_on(|| {
+        let mut seen = std::collections::HashSet::new();
+        let mut reused = 0;
+        for i in 0..20u8 {
+            let (s, c) = pair();
+            if !seen.insert(s.as_raw_fd()) {
+                reused += 1;
+            }
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let reader = corewise::spawn(move || {
+                let mut one = [0u8; 1];
+                let n = s.read(&mut one).expect("a read on a reused fd number");
+                (n, one[0])
+            })
+            .unwrap();
+            corewise::sleep(Duration::from_millis(1));
+            (&c).write_all(&[i]).unwrap();
+            assert_eq!(reader.join().unwrap(), (1, i));
+        }
+        assert!(reused > 0, "fd numbers were never reused: {seen:?}");
+    })
+    .unwrap();
 }
 
 fn cancel_from_another_thread(b: IoBackend) {
@@ -623,6 +682,8 @@ both_backends!(
     peer_closes_mid_read,
     read_times_out_then_works,
     reads_after_a_short_read,
+    an_edge_while_nobody_waits,
+    a_reused_fd_number_is_registered_afresh,
     cancel_from_another_thread,
     udp,
     unix,

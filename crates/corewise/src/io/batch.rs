@@ -309,8 +309,15 @@ impl<'a> Batch<'a> {
                                 // (Drop frees or waits for it).
                                 let t = unsafe { ep.slab.alloc(&*e.cell, me) };
                                 let (_, ev) = events(&e.kind);
-                                match ep.arm(e.fd, ev, t) {
-                                    Ok(()) => e.st = St::Waiting(Via::Epoll(core), t),
+                                // A one-shot interest (ident 0): the batch
+                                // does not own the object behind the fd.
+                                match ep.arm(e.fd, ev, 0, t) {
+                                    Ok(super::epoll::Armed::Waiting) => {
+                                        e.st = St::Waiting(Via::Epoll(core), t)
+                                    }
+                                    Ok(super::epoll::Armed::Ready) => {
+                                        ep.slab.free(t);
+                                    }
                                     Err(err) => {
                                         ep.slab.free(t);
                                         e.st = St::Done(Err(err));

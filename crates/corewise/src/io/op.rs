@@ -11,6 +11,7 @@
 //! `run` returns, and a stack is never freed under a pending operation.
 
 use super::cancel::{cancelled_error, CancelState};
+use super::epoll::Armed;
 use super::slab::{OpCell, EVACUATED, IGNORE};
 use super::Driver;
 use crate::core::Core;
@@ -296,24 +297,40 @@ pub(crate) unsafe fn run(
     cancel: Option<&CancelState>,
 ) -> io::Result<usize> {
     // SAFETY: per our contract.
-    unsafe { run_after(kind, deadline, cancel, false) }
+    unsafe { run_on(kind, deadline, cancel, Object::default()) }
 }
 
-/// Like [`run`]; with `wait_first`, the epoll back end waits for readiness
-/// before the first attempt instead of after an `EAGAIN` (the caller knows
-/// the object was empty a moment ago: a stream whose last read came back
-/// short). Arming the one-shot interest reports data that is already
-/// there, so nothing is missed; the system call saved is the read that
-/// would have seen `EAGAIN`. The ring and plain OS threads ignore it.
+/// What the epoll back end may know of the object an operation works on.
+/// The ring and plain OS threads ignore it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Object {
+    /// A number no other I/O object of the process has, for an object that
+    /// owns its fd from creation to close (0: unknown). With it, the epoll
+    /// back end keeps one edge-triggered registration per fd instead of a
+    /// one-shot interest re-armed (one `epoll_ctl`) per wait; the number
+    /// tells a reused fd number from the object it was registered for.
+    pub(crate) ident: u64,
+    /// Wait for readiness before the first attempt instead of after an
+    /// `EAGAIN`: the caller knows the object was empty a moment ago (a
+    /// stream whose last read came back short). Nothing is missed: a
+    /// one-shot interest reports data already there when armed, and an
+    /// edge that came while nobody waited is remembered (see
+    /// [`super::epoll`]); the system call saved is the read that would
+    /// have seen `EAGAIN`.
+    pub(crate) wait_first: bool,
+}
+
+/// Like [`run`], for an operation on `object`.
 ///
 /// # Safety
 /// As [`run`].
-pub(crate) unsafe fn run_after(
+pub(crate) unsafe fn run_on(
     kind: Kind,
     deadline: Option<Instant>,
     cancel: Option<&CancelState>,
-    mut wait_first: bool,
+    object: Object,
 ) -> io::Result<usize> {
+    let mut wait_first = object.wait_first;
     // Each round looks up the caller's core anew: a thread whose core was
     // released between rounds continues on the core it moved to.
     loop {
@@ -345,12 +362,12 @@ pub(crate) unsafe fn run_after(
             Ctx::Epoll(core) => match kind.readiness() {
                 Some((fd, ev)) => {
                     if std::mem::take(&mut wait_first) {
-                        epoll_ready(core, fd, ev, deadline, cancel)?;
+                        epoll_ready(core, fd, ev, object.ident, deadline, cancel)?;
                     }
                     // SAFETY: per our contract.
                     match unsafe { kind.now() } {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            epoll_ready(core, fd, ev, deadline, cancel)?
+                            epoll_ready(core, fd, ev, object.ident, deadline, cancel)?
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         r => return r,
@@ -473,6 +490,7 @@ fn epoll_ready(
     core: &'static Core,
     fd: RawFd,
     events: u32,
+    ident: u64,
     deadline: Option<Instant>,
     cancel: Option<&CancelState>,
 ) -> io::Result<()> {
@@ -484,11 +502,17 @@ fn epoll_ready(
             // SAFETY: the record is completed or freed before `cell` dies
             // (below: on timeout we free it, on this same core).
             let token = unsafe { e.slab.alloc(&cell, me) };
-            if let Err(err) = e.arm(fd, events, token) {
-                e.slab.free(token);
-                return Err(err);
+            match e.arm(fd, events, ident, token) {
+                Ok(Armed::Waiting) => token,
+                Ok(Armed::Ready) => {
+                    e.slab.free(token);
+                    return Ok(());
+                }
+                Err(err) => {
+                    e.slab.free(token);
+                    return Err(err);
+                }
             }
-            token
         }
         _ => return Ok(()),
     };
