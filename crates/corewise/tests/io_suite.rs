@@ -265,6 +265,80 @@ fn a_reused_fd_number_is_registered_afresh(b: IoBackend) {
     .unwrap();
 }
 
+fn an_error_edge_is_used_once(b: IoBackend) {
+    // A connected UDP socket whose peer port is closed: each datagram sent
+    // comes back as an ICMP error, an EPOLLERR edge, and one recv reports
+    // ECONNREFUSED. After that the socket is empty again: a recv must wait
+    // (and time out), not retry forever on the old edge. The reader is on
+    // core 1 and the checker on core 0, so a reader stuck in a loop fails
+    // the test instead of hanging it.
+    let rt = Runtime::builder()
+        .cpus([0, 1])
+        .min_cores(2)
+        .io_backend(b)
+        .build()
+        .unwrap();
+    if rt.cores() < 2 {
+        return;
+    }
+    let ok = rt
+        .block_on(|| {
+            let a = std::sync::Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+            let gone = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let dead = gone.local_addr().unwrap();
+            drop(gone);
+            a.connect(dead).unwrap();
+            a.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (a2, d2) = (a.clone(), done.clone());
+            corewise::thread::Builder::new()
+                .core(1)
+                .spawn_detached(move || {
+                    let mut buf = [0u8; 8];
+                    // The error arrives while the reader waits.
+                    let sender = {
+                        let a3 = a2.clone();
+                        corewise::thread::Builder::new()
+                            .core(1)
+                            .spawn(move || {
+                                corewise::sleep(Duration::from_millis(5));
+                                a3.send(b"x").unwrap();
+                            })
+                            .unwrap()
+                    };
+                    let e = a2.recv(&mut buf).unwrap_err();
+                    assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
+                    sender.join().unwrap();
+                    let e = a2.recv(&mut buf).unwrap_err();
+                    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+                    // The error arrives while nobody waits (the reader
+                    // sleeps); it is reported by the next recv directly.
+                    a2.send(b"y").unwrap();
+                    corewise::sleep(Duration::from_millis(5));
+                    let e = a2.recv(&mut buf).unwrap_err();
+                    assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
+                    let e = a2.recv(&mut buf).unwrap_err();
+                    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+                    d2.store(true, std::sync::atomic::Ordering::Release);
+                })
+                .unwrap();
+            let t = std::time::Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                if t.elapsed() > Duration::from_secs(10) {
+                    return false;
+                }
+                corewise::sleep(Duration::from_millis(1));
+            }
+            true
+        })
+        .unwrap();
+    if !ok {
+        // The reader's core is stuck: leave it, and fail.
+        std::mem::forget(rt);
+        panic!("a recv kept retrying on an error edge it had already used");
+    }
+}
+
 fn cancel_from_another_thread(b: IoBackend) {
     let rt = rt(b);
     rt.block_on(|| {
@@ -684,6 +758,7 @@ both_backends!(
     reads_after_a_short_read,
     an_edge_while_nobody_waits,
     a_reused_fd_number_is_registered_afresh,
+    an_error_edge_is_used_once,
     cancel_from_another_thread,
     udp,
     unix,

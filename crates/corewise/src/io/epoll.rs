@@ -152,8 +152,11 @@ impl Epoll {
                 entry.registered = true;
             }
             if entry.ready & (events | ANY) != 0 {
-                // ERR and HUP stay: every later call returns at once too.
-                entry.ready &= !events;
+                // All of it is used up, ERR and HUP too: a socket that is
+                // still hung up or in error does not answer `EAGAIN`, and
+                // one whose error was read (a UDP socket after an ICMP
+                // error) must not be retried forever on an old edge.
+                entry.ready &= !(events | ANY);
                 return Ok(Armed::Ready);
             }
             entry.waiters.push((token, events));
@@ -251,7 +254,8 @@ impl Epoll {
                 if let Some(Some(t)) = slab.complete(token, revents as i32) {
                     crate::thread::signal(t);
                 }
-                taken |= want;
+                // An error or hang-up goes to the woken thread's call.
+                taken |= want | (revents & ANY);
                 woken += 1;
                 false
             });
