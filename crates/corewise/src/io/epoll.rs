@@ -33,7 +33,7 @@ use rustix::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use rustix::thread::futex;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +76,8 @@ pub(crate) struct Epoll {
     fds: HashMap<RawFd, FdWaiters>,
     pub(crate) slab: Slab,
     bridge: Arc<AtomicU32>,
+    /// Set while the bridge waits on the `bridge` word itself.
+    bridge_parked: Arc<AtomicBool>,
     bridge_thread: Option<std::thread::JoinHandle<()>>,
     gate: &'static AtomicU32,
     /// When a pass last polled and found nothing (ticks; 0: it found work).
@@ -108,11 +110,13 @@ impl Epoll {
             epoll::EventFlags::IN,
         )?;
         let bridge = Arc::new(AtomicU32::new(0));
+        let bridge_parked = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (bridge, eventfd) = (bridge.clone(), eventfd.clone());
+            let (bridge, parked, eventfd) =
+                (bridge.clone(), bridge_parked.clone(), eventfd.clone());
             std::thread::Builder::new()
                 .name("corewise-wake-bridge".into())
-                .spawn(move || run_bridge(&bridge, gate, &eventfd))?
+                .spawn(move || run_bridge(&bridge, &parked, gate, &eventfd))?
         };
         Ok(Self {
             epfd,
@@ -120,6 +124,7 @@ impl Epoll {
             fds: HashMap::new(),
             slab: Slab::with_capacity(256),
             bridge,
+            bridge_parked,
             bridge_thread: Some(thread),
             gate,
             idle_poll_at: 0,
@@ -309,7 +314,14 @@ impl Epoll {
             armed = 1;
         }
         self.bridge.store(armed, Ordering::SeqCst);
-        let _ = futex::wake(&self.bridge, futex::Flags::PRIVATE, 1);
+        // A bridge still waiting on the gate word from an earlier sleep
+        // (the usual case: that sleep ended on an epoll event, not a wake)
+        // serves this generation when released; only one waiting on the
+        // bridge word needs the wake. One it misses here is about to wait
+        // on the old value and returns at once.
+        if self.bridge_parked.load(Ordering::SeqCst) {
+            let _ = futex::wake(&self.bridge, futex::Flags::PRIVATE, 1);
+        }
         self.poll(timeout, true);
         self.bridge.store(armed.wrapping_add(1), Ordering::SeqCst);
     }
@@ -368,7 +380,7 @@ fn register_edge(epfd: &OwnedFd, fd: RawFd) -> std::io::Result<()> {
 
 /// The bridge: while an arming generation (odd) is current, wait on the
 /// gate word; when a waker's futex wake releases it, poke the eventfd.
-fn run_bridge(bridge: &AtomicU32, gate: &AtomicU32, eventfd: &OwnedFd) {
+fn run_bridge(bridge: &AtomicU32, parked: &AtomicBool, gate: &AtomicU32, eventfd: &OwnedFd) {
     let mut served = 0u32;
     loop {
         let s = bridge.load(Ordering::SeqCst);
@@ -376,7 +388,11 @@ fn run_bridge(bridge: &AtomicU32, gate: &AtomicU32, eventfd: &OwnedFd) {
             return;
         }
         if s & 1 == 0 || s == served {
+            // Announced before the wait, which compares the word again: a
+            // new generation stored after `s` was read ends it at once.
+            parked.store(true, Ordering::SeqCst);
             let _ = futex::wait(bridge, futex::Flags::PRIVATE, s, None);
+            parked.store(false, Ordering::SeqCst);
             continue;
         }
         if gate.load(Ordering::SeqCst) == GATE_SLEEPING {
