@@ -12,10 +12,10 @@
 //! [`super::op::Object`]) is registered once per core, edge-triggered for
 //! reading and writing: a wait costs no system call, where a one-shot
 //! interest costs an `epoll_ctl` per wait (6 % of the CPU time of a
-//! one-core corewise-kv at 150k requests/s went there). An edge that arrives while no thread waits for it
-//! (the reader is busy with the last request) is kept as a ready bit, and
-//! the next wait for it returns at once; a stale bit costs one `EAGAIN`
-//! retry, never a lost wakeup. The object's number tells a reused fd number
+//! one-core corewise-kv at 150k requests/s went there). An edge that
+//! arrives while no thread waits for it (the reader is busy with the last
+//! request) is kept as a ready bit, and the next wait for it returns at
+//! once; a stale bit costs one `EAGAIN` retry, never a lost wakeup. The object's number tells a reused fd number
 //! from the closed object it was registered for (closing an fd removes it
 //! from every epoll set), so the new one is registered afresh. Other fds
 //! (pipes opened through [`crate::fs`]) keep the one-shot interest.
