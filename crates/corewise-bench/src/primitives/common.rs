@@ -167,13 +167,31 @@ impl Collector {
     }
 }
 
-/// Median round trip (ns) of one cache line between `cpu_a` and `cpu_b`:
-/// two pinned threads bounce a counter in one 64-byte-aligned line. Each
-/// sample is the mean of a batch of 64 round trips.
+/// Lines the round-trip probe cycles through.
+const PROBE_LINES: usize = 16;
+
+/// Median round trip (ns) of a cache line between `cpu_a` and `cpu_b`: two
+/// pinned threads bounce a counter in a 64-byte-aligned line. Each sample is
+/// the mean of a batch of 64 round trips.
+///
+/// The batches cycle through [`PROBE_LINES`] lines, each in a page of its
+/// own: what one line's round trip costs depends on its address (the L3
+/// slice that homes it; per-line medians on an AMD EPYC host ranged from
+/// 44 to 59 ns, each line the same from run to run), so one line would
+/// make the yardstick of every cross-core ratio an accident of where the
+/// probe's stack or heap happened to lie. The median over all batches is
+/// the round trip of a typical line, like the lines a runtime's own
+/// cross-core protocol touches.
 pub fn cache_line_round_trip(ctx: &Ctx) -> Result<f64, BenchError> {
-    #[repr(align(128))]
-    struct Line(AtomicU64);
-    let line = Line(AtomicU64::new(0));
+    #[repr(C, align(4096))]
+    struct Page {
+        line: AtomicU64,
+    }
+    let pages: Vec<Page> = (0..PROBE_LINES)
+        .map(|_| Page {
+            line: AtomicU64::new(0),
+        })
+        .collect();
     let stop = AtomicBool::new(false);
     let clock = ctx.clock;
     let batch: u64 = 64;
@@ -181,15 +199,25 @@ pub fn cache_line_round_trip(ctx: &Ctx) -> Result<f64, BenchError> {
     let warm = samples / 10;
     let timeout = ctx.wait_timeout;
     std::thread::scope(|s| {
+        // Both sides follow the same schedule: batch i uses line
+        // i % PROBE_LINES, so no word tells the echo which line is live.
         let echo = s.spawn(|| -> Result<(), BenchError> {
             affinity::pin_current(ctx.cpu_b)?;
             let mut spins: u64 = 0;
             let start = Instant::now();
+            let mut k = 0usize;
+            let mut echoed: u64 = 0;
             loop {
-                let v = line.0.load(Ordering::Acquire);
+                let line = &pages[k].line;
+                let v = line.load(Ordering::Acquire);
                 if v % 2 == 1 {
-                    line.0.store(v + 1, Ordering::Release);
+                    line.store(v + 1, Ordering::Release);
                     spins = 0;
+                    echoed += 1;
+                    if echoed == batch {
+                        echoed = 0;
+                        k = (k + 1) % PROBE_LINES;
+                    }
                 } else if stop.load(Ordering::Relaxed) {
                     return Ok(());
                 } else {
@@ -204,14 +232,16 @@ pub fn cache_line_round_trip(ctx: &Ctx) -> Result<f64, BenchError> {
         let lead = s.spawn(|| -> Result<Vec<f64>, BenchError> {
             affinity::pin_current(ctx.cpu_a)?;
             let mut v = Vec::with_capacity(samples);
-            let mut x: u64 = 0;
+            let mut x = [0u64; PROBE_LINES];
             for i in 0..samples + warm {
+                let k = i % PROBE_LINES;
+                let line = &pages[k].line;
                 let t0 = clock.start();
                 for _ in 0..batch {
-                    line.0.store(x + 1, Ordering::Release);
-                    x += 2;
+                    line.store(x[k] + 1, Ordering::Release);
+                    x[k] += 2;
                     let mut n: u64 = 0;
-                    while line.0.load(Ordering::Acquire) != x {
+                    while line.load(Ordering::Acquire) != x[k] {
                         n += 1;
                         if n % (1 << 26) == 0 {
                             return Err(BenchError::Timeout("cache-line round trip"));
