@@ -1,6 +1,6 @@
 //! Placement at creation time (Arachne): the policy names the acceptable
 //! cores for the thread's class; power of two choices picks the less loaded
-//! of two random candidates by their `MaskAndCount`; a compare-and-swap
+//! of two random candidates by their `MaskAndCount`; an atomic bit set
 //! claims a free slot; the thread's function goes into the slot's first
 //! cache line; `wakeup_time = 0` makes it runnable; a sleeping core is woken.
 //! No queue is touched and no memory is allocated for small closures.
