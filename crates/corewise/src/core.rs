@@ -75,10 +75,41 @@ impl MaskAndCount {
         }
     }
 
+    /// Claims the lowest free slot like [`claim`](Self::claim), then up to
+    /// `max - 1` more with the line already here; returns the first slot
+    /// and the others as bits (see `crate::reserve`).
+    #[inline]
+    pub(crate) fn claim_ahead(&self, max: u32) -> Option<(usize, u64)> {
+        let first = self.claim()?;
+        let mut more = 0u64;
+        let mut cur = self.0.load(Ordering::Relaxed) | (1u64 << first);
+        for _ in 1..max {
+            let free = !cur & OCCUPANCY;
+            if free == 0 {
+                break;
+            }
+            let bit = free & free.wrapping_neg();
+            if self.0.fetch_or(bit, Ordering::Acquire) & bit == 0 {
+                more |= bit;
+                cur |= bit;
+            } else {
+                cur = self.0.load(Ordering::Relaxed);
+            }
+        }
+        Some((first, more))
+    }
+
     /// Frees `slot`, which the caller owns. Release: pairs with `claim`.
     #[inline]
     pub(crate) fn release(&self, slot: usize) {
         self.0.fetch_and(!(1u64 << slot), Ordering::Release);
+    }
+
+    /// Frees every slot in `slots` (bits), all owned by the caller and
+    /// never filled (returned reservations).
+    #[inline]
+    pub(crate) fn release_all(&self, slots: u64) {
+        self.0.fetch_and(!slots, Ordering::Release);
     }
 }
 
@@ -586,6 +617,9 @@ mod runtime_core {
         /// The core's ring or epoll set (see [`crate::io`]), created by its
         /// kernel thread.
         pub(crate) io: crate::io::CoreIo,
+        /// Slots the thread running here has claimed ahead on other cores
+        /// (touched only by this core's kernel thread).
+        pub(crate) reserved: CachePadded<crate::reserve::Reservations>,
     }
 
     impl Core {
@@ -609,6 +643,7 @@ mod runtime_core {
                 cpu: AtomicUsize::new(usize::MAX),
                 runtime: OnceLock::new(),
                 io: crate::io::CoreIo::new(),
+                reserved: CachePadded::new(crate::reserve::Reservations::new()),
             }
         }
 
@@ -841,6 +876,32 @@ mod loom_tests {
                 }
             });
             signaller.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn claiming_ahead_racing_a_claim_and_a_release_never_shares_a_slot() {
+        // Slot 0 taken; the core frees it while one spawner claims three
+        // slots ahead (a reservation) and another claims one.
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            assert_eq!(mask.claim(), Some(0));
+            let m = mask.clone();
+            let freer = loom::thread::spawn(move || m.release(0));
+            let m = mask.clone();
+            let ahead = loom::thread::spawn(move || {
+                let (first, more) = m.claim_ahead(3).unwrap();
+                (1u64 << first) | more
+            });
+            let m = mask.clone();
+            let one = loom::thread::spawn(move || 1u64 << m.claim().unwrap());
+            freer.join().unwrap();
+            let (a, b) = (ahead.join().unwrap(), one.join().unwrap());
+            assert_eq!(a & b, 0, "shared slots: {a:#b} and {b:#b}");
+            assert!(a.count_ones() >= 1 && a.count_ones() <= 3);
+            assert_eq!(mask.occupied(), a | b);
+            mask.release_all(a | b);
+            assert_eq!(mask.occupied(), 0);
         });
     }
 

@@ -202,6 +202,9 @@ pub(crate) fn run(core: &'static Core) {
             }
             load.ran();
             run_thread(core, i);
+            // The thread switched out: what it reserved on other cores for
+            // more spawns goes back (a load and a branch when nothing is).
+            core.reserved.end_run(&shared.cores);
             // May be SLOTS: the next scan then wraps to a lower slot, which
             // ends the rotation. (Resetting it to 0 here hid the wrap from
             // slot SLOTS - 1 to slot 0: a full slot table never ended a

@@ -46,6 +46,8 @@ pub mod io;
 #[cfg(not(loom))]
 pub mod net;
 #[cfg(not(loom))]
+mod reserve;
+#[cfg(not(loom))]
 mod runtime;
 #[cfg(not(loom))]
 mod spawn;

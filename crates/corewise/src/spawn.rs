@@ -4,6 +4,10 @@
 //! claims a free slot; the thread's function goes into the slot's first
 //! cache line; `wakeup_time = 0` makes it runnable; a sleeping core is woken.
 //! No queue is touched and no memory is allocated for small closures.
+//! A thread that spawns several threads in one run claims slots ahead on
+//! the chosen core, as many as that core's lead over the other choice, and
+//! fills them without touching the core's occupancy word again (see
+//! [`crate::reserve`]; a departure from DESIGN.md's one claim per spawn).
 
 use crate::core::{Core, ThreadContext, SLOTS};
 use crate::error::SpawnError;
@@ -61,6 +65,12 @@ fn place(
     shared: &'static Shared,
     opts: &SpawnOptions,
 ) -> Result<(&'static Core, usize), SpawnError> {
+    // The core the spawning user thread runs on, if it belongs to this
+    // runtime: its reservations on other cores (see `crate::reserve`).
+    let from = crate::thread::current_slot()
+        .map(|s| s.core())
+        .filter(|c| std::ptr::eq(c.runtime(), shared));
+    let burst = from.is_some_and(|c| c.reserved.count_spawn());
     loop {
         if shared.shutdown.load(Ordering::Relaxed) {
             return Err(SpawnError::ShuttingDown);
@@ -82,7 +92,7 @@ fn place(
                 m
             }
         };
-        if let Some(found) = claim(shared, candidates) {
+        if let Some(found) = claim(shared, candidates, from, burst) {
             return Ok(found);
         }
         if opts.core.is_none() {
@@ -99,13 +109,30 @@ fn place(
 }
 
 /// Claims a slot on one of `candidates`: the less loaded of two random
-/// choices first, then any.
+/// choices first, then any. A spawn that is not the first of its thread's
+/// run (`burst`) may claim more slots on the chosen core, kept by the
+/// spawning core `from` for its next spawns (see `crate::reserve`): as
+/// many as the chosen core's lead over the other choice, so the next
+/// spawns land where placement would have put them anyway (with one
+/// acceptable core, up to `RESERVE`).
 #[inline]
-fn claim(shared: &'static Shared, candidates: CoreMask) -> Option<(&'static Core, usize)> {
+fn claim(
+    shared: &'static Shared,
+    candidates: CoreMask,
+    from: Option<&'static Core>,
+    burst: bool,
+) -> Option<(&'static Core, usize)> {
     let cores = &shared.cores;
+    if let Some((c, s)) = from.and_then(|a| a.reserved.take(candidates.0)) {
+        return Some((&cores[c], s));
+    }
     let n = candidates.len();
-    let (first, second) = if n == 1 {
-        (candidates.0.trailing_zeros() as usize, None)
+    let (first, second, lead) = if n == 1 {
+        (
+            candidates.0.trailing_zeros() as usize,
+            None,
+            crate::reserve::RESERVE,
+        )
     } else {
         let r = next_random();
         let (a, b) = if n == 2 {
@@ -127,13 +154,19 @@ fn claim(shared: &'static Shared, candidates: CoreMask) -> Option<(&'static Core
             }
             (candidates.nth(ia)?, candidates.nth(ib)?)
         };
-        if cores[a].mask.count() <= cores[b].mask.count() {
-            (a, Some(b))
+        let (ca, cb) = (cores[a].mask.count(), cores[b].mask.count());
+        if ca <= cb {
+            (a, Some(b), cb - ca)
         } else {
-            (b, Some(a))
+            (b, Some(a), ca - cb)
         }
     };
-    if let Some(s) = cores[first].mask.claim() {
+    let ahead = if burst && from.is_some() {
+        lead.min(crate::reserve::RESERVE)
+    } else {
+        1
+    };
+    if let Some(s) = claim_on(&cores[first], from, ahead) {
         return Some((&cores[first], s));
     }
     if let Some(b) = second {
@@ -147,6 +180,20 @@ fn claim(shared: &'static Shared, candidates: CoreMask) -> Option<(&'static Core
         }
     }
     None
+}
+
+/// Claims a free slot on `target`, and with `ahead > 1` up to `ahead - 1`
+/// more, kept by the spawning core `from` for its next spawns.
+#[inline]
+fn claim_on(target: &'static Core, from: Option<&'static Core>, ahead: u32) -> Option<usize> {
+    match from {
+        Some(a) if ahead > 1 => {
+            let (s, more) = target.mask.claim_ahead(ahead)?;
+            a.reserved.keep(target.index, more);
+            Some(s)
+        }
+        _ => target.mask.claim(),
+    }
 }
 
 /// `x` scaled into `0..n` (Lemire's multiply-shift; `n` ≤ 64 here).

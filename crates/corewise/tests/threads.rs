@@ -381,3 +381,131 @@ fn dropping_a_runtime_waits_for_its_threads() {
     }
     assert!(done.load(Ordering::Acquire));
 }
+
+/// Spawns `n` threads onto core 1 that wait until `go` is set, from the
+/// calling user thread, without switching out in between.
+fn spawn_waiting_on_core_1(n: usize, go: &Arc<AtomicBool>) -> Vec<corewise::JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            let go = go.clone();
+            Builder::new()
+                .core(1)
+                .spawn(move || {
+                    while !go.load(Ordering::Acquire) {
+                        corewise::sleep(Duration::from_millis(1));
+                    }
+                })
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_burst_reserves_slots_ahead_and_gives_them_back_when_it_switches_out() {
+    let rt = two_core_runtime();
+    let spawned = Arc::new(AtomicBool::new(false));
+    let checked = Arc::new(AtomicBool::new(false));
+    let go = Arc::new(AtomicBool::new(false));
+    let (s2, c2, g2) = (spawned.clone(), checked.clone(), go.clone());
+    let spawner = Builder::new()
+        .core(0)
+        .spawn_in(&rt, move || {
+            let hs = spawn_waiting_on_core_1(3, &g2);
+            s2.store(true, Ordering::Release);
+            // Still the same run: no yield while the main thread looks.
+            while !c2.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+            corewise::yield_now();
+            hs
+        })
+        .unwrap();
+    while !spawned.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    let during = rt.core_stats()[1].threads;
+    checked.store(true, Ordering::Release);
+    assert!(
+        during > 3,
+        "a burst of 3 spawns onto core 1 reserved nothing ahead ({during} slots taken)"
+    );
+    let hs = spawner.join().unwrap();
+    // The spawner switched out: only the three waiting threads hold slots.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rt.core_stats()[1].threads != 3 {
+        assert!(
+            Instant::now() < deadline,
+            "reserved slots not given back: {} taken on core 1",
+            rt.core_stats()[1].threads
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    go.store(true, Ordering::Release);
+    for h in hs {
+        h.join().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rt.core_stats()[1].threads != 0 {
+        assert!(Instant::now() < deadline, "slots still taken on core 1");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_burst_can_fill_a_core_to_the_last_slot_and_no_further() {
+    let rt = two_core_runtime();
+    let go = Arc::new(AtomicBool::new(false));
+    let g2 = go.clone();
+    let (hs, full) = Builder::new()
+        .core(0)
+        .spawn_in(&rt, move || {
+            let hs = spawn_waiting_on_core_1(56, &g2);
+            let full = Builder::new().core(1).spawn(|| ()).map(|_| ());
+            (hs, full)
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(
+        matches!(full, Err(SpawnError::Full { slots: 56 })),
+        "the 57th spawn onto core 1: {full:?}"
+    );
+    go.store(true, Ordering::Release);
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn a_burst_of_long_threads_is_still_spread_over_the_cores() {
+    let rt = two_core_runtime();
+    let go = Arc::new(AtomicBool::new(false));
+    let g2 = go.clone();
+    let hs = Builder::new()
+        .core(0)
+        .spawn_in(&rt, move || {
+            (0..40)
+                .map(|_| {
+                    let go = g2.clone();
+                    corewise::spawn(move || {
+                        while !go.load(Ordering::Acquire) {
+                            corewise::sleep(Duration::from_millis(1));
+                        }
+                        corewise::current_core().unwrap()
+                    })
+                    .unwrap()
+                })
+                .collect::<Vec<_>>()
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    go.store(true, Ordering::Release);
+    let mut on = [0usize; 2];
+    for h in hs {
+        on[h.join().unwrap()] += 1;
+    }
+    // Power of two choices over two cores keeps the counts within a few
+    // threads of each other (the spawner itself occupied core 0).
+    assert!(on[0].abs_diff(on[1]) <= 4, "40 threads landed {on:?}");
+}

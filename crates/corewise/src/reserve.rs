@@ -1,0 +1,126 @@
+//! Slots that the thread running on a core has claimed ahead on other cores.
+//!
+//! A thread that creates threads on another core in a burst paid, for each
+//! one, a turn of that core's occupancy word: a transfer of the line, which
+//! the receiving core reads on every poll and writes whenever a thread
+//! exits. With the vCPUs on two L3s (a transfer ~200 ns) that capped
+//! creation throughput from one spawner at ~4 M/s. So the second and later
+//! spawns of a run claim up to [`RESERVE`] free slots of the chosen core at
+//! once (the first bit set fetches the line, the others find it here) and
+//! keep the ones they do not use yet; the next spawns onto that core fill
+//! them without touching its word.
+//!
+//! A reservation lives only while the thread that made it runs: when the
+//! thread switches out (yields, blocks or exits), its dispatcher gives every
+//! reserved slot back. The first spawn of a run claims one slot, so a thread
+//! that creates one thread at a time never holds any. Meanwhile a reserved
+//! slot looks occupied to everyone: its core's dispatcher skips it (nothing
+//! is published there), placement counts it, and a core being released
+//! waits for it as for a slot whose spawner is still writing it.
+//!
+//! Only the kernel thread that runs the core touches its `Reservations`
+//! (the running thread's spawns and the dispatcher between runs), so the
+//! fields are atomics read and written with plain loads and stores.
+
+use crate::core::Core;
+use crate::shim::{AtomicU32, AtomicU64, Ordering};
+
+/// Slots claimed at once by a spawn that is not the first of its run.
+pub(crate) const RESERVE: u32 = 8;
+
+/// Cores a runtime can have (one reservation word each).
+const MAX_CORES: usize = 64;
+
+/// One core's reservations on the other cores (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Reservations {
+    /// Spawns by the running thread since it was switched in (saturates).
+    spawns: AtomicU32,
+    /// The cores on which slots are reserved (bit per core index).
+    cores: AtomicU64,
+    /// Reserved slots, by the index of the core that holds them.
+    bits: [AtomicU64; MAX_CORES],
+}
+
+impl Reservations {
+    /// None held.
+    pub(crate) fn new() -> Self {
+        Self {
+            spawns: AtomicU32::new(0),
+            cores: AtomicU64::new(0),
+            bits: [const { AtomicU64::new(0) }; MAX_CORES],
+        }
+    }
+
+    /// Counts a spawn of the running thread; true when it is not the first
+    /// of its run (a burst: worth claiming ahead).
+    #[inline]
+    pub(crate) fn count_spawn(&self) -> bool {
+        let n = self.spawns.load(Ordering::Relaxed);
+        self.spawns.store(n.saturating_add(1), Ordering::Relaxed);
+        n != 0
+    }
+
+    /// Takes a reserved slot on one of the cores in `candidates` (a core
+    /// mask), if one is held: the burst's placement was decided when the
+    /// slots were claimed. Returns the core index and the slot.
+    #[inline]
+    pub(crate) fn take(&self, candidates: u64) -> Option<(usize, usize)> {
+        let on = self.cores.load(Ordering::Relaxed) & candidates;
+        if on == 0 {
+            return None;
+        }
+        let target = on.trailing_zeros() as usize;
+        let word = &self.bits[target];
+        let held = word.load(Ordering::Relaxed);
+        let rest = held & held.wrapping_sub(1);
+        word.store(rest, Ordering::Relaxed);
+        if rest == 0 {
+            self.cores.store(
+                self.cores.load(Ordering::Relaxed) & !(1 << target),
+                Ordering::Relaxed,
+            );
+        }
+        Some((target, held.trailing_zeros() as usize))
+    }
+
+    /// Keeps `slots` (claimed on core `target`) for the next spawns.
+    #[inline]
+    pub(crate) fn keep(&self, target: usize, slots: u64) {
+        if slots == 0 {
+            return;
+        }
+        if let Some(word) = self.bits.get(target) {
+            word.store(word.load(Ordering::Relaxed) | slots, Ordering::Relaxed);
+            self.cores.store(
+                self.cores.load(Ordering::Relaxed) | (1 << target),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// The running thread switched out: gives every reserved slot back to
+    /// its core and starts the count of spawns anew.
+    #[inline]
+    pub(crate) fn end_run(&self, cores: &[Core]) {
+        if self.spawns.load(Ordering::Relaxed) != 0 {
+            self.give_back(cores);
+        }
+    }
+
+    #[cold]
+    fn give_back(&self, cores: &[Core]) {
+        self.spawns.store(0, Ordering::Relaxed);
+        let mut on = self.cores.load(Ordering::Relaxed);
+        self.cores.store(0, Ordering::Relaxed);
+        while on != 0 {
+            let target = on.trailing_zeros() as usize;
+            on &= on - 1;
+            let held = self.bits[target].load(Ordering::Relaxed);
+            self.bits[target].store(0, Ordering::Relaxed);
+            if let Some(core) = cores.get(target) {
+                core.mask.release_all(held);
+            }
+        }
+    }
+}
