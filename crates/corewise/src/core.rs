@@ -76,25 +76,32 @@ impl MaskAndCount {
     }
 
     /// Claims the lowest free slot like [`claim`](Self::claim), then up to
-    /// `max - 1` more with the line already here; returns the first slot
-    /// and the others as bits (see `crate::reserve`).
+    /// `max - 1` more with one compare-and-swap while the line is still
+    /// here (no retry: if the word changed meanwhile, just the one slot);
+    /// returns the first slot and the others as bits (see `crate::reserve`).
+    /// One swap, not a bit set per slot: the core polls this word, and
+    /// each bit set after its read would wait for the line again.
     #[inline]
     pub(crate) fn claim_ahead(&self, max: u32) -> Option<(usize, u64)> {
         let first = self.claim()?;
+        let cur = self.0.load(Ordering::Relaxed);
+        let mut free = !cur & OCCUPANCY;
         let mut more = 0u64;
-        let mut cur = self.0.load(Ordering::Relaxed) | (1u64 << first);
         for _ in 1..max {
-            let free = !cur & OCCUPANCY;
             if free == 0 {
                 break;
             }
             let bit = free & free.wrapping_neg();
-            if self.0.fetch_or(bit, Ordering::Acquire) & bit == 0 {
-                more |= bit;
-                cur |= bit;
-            } else {
-                cur = self.0.load(Ordering::Relaxed);
-            }
+            more |= bit;
+            free &= !bit;
+        }
+        if more != 0
+            && self
+                .0
+                .compare_exchange(cur, cur | more, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            more = 0;
         }
         Some((first, more))
     }
