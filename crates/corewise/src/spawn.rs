@@ -65,13 +65,15 @@ fn place(
     shared: &'static Shared,
     opts: &SpawnOptions,
 ) -> Result<(&'static Core, usize), SpawnError> {
-    // The core the spawning user thread runs on, if it belongs to this
-    // runtime: its reservations on other cores (see `crate::reserve`).
-    let from = crate::thread::current_slot()
-        .map(|s| s.core())
-        .filter(|c| std::ptr::eq(c.runtime(), shared));
-    let burst = from.is_some_and(|c| c.reserved.count_spawn());
     loop {
+        // The core the spawning user thread runs on, if it belongs to this
+        // runtime: its reservations on other cores (see `crate::reserve`).
+        // Looked up on every attempt: the wait below switches out, and the
+        // thread may resume on another core (in a new run).
+        let from = crate::thread::current_slot()
+            .map(|s| s.core())
+            .filter(|c| std::ptr::eq(c.runtime(), shared));
+        let burst = from.is_some_and(|c| c.reserved.count_spawn());
         if shared.shutdown.load(Ordering::Relaxed) {
             return Err(SpawnError::ShuttingDown);
         }
