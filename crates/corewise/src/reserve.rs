@@ -40,6 +40,11 @@ pub(crate) struct Reservations {
     cores: AtomicU64,
     /// Reserved slots, by the index of the core that holds them.
     bits: [AtomicU64; MAX_CORES],
+    /// The candidate cores (a core mask) of the spawn that reserved them:
+    /// only a spawn with the same candidates takes them, so a burst pinned
+    /// to one core does not capture later spawns that placement would
+    /// send elsewhere.
+    made_for: [AtomicU64; MAX_CORES],
 }
 
 impl Reservations {
@@ -49,6 +54,7 @@ impl Reservations {
             spawns: AtomicU32::new(0),
             cores: AtomicU64::new(0),
             bits: [const { AtomicU64::new(0) }; MAX_CORES],
+            made_for: [const { AtomicU64::new(0) }; MAX_CORES],
         }
     }
 
@@ -66,7 +72,12 @@ impl Reservations {
     /// slots were claimed. Returns the core index and the slot.
     #[inline]
     pub(crate) fn take(&self, candidates: u64) -> Option<(usize, usize)> {
-        let on = self.cores.load(Ordering::Relaxed) & candidates;
+        let mut on = self.cores.load(Ordering::Relaxed) & candidates;
+        while on != 0
+            && self.made_for[on.trailing_zeros() as usize].load(Ordering::Relaxed) != candidates
+        {
+            on &= on - 1;
+        }
         if on == 0 {
             return None;
         }
@@ -84,14 +95,16 @@ impl Reservations {
         Some((target, held.trailing_zeros() as usize))
     }
 
-    /// Keeps `slots` (claimed on core `target`) for the next spawns.
+    /// Keeps `slots` (claimed on core `target` by a spawn whose candidate
+    /// cores were `candidates`) for the next spawns with those candidates.
     #[inline]
-    pub(crate) fn keep(&self, target: usize, slots: u64) {
+    pub(crate) fn keep(&self, target: usize, slots: u64, candidates: u64) {
         if slots == 0 {
             return;
         }
         if let Some(word) = self.bits.get(target) {
             word.store(word.load(Ordering::Relaxed) | slots, Ordering::Relaxed);
+            self.made_for[target].store(candidates, Ordering::Relaxed);
             self.cores.store(
                 self.cores.load(Ordering::Relaxed) | (1 << target),
                 Ordering::Relaxed,

@@ -66,14 +66,6 @@ fn place(
     opts: &SpawnOptions,
 ) -> Result<(&'static Core, usize), SpawnError> {
     loop {
-        // The core the spawning user thread runs on, if it belongs to this
-        // runtime: its reservations on other cores (see `crate::reserve`).
-        // Looked up on every attempt: the wait below switches out, and the
-        // thread may resume on another core (in a new run).
-        let from = crate::thread::current_slot()
-            .map(|s| s.core())
-            .filter(|c| std::ptr::eq(c.runtime(), shared));
-        let burst = from.is_some_and(|c| c.reserved.count_spawn());
         if shared.shutdown.load(Ordering::Relaxed) {
             return Err(SpawnError::ShuttingDown);
         }
@@ -94,6 +86,16 @@ fn place(
                 m
             }
         };
+        // The core the spawning user thread runs on, if it belongs to this
+        // runtime: its reservations on other cores (see `crate::reserve`).
+        // Looked up on every attempt and after the policy ran (either may
+        // switch out, and the thread resume on another core in a new run).
+        // Exclusive threads never claim ahead (their core is theirs alone).
+        let from = crate::thread::current_slot()
+            .map(|s| s.core())
+            .filter(|c| std::ptr::eq(c.runtime(), shared));
+        let burst =
+            from.is_some_and(|c| c.reserved.count_spawn()) && opts.class != ThreadClass::Exclusive;
         if let Some(found) = claim(shared, candidates, from, burst) {
             return Ok(found);
         }
@@ -168,7 +170,7 @@ fn claim(
     } else {
         1
     };
-    if let Some(s) = claim_on(&cores[first], from, ahead) {
+    if let Some(s) = claim_on(&cores[first], from, ahead, candidates.0) {
         return Some((&cores[first], s));
     }
     if let Some(b) = second {
@@ -187,11 +189,16 @@ fn claim(
 /// Claims a free slot on `target`, and with `ahead > 1` up to `ahead - 1`
 /// more, kept by the spawning core `from` for its next spawns.
 #[inline]
-fn claim_on(target: &'static Core, from: Option<&'static Core>, ahead: u32) -> Option<usize> {
+fn claim_on(
+    target: &'static Core,
+    from: Option<&'static Core>,
+    ahead: u32,
+    candidates: u64,
+) -> Option<usize> {
     match from {
         Some(a) if ahead > 1 => {
             let (s, more) = target.mask.claim_ahead(ahead)?;
-            a.reserved.keep(target.index, more);
+            a.reserved.keep(target.index, more, candidates);
             Some(s)
         }
         _ => target.mask.claim(),

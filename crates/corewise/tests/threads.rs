@@ -382,6 +382,16 @@ fn dropping_a_runtime_waits_for_its_threads() {
     assert!(done.load(Ordering::Acquire));
 }
 
+/// Sets `go` when dropped, so a failing assertion releases the waiting
+/// threads instead of leaving `Runtime::drop` waiting for them forever.
+struct Release(Arc<AtomicBool>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// Spawns `n` threads onto core 1 that wait until `go` is set, from the
 /// calling user thread, without switching out in between.
 fn spawn_waiting_on_core_1(n: usize, go: &Arc<AtomicBool>) -> Vec<corewise::JoinHandle<()>> {
@@ -405,22 +415,35 @@ fn a_burst_reserves_slots_ahead_and_gives_them_back_when_it_switches_out() {
     let rt = two_core_runtime();
     let spawned = Arc::new(AtomicBool::new(false));
     let checked = Arc::new(AtomicBool::new(false));
+    let after = Arc::new(AtomicUsize::new(usize::MAX));
     let go = Arc::new(AtomicBool::new(false));
-    let (s2, c2, g2) = (spawned.clone(), checked.clone(), go.clone());
+    let _release = Release(go.clone());
+    let (s2, c2, g2, a2) = (spawned.clone(), checked.clone(), go.clone(), after.clone());
     let spawner = Builder::new()
         .core(0)
         .spawn_in(&rt, move || {
             let hs = spawn_waiting_on_core_1(3, &g2);
             s2.store(true, Ordering::Release);
-            // Still the same run: no yield while the main thread looks.
+            // Still the same run: no switch while the main thread looks.
             while !c2.load(Ordering::Acquire) {
                 std::hint::spin_loop();
             }
-            corewise::yield_now();
+            // A real switch out (a sleep), then the count from inside the
+            // same thread, before it exits.
+            corewise::sleep(Duration::from_millis(2));
+            a2.store(1, Ordering::Release);
+            while a2.load(Ordering::Acquire) == 1 {
+                corewise::sleep(Duration::from_millis(1));
+            }
             hs
         })
         .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !spawned.load(Ordering::Acquire) {
+        assert!(
+            Instant::now() < deadline,
+            "the spawner never finished its burst"
+        );
         std::thread::yield_now();
     }
     let during = rt.core_stats()[1].threads;
@@ -429,17 +452,19 @@ fn a_burst_reserves_slots_ahead_and_gives_them_back_when_it_switches_out() {
         during > 3,
         "a burst of 3 spawns onto core 1 reserved nothing ahead ({during} slots taken)"
     );
-    let hs = spawner.join().unwrap();
-    // The spawner switched out: only the three waiting threads hold slots.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while rt.core_stats()[1].threads != 3 {
-        assert!(
-            Instant::now() < deadline,
-            "reserved slots not given back: {} taken on core 1",
-            rt.core_stats()[1].threads
-        );
-        std::thread::sleep(Duration::from_millis(1));
+    // The spawner slept (switched out) and is still alive: only the three
+    // waiting threads hold slots on core 1.
+    while after.load(Ordering::Acquire) != 1 {
+        assert!(Instant::now() < deadline, "the spawner never slept");
+        std::thread::yield_now();
     }
+    let settled = rt.core_stats()[1].threads;
+    after.store(0, Ordering::Release);
+    assert_eq!(
+        settled, 3,
+        "reserved slots not given back at the switch out"
+    );
+    let hs = spawner.join().unwrap();
     go.store(true, Ordering::Release);
     for h in hs {
         h.join().unwrap();
@@ -455,6 +480,7 @@ fn a_burst_reserves_slots_ahead_and_gives_them_back_when_it_switches_out() {
 fn a_burst_can_fill_a_core_to_the_last_slot_and_no_further() {
     let rt = two_core_runtime();
     let go = Arc::new(AtomicBool::new(false));
+    let _release = Release(go.clone());
     let g2 = go.clone();
     let (hs, full) = Builder::new()
         .core(0)
@@ -480,6 +506,7 @@ fn a_burst_can_fill_a_core_to_the_last_slot_and_no_further() {
 fn a_burst_of_long_threads_is_still_spread_over_the_cores() {
     let rt = two_core_runtime();
     let go = Arc::new(AtomicBool::new(false));
+    let _release = Release(go.clone());
     let g2 = go.clone();
     let hs = Builder::new()
         .core(0)
@@ -508,4 +535,45 @@ fn a_burst_of_long_threads_is_still_spread_over_the_cores() {
     // Power of two choices over two cores keeps the counts within a few
     // threads of each other (the spawner itself occupied core 0).
     assert!(on[0].abs_diff(on[1]) <= 4, "40 threads landed {on:?}");
+}
+
+#[test]
+fn slots_reserved_by_pinned_spawns_do_not_capture_placed_ones() {
+    let rt = two_core_runtime();
+    let go = Arc::new(AtomicBool::new(false));
+    let _release = Release(go.clone());
+    let g2 = go.clone();
+    let (pinned, placed) = Builder::new()
+        .core(0)
+        .spawn_in(&rt, move || {
+            // Two spawns pinned to core 1 in one run: the second reserves.
+            let pinned = spawn_waiting_on_core_1(2, &g2);
+            // Placed by power of two choices in the same run: core 1 now
+            // looks fuller (its reserved slots count), so they go to 0.
+            let placed: Vec<_> = (0..7)
+                .map(|_| {
+                    let go = g2.clone();
+                    corewise::spawn(move || {
+                        while !go.load(Ordering::Acquire) {
+                            corewise::sleep(Duration::from_millis(1));
+                        }
+                        corewise::current_core().unwrap()
+                    })
+                    .unwrap()
+                })
+                .collect();
+            (pinned, placed)
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    go.store(true, Ordering::Release);
+    let mut on = [0usize; 2];
+    for h in placed {
+        on[h.join().unwrap()] += 1;
+    }
+    for h in pinned {
+        h.join().unwrap();
+    }
+    assert!(on[0] >= 5, "placed threads landed {on:?}");
 }
