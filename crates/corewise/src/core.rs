@@ -109,7 +109,7 @@ impl MaskAndCount {
     /// Frees `slot`, which the caller owns. Release: pairs with `claim`.
     #[inline]
     pub(crate) fn release(&self, slot: usize) {
-        self.0.fetch_and(!(1u64 << slot), Ordering::Release);
+        self.release_all(1u64 << slot);
     }
 
     /// Frees every slot in `slots` (bits), all owned by the caller and

@@ -392,21 +392,29 @@ impl Drop for Release {
     }
 }
 
+/// A user thread's body: waits (sleeping) until `go` is set, then says
+/// which core it ran on.
+fn wait_for(go: Arc<AtomicBool>) -> impl FnOnce() -> usize + Send + 'static {
+    move || {
+        while !go.load(Ordering::Acquire) {
+            corewise::sleep(Duration::from_millis(1));
+        }
+        corewise::current_core().unwrap()
+    }
+}
+
 /// Spawns `n` threads onto core 1 that wait until `go` is set, from the
 /// calling user thread, without switching out in between.
-fn spawn_waiting_on_core_1(n: usize, go: &Arc<AtomicBool>) -> Vec<corewise::JoinHandle<()>> {
+fn spawn_waiting_on_core_1(n: usize, go: &Arc<AtomicBool>) -> Vec<corewise::JoinHandle<usize>> {
     (0..n)
-        .map(|_| {
-            let go = go.clone();
-            Builder::new()
-                .core(1)
-                .spawn(move || {
-                    while !go.load(Ordering::Acquire) {
-                        corewise::sleep(Duration::from_millis(1));
-                    }
-                })
-                .unwrap()
-        })
+        .map(|_| Builder::new().core(1).spawn(wait_for(go.clone())).unwrap())
+        .collect()
+}
+
+/// Spawns `n` threads placed by the runtime that wait until `go` is set.
+fn spawn_waiting_placed(n: usize, go: &Arc<AtomicBool>) -> Vec<corewise::JoinHandle<usize>> {
+    (0..n)
+        .map(|_| corewise::spawn(wait_for(go.clone())).unwrap())
         .collect()
 }
 
@@ -510,20 +518,7 @@ fn a_burst_of_long_threads_is_still_spread_over_the_cores() {
     let g2 = go.clone();
     let hs = Builder::new()
         .core(0)
-        .spawn_in(&rt, move || {
-            (0..40)
-                .map(|_| {
-                    let go = g2.clone();
-                    corewise::spawn(move || {
-                        while !go.load(Ordering::Acquire) {
-                            corewise::sleep(Duration::from_millis(1));
-                        }
-                        corewise::current_core().unwrap()
-                    })
-                    .unwrap()
-                })
-                .collect::<Vec<_>>()
-        })
+        .spawn_in(&rt, move || spawn_waiting_placed(40, &g2))
         .unwrap()
         .join()
         .unwrap();
@@ -550,18 +545,7 @@ fn slots_reserved_by_pinned_spawns_do_not_capture_placed_ones() {
             let pinned = spawn_waiting_on_core_1(2, &g2);
             // Placed by power of two choices in the same run: core 1 now
             // looks fuller (its reserved slots count), so they go to 0.
-            let placed: Vec<_> = (0..7)
-                .map(|_| {
-                    let go = g2.clone();
-                    corewise::spawn(move || {
-                        while !go.load(Ordering::Acquire) {
-                            corewise::sleep(Duration::from_millis(1));
-                        }
-                        corewise::current_core().unwrap()
-                    })
-                    .unwrap()
-                })
-                .collect();
+            let placed = spawn_waiting_placed(7, &g2);
             (pinned, placed)
         })
         .unwrap()
