@@ -109,8 +109,7 @@ pub struct Args {
     /// default by measurement (one server CPU, 50 connections, ETC mix:
     /// lower median latency and higher closed-loop throughput than
     /// `dispatch`, whose extra hop per ready connection costs more than
-    /// it saves on one core). `dispatch` has no per-core limit on
-    /// connections; `conn` holds at most 55 connections per core.
+    /// it saves on one core). Both take connections up to `-c`.
     #[arg(long = "mode", value_enum, default_value_t = Mode::Conn)]
     pub mode: Mode,
     /// The runtime's I/O back end. epoll is the default by measurement

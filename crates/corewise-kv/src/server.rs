@@ -2,10 +2,11 @@
 //!
 //! `--mode conn` gives each connection a user thread that blocks in
 //! `read` (the Fred/libfibre way): simple, and a blocked thread costs its
-//! core nothing. Its limit is the runtime's thread slots (56 per core): a
-//! connection that finds no slot within 50 ms (closing connections free
-//! theirs) is refused like one over `-c`, with memcached's "Too many open
-//! connections" line.
+//! core nothing (it leaves its core's slot while it waits, and is placed
+//! again, by load, when its socket is readable). Connections are limited by
+//! `-c`, as in memcached, and by the runtime's thread limit; a connection
+//! over either is refused with memcached's "Too many open connections"
+//! line.
 //!
 //! `--mode dispatch` is Arachne's memcached: one dispatch thread (its own
 //! core when the runtime may use two or more) waits on every connection at
@@ -39,10 +40,6 @@ use std::time::{Duration, Instant};
 pub const TOO_MANY: &[u8] = b"SERVER_ERROR Too many open connections\r\n";
 
 const INITIAL_BUF: usize = 16 * 1024;
-
-/// How long conn mode waits for a free thread slot before it refuses a
-/// connection (see `serve_conn`).
-const SLOT_WAIT: Duration = Duration::from_millis(50);
 
 /// One client connection: its socket, buffers and decoder.
 #[derive(Debug)]
@@ -378,17 +375,9 @@ fn serve_conn(listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
                 }
             })
         };
-        // Every slot taken may only mean that connections the client just
-        // closed have not seen their end of stream yet (a client that
-        // reconnects at once races its own old connections): wait a
-        // little for a slot before refusing.
-        let mut spawned = spawn();
-        let give_up = Instant::now() + SLOT_WAIT;
-        while matches!(spawned, Err(corewise::SpawnError::Full { .. })) && Instant::now() < give_up
-        {
-            corewise::sleep(Duration::from_micros(200));
-            spawned = spawn();
-        }
+        // A spawn fails only at the runtime's thread limit (never for want
+        // of a free slot on a core): then the connection is refused.
+        let spawned = spawn();
         if let Err(e) = spawned {
             if let Some(conn) = cell.lock().take() {
                 refuse_conn(conn);

@@ -138,7 +138,22 @@ impl SignalWord {
     pub(crate) fn new() -> Self {
         Self(AtomicU64::new(0))
     }
+
+    /// After a signal found the thread [`PARKED`]: clears the mark and
+    /// returns true for exactly one caller, which must place the thread.
+    #[inline]
+    pub(crate) fn claim_unpark(&self) -> bool {
+        self.0.fetch_and(!PARKED, Ordering::AcqRel) & PARKED != 0
+    }
 }
+
+/// The signal word's low bit: the thread has left its slot and waits for a
+/// signal to be placed again (see [`crate::park`]). Signals count in steps
+/// of [`SIGNAL`] above it, so a signal is still one `lock xadd`, and it
+/// tells the signaller whether the thread was parked.
+pub(crate) const PARKED: u64 = 1;
+/// One signal's step in the signal word.
+pub(crate) const SIGNAL: u64 = 2;
 
 /// The core-private half: the signal count the dispatcher has consumed and
 /// the thread's own deadline ([`RUNNABLE`], [`BLOCKED`] or ticks). Written
@@ -170,9 +185,30 @@ impl Wakeup<'_> {
     /// Makes the thread runnable (a release of everything written before).
     /// A read-modify-write: follow it with
     /// [`IdleGate::wake_after_rmw`](crate::idle::IdleGate::wake_after_rmw).
+    /// Returns true when the thread had left its slot ([`PARKED`]): the
+    /// caller must then try [`SignalWord::claim_unpark`] and place it.
     #[inline]
-    pub(crate) fn signal(&self) {
-        self.shared.0.fetch_add(1, Ordering::Release);
+    pub(crate) fn signal(&self) -> bool {
+        self.shared.0.fetch_add(SIGNAL, Ordering::AcqRel) & PARKED != 0
+    }
+
+    /// Dispatcher, for a thread that is blocked in its slot: marks it
+    /// [`PARKED`] if no signal arrived since it last ran, and returns
+    /// whether it did. From then on the first signaller that clears the
+    /// mark places the thread again; the dispatcher must take it out of
+    /// its slot without running it.
+    #[inline]
+    pub(crate) fn try_park(&self) -> bool {
+        let consumed = self.local.consumed.load(Ordering::Relaxed);
+        self.shared
+            .0
+            .compare_exchange(
+                consumed,
+                consumed | PARKED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
     }
 
     /// Dispatcher: if the thread is due (a new signal, or its deadline at
@@ -427,6 +463,9 @@ mod runtime_core {
         /// thread lives; read by the stack-overflow handler).
         name_ptr: AtomicPtr<u8>,
         name_len: AtomicUsize,
+        /// The next context in an inbox (see [`crate::inbox`]), written by
+        /// the sender before it publishes the context there.
+        link: AtomicPtr<ThreadContext>,
         /// Lines 2 on, core-private: the dispatcher's half of the wakeup
         /// state (written on every wakeup), the execution context, the
         /// yielder.
@@ -445,7 +484,46 @@ mod runtime_core {
     // the core's kernel thread before any use.
     unsafe impl Send for ThreadContext {}
 
+    impl crate::inbox::Linked for ThreadContext {
+        fn link(&self) -> &AtomicPtr<Self> {
+            &self.link
+        }
+    }
+
+    /// The class word's flag for a thread created with `Builder::core`: it
+    /// runs on that core only, so it is never parked or moved by load.
+    pub(crate) const PINNED: u32 = 1 << 16;
+
     impl ThreadContext {
+        /// A context that belongs to no slot yet (see [`crate::park`]).
+        pub(crate) fn new_spare() -> &'static Self {
+            Box::leak(Box::new(Self::new(0)))
+        }
+
+        /// The thread's class.
+        #[inline]
+        pub(crate) fn class(&self) -> crate::policy::ThreadClass {
+            crate::policy::ThreadClass::from_u32(
+                self.invocation.class.load(Ordering::Relaxed) & !PINNED,
+            )
+        }
+
+        /// Whether the thread may leave its slot and be placed on any core
+        /// its class may use (not pinned, not `Exclusive`).
+        #[inline]
+        pub(crate) fn movable(&self) -> bool {
+            let c = self.invocation.class.load(Ordering::Relaxed);
+            c & PINNED == 0
+                && crate::policy::ThreadClass::from_u32(c) != crate::policy::ThreadClass::Exclusive
+        }
+
+        /// Whether the context holds a live thread's function (see
+        /// [`Invocation::is_published`]).
+        #[inline]
+        pub(crate) fn is_published(&self) -> bool {
+            self.invocation.is_published()
+        }
+
         fn new(index: usize) -> Self {
             Self {
                 invocation: Invocation::new(),
@@ -453,6 +531,7 @@ mod runtime_core {
                 index: AtomicUsize::new(index),
                 name_ptr: AtomicPtr::new(std::ptr::null_mut()),
                 name_len: AtomicUsize::new(0),
+                link: AtomicPtr::new(std::ptr::null_mut()),
                 local: CachePadded::new(LocalWake::new()),
                 context: UnsafeCell::new(None),
                 yielder: Cell::new(std::ptr::null()),
@@ -627,7 +706,21 @@ mod runtime_core {
         /// Slots the thread running here has claimed ahead on other cores
         /// (touched only by this core's kernel thread).
         pub(crate) reserved: CachePadded<crate::reserve::Reservations>,
+        /// Threads handed to this core by others, for free slots here.
+        pub(crate) inbox: CachePadded<crate::inbox::Inbox<ThreadContext>>,
+        /// Threads in the inbox or waiting for a slot here: with the
+        /// occupied slots, the load that placement compares (threads handed
+        /// over in a burst are not in any slot yet).
+        pub(crate) queued: CachePadded<AtomicU32>,
+        /// The core-private scheduling state (threads waiting for a slot,
+        /// timers of parked threads, spare contexts): only this core's
+        /// kernel thread touches it.
+        sched: UnsafeCell<crate::park::CoreSched>,
     }
+
+    // SAFETY: `sched` is touched only by the core's own kernel thread (see
+    // `Core::sched`); every other field is atomic or immutable after start.
+    unsafe impl Sync for Core {}
 
     impl Core {
         /// A core with all slots free; `link` must be called once it has its
@@ -651,7 +744,23 @@ mod runtime_core {
                 runtime: OnceLock::new(),
                 io: crate::io::CoreIo::new(),
                 reserved: CachePadded::new(crate::reserve::Reservations::new()),
+                inbox: CachePadded::new(crate::inbox::Inbox::new_closed()),
+                queued: CachePadded::new(AtomicU32::new(0)),
+                sched: UnsafeCell::new(crate::park::CoreSched::default()),
             }
+        }
+
+        /// The core-private scheduling state.
+        ///
+        /// # Safety
+        /// Only the core's kernel thread may call this (its dispatcher, or
+        /// the user thread it runs), and the reference must not be held
+        /// across a switch or overlap another one from this function.
+        #[allow(clippy::mut_from_ref)]
+        #[inline]
+        pub(crate) unsafe fn sched(&self) -> &mut crate::park::CoreSched {
+            // SAFETY: per the contract, no other reference exists.
+            unsafe { &mut *self.sched.get() }
         }
 
         /// Points the slots back at their core and the core at its runtime.
@@ -677,6 +786,13 @@ mod runtime_core {
             );
         }
 
+        /// The load placement compares: occupied slots plus threads handed
+        /// to the core that wait for one.
+        #[inline]
+        pub(crate) fn load(&self) -> u32 {
+            self.mask.count() + self.queued.load(Ordering::Relaxed)
+        }
+
         /// The runtime this core belongs to.
         #[inline]
         pub(crate) fn runtime(&self) -> &'static Shared {
@@ -686,6 +802,11 @@ mod runtime_core {
         /// Whether a thread other than `me` could run now on this core.
         #[inline]
         pub(crate) fn other_runnable(&self, me: usize) -> bool {
+            // SAFETY: called by the running user thread, on this core's
+            // kernel thread; the reference ends here.
+            if unsafe { self.sched() }.waiting() || self.inbox.has_items() {
+                return true;
+            }
             let mut others = self.mask.occupied() & !(1u64 << me);
             let mut now_cache = 0u64;
             let mut now = || {
@@ -827,7 +948,7 @@ mod loom_tests {
                     job.with_mut(|p| unsafe { *p = 42 });
                     published.store(true, Ordering::Release);
                     // The spawner's signal touches only the shared half.
-                    shared.0.fetch_add(1, Ordering::Release);
+                    shared.0.fetch_add(SIGNAL, Ordering::Release);
                     gate.wake_after_rmw();
                 })
             };
@@ -869,7 +990,7 @@ mod loom_tests {
                 let (shared, gate, flag) = (shared.clone(), gate.clone(), flag.clone());
                 loom::thread::spawn(move || {
                     flag.store(true, Ordering::Relaxed);
-                    shared.0.fetch_add(1, Ordering::Release);
+                    shared.0.fetch_add(SIGNAL, Ordering::Release);
                     gate.wake_after_rmw();
                 })
             };
@@ -939,6 +1060,40 @@ mod loom_tests {
             let expect = got.iter().fold(1u64 << 1, |m, &s| m | (1 << s));
             assert_eq!(mask.occupied(), expect);
             assert_eq!(mask.count(), 3);
+        });
+    }
+
+    #[test]
+    fn signals_racing_a_park_place_the_thread_exactly_once() {
+        // A blocked thread's dispatcher parks it while two signallers
+        // signal it. Either the park fails (a signal came first: the thread
+        // stays in its slot and is due) or exactly one signaller places it.
+        loom::model(|| {
+            let shared = Arc::new(SignalWord::new());
+            let local = LocalWake::new();
+            let w = Wakeup {
+                shared: &shared,
+                local: &local,
+            };
+            assert!(w.block_until(BLOCKED));
+            let signallers: Vec<_> = (0..2)
+                .map(|_| {
+                    let shared = shared.clone();
+                    loom::thread::spawn(move || {
+                        let parked = shared.0.fetch_add(SIGNAL, Ordering::AcqRel) & PARKED != 0;
+                        usize::from(parked && shared.claim_unpark())
+                    })
+                })
+                .collect();
+            let parked = w.try_park();
+            let placed: usize = signallers.into_iter().map(|h| h.join().unwrap()).sum();
+            if parked {
+                assert_eq!(placed, 1, "a parked thread is placed once");
+            } else {
+                assert_eq!(placed, 0);
+                assert!(w.take_if_due(&mut || 0), "an unparked thread is due");
+            }
+            assert_eq!(shared.0.load(Ordering::Relaxed) & PARKED, 0);
         });
     }
 

@@ -27,16 +27,21 @@
 //! waits for a scan, not for a scan and a TSC read.
 //!
 //! When the arbiter asks for the core back, the dispatcher stops new
-//! threads from landing here and moves every thread it holds into free
-//! slots of the remaining cores ([`migrate_all`]), the way Arachne swaps
-//! thread contexts: blocked threads stay blocked, sleeping ones keep their
-//! deadlines, joins and signals follow the context. Then it returns and the
-//! kernel thread waits for a core again.
+//! threads from landing here, parks its blocked threads and hands the
+//! others to the remaining cores (see [`crate::park::evict_all`]): joins
+//! and signals follow the context, a sleeper is woken early and sleeps
+//! again where it lands. Then it returns and the kernel thread waits for a
+//! core again.
+//!
+//! Between runs the dispatcher also moves threads between its slots and the
+//! rest of the runtime (see [`crate::park`]): it takes threads handed to it
+//! into free slots, fires the timers of threads it parked, and at a sweep
+//! (at most every [`crate::park::SWEEP`], at a clock read it makes anyway)
+//! lets threads that stayed blocked leave their slots.
 
 use crate::clock;
 use crate::core::{Core, BLOCKED};
-use crate::policy::ThreadClass;
-use crate::shim::{fence, Ordering};
+use crate::shim::Ordering;
 
 /// Per-core cumulative counter update by its only writer.
 #[inline]
@@ -152,6 +157,13 @@ pub(crate) fn run(core: &'static Core) {
     let mut idle_now = 0u64;
     // Empty scans left before the idle loop reads the clock again.
     let mut idle_polls = 0u32;
+    // Parking (see `crate::park`): slots seen occupied at the last sweep
+    // and not run since, when that sweep was, and whether the next one is
+    // due after the current run.
+    let mut marks = 0u64;
+    let mut last_sweep = clock::now();
+    let mut sweep_due = false;
+    let sweep_ticks = crate::park::SWEEP_TICKS.load(std::sync::atomic::Ordering::Relaxed);
     loop {
         if let Some(i) = find_runnable(core, next) {
             if idle_since != 0 {
@@ -178,8 +190,17 @@ pub(crate) fn run(core: &'static Core) {
                 // idle); every RUNS_PER_CLOCK runs, account the load and see
                 // whether the core must go.
                 core.io.pass();
+                crate::park::service(core);
                 if load.end_rotation() {
-                    bump(&core.stats.load_ticks, load.take(clock::now()));
+                    let now = clock::now();
+                    bump(&core.stats.load_ticks, load.take(now));
+                    crate::park::fire_timers(core, now);
+                    // SAFETY: the dispatcher, between runs; the reference
+                    // ends here.
+                    let waiting = unsafe { core.sched() }.waiting();
+                    if now.wrapping_sub(last_sweep) >= sweep_ticks || waiting {
+                        sweep_due = true;
+                    }
                     if shared.arbiter.must_release_core(core.index) {
                         // Slot i's thread was just taken (its wakeup
                         // consumed): put it back as runnable so that it
@@ -201,10 +222,20 @@ pub(crate) fn run(core: &'static Core) {
                 }
             }
             load.ran();
+            marks &= !(1u64 << i);
             run_thread(core, i);
             // The thread switched out: what it reserved on other cores for
             // more spawns goes back (a load and a branch when nothing is).
             core.reserved.end_run(&shared.cores);
+            if sweep_due {
+                sweep_due = false;
+                let now = clock::now();
+                crate::park::make_room(core, Some(i), now);
+                if now.wrapping_sub(last_sweep) >= sweep_ticks {
+                    marks = crate::park::sweep(core, marks, now, false);
+                    last_sweep = now;
+                }
+            }
             // May be SLOTS: the next scan then wraps to a lower slot, which
             // ends the rotation. (Resetting it to 0 here hid the wrap from
             // slot SLOTS - 1 to slot 0: a full slot table never ended a
@@ -212,7 +243,7 @@ pub(crate) fn run(core: &'static Core) {
             next = i + 1;
             continue;
         }
-        if core.io.pass() {
+        if crate::park::service(core) || core.io.pass() {
             continue;
         }
         if idle_polls != 0 {
@@ -243,6 +274,11 @@ pub(crate) fn run(core: &'static Core) {
             core.stats.idle_since.store(0, Ordering::Release);
             return;
         }
+        crate::park::fire_timers(core, now);
+        if now.wrapping_sub(last_sweep) >= sweep_ticks {
+            marks = crate::park::sweep(core, marks, now, false);
+            last_sweep = now;
+        }
         if spin_since == 0 {
             spin_since = now;
             continue;
@@ -251,12 +287,23 @@ pub(crate) fn run(core: &'static Core) {
             std::hint::spin_loop();
             continue;
         }
+        // Going to sleep in the kernel: every blocked thread leaves its
+        // slot, so that whoever wakes it places it by load.
+        marks = crate::park::sweep(core, marks, now, true);
+        last_sweep = now;
         core.gate.prepare_sleep();
         let (runnable, earliest) = recheck(core);
         if runnable || shared.arbiter.must_release_core(core.index) {
             core.gate.cancel_sleep();
             continue;
         }
+        // After the sweep: the threads it parked sleep on this core's timers.
+        // SAFETY: the dispatcher, between runs; the reference ends here.
+        let next_timer = unsafe { core.sched() }.next_timer();
+        let earliest = match (earliest, next_timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let timeout = earliest.map(|d| clock::ticks_to_duration(d.saturating_sub(clock::now())));
         // An arbiter whose release requests are not delivered as wakeups
         // (the daemon writes shared memory) bounds the sleep.
@@ -288,6 +335,7 @@ fn must_go(core: &'static Core) -> bool {
         return release(core);
     }
     if !core.active.load(Ordering::Relaxed) {
+        crate::park::reopen(core);
         core.active.store(true, Ordering::SeqCst);
         shared
             .active_mask
@@ -304,8 +352,7 @@ fn must_go(core: &'static Core) -> bool {
 fn release(core: &'static Core) -> bool {
     let shared = core.runtime();
     if shared.shutdown.load(Ordering::Relaxed) {
-        // Shutting down: no core takes threads any more; run them to the end.
-        return core.mask.occupied() == 0;
+        return shutdown_done(core);
     }
     let bit = 1u64 << core.index;
     if shared.active_mask.load(Ordering::Relaxed) & bit != 0 {
@@ -314,83 +361,32 @@ fn release(core: &'static Core) -> bool {
         shared.policy.core_removed(core.index);
     }
     // No thread may wait on this core's ring or epoll set from another
-    // core: finish or cancel what is in flight (threads resubmit after the
-    // move). Nothing to do, and no system call, when no I/O is in flight.
-    if core.mask.occupied() != 0 {
+    // core, parked threads included: finish or cancel what is in flight
+    // (threads resubmit where they run next). Nothing to do, and no system
+    // call, when no I/O is in flight.
+    if core.mask.occupied() != 0 || core.io.busy() {
         core.io.evacuate();
     }
-    migrate_all(core)
+    crate::park::evict_all(core)
 }
 
-/// Moves every thread of `core` into a free slot of another active core.
-/// Returns whether `core` is empty afterwards.
-pub(crate) fn migrate_all(core: &'static Core) -> bool {
+/// Shutting down: no core takes threads from others any more; a core runs
+/// its own to the end, and stops once no thread is left anywhere (a parked
+/// thread may still be woken, by a timer of some core or by I/O, and placed
+/// on a core that still runs).
+fn shutdown_done(core: &'static Core) -> bool {
     let shared = core.runtime();
-    // A spawner that read the active mask before it changed may still claim
-    // a slot here; such a context is moved like any other (the spawner
-    // writes into the context object, wherever it now sits).
-    for _round in 0..4 {
-        let mask = core.mask.occupied();
-        if mask == 0 {
-            return true;
-        }
-        let mut m = mask;
-        while m != 0 {
-            let i = m.trailing_zeros() as usize;
-            m &= m - 1;
-            let moving = core.slot(i);
-            if !moving.invocation.is_published() {
-                // A spawner claimed this slot and is writing the thread into
-                // the context it found here: moving the context now would
-                // hand it the free one in exchange. Move it on a later pass,
-                // once published (its signal then wakes this core).
-                continue;
-            }
-            let Some((target, j)) = claim_elsewhere(core) else {
-                return false;
-            };
-            let free = target.slot(j);
-            // The moving context learns its new place before it appears
-            // there, so a core that finds it in its slot (and might move it
-            // on) sees a consistent location; a signaller that follows
-            // `moving.core()` early is covered by the wake below.
-            moving.relocate(target, j);
-            target.set_slot(j, moving);
-            free.relocate(core, i);
-            core.set_slot(i, free);
-            core.mask.release(i);
-            let class = ThreadClass::from_u32(moving.invocation.class.load(Ordering::Relaxed));
-            shared
-                .policy
-                .thread_migrated(class, core.index, target.index);
-            // Dekker with a signaller that reads `moving.core()` after its
-            // wakeup swap: either it saw the target (and wakes it), or this
-            // read sees its RUNNABLE, which the woken target then sees too.
-            fence(Ordering::SeqCst);
-            let _ = moving.wakeup().due_or_deadline(0);
-            target.gate.wake();
-        }
+    if core.mask.occupied() != 0 || shared.detached.load(Ordering::Acquire) != 0 {
+        return false;
     }
-    core.mask.occupied() == 0
-}
-
-/// A free slot on the least loaded other active core.
-fn claim_elsewhere(core: &Core) -> Option<(&'static Core, usize)> {
-    let shared = core.runtime();
-    let mut active = shared.active_mask.load(Ordering::Acquire) & !(1u64 << core.index);
-    let mut order: Vec<(u32, usize)> = Vec::new();
-    while active != 0 {
-        let c = active.trailing_zeros() as usize;
-        active &= active - 1;
-        if let Some(k) = shared.cores.get(c) {
-            order.push((k.mask.count(), c));
-        }
+    // SAFETY: the dispatcher, between runs; the reference ends here.
+    let s = unsafe { core.sched() };
+    if s.waiting() || s.next_timer().is_some() {
+        return false;
     }
-    order.sort_unstable();
-    order.into_iter().find_map(|(_, c)| {
-        let k = &shared.cores[c];
-        k.mask.claim().map(|j| (k, j))
-    })
+    // Closed for good: a thread placed from now on goes to a core that
+    // still runs (or to the runtime's shared inbox).
+    !crate::park::close_for_shutdown(core)
 }
 
 /// The first due thread at or after slot `start` (wrapping), taken.
@@ -424,6 +420,9 @@ fn find_runnable(core: &Core, start: usize) -> Option<usize> {
 /// The sleep re-check (after the gate's fence): is anything runnable, and
 /// when is the next deadline?
 fn recheck(core: &Core) -> (bool, Option<u64>) {
+    if core.inbox.has_items() || core.runtime().homeless.has_items() {
+        return (true, None);
+    }
     let mut m = core.mask.occupied();
     let now = clock::now();
     let mut earliest: Option<u64> = None;

@@ -6,11 +6,12 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SpawnError {
-    /// Every slot on every acceptable core is taken (56 per core).
-    #[error("no free thread slot: all {slots} slots on the acceptable cores are in use")]
-    Full {
-        /// Slots on the acceptable cores.
-        slots: usize,
+    /// The runtime's limit on live threads (`Builder::max_threads`) is
+    /// reached: a thread must end first (`spawn_wait` waits for that).
+    #[error("the runtime's limit of {limit} user threads is reached (Builder::max_threads)")]
+    ThreadLimit {
+        /// The limit.
+        limit: usize,
     },
     /// The core policy names no core for this thread class right now (for
     /// example every core is already held by an exclusive thread).
@@ -20,7 +21,7 @@ pub enum SpawnError {
     #[error("core {0} is not an active core of this runtime")]
     CoreUnavailable(usize),
     /// Called outside a user thread with no runtime to spawn into.
-    #[error("not inside a corewise user thread; use Runtime::spawn")]
+    #[error("not inside a corewise user thread: start a runtime (corewise::Runtime::new()) and spawn with Runtime::spawn or Runtime::block_on")]
     NotInRuntime,
     /// The runtime is shutting down.
     #[error("the runtime is shutting down")]

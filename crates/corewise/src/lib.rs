@@ -23,6 +23,7 @@
 mod core;
 mod error;
 mod idle;
+mod inbox;
 pub mod policy;
 mod shim;
 pub mod sync;
@@ -45,6 +46,8 @@ pub mod fs;
 pub mod io;
 #[cfg(not(loom))]
 pub mod net;
+#[cfg(not(loom))]
+mod park;
 #[cfg(not(loom))]
 mod reserve;
 #[cfg(not(loom))]

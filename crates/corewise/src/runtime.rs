@@ -10,7 +10,7 @@
 
 use crate::arbiter::{ArbiterChoice, ArbiterKind, CoreArbiter, Local};
 use crate::budget::{BudgetWatcher, NeighbourConfig};
-use crate::core::Core;
+use crate::core::{Core, ThreadContext};
 use crate::error::{BuildError, JoinError, SpawnError};
 use crate::policy::{CoreLoad, CorePolicy, DefaultPolicy, PolicyConfig, ThreadClass, PRIORITIES};
 use crate::shim::{AtomicBool, AtomicU64, Ordering};
@@ -41,6 +41,28 @@ pub(crate) struct Shared {
     pub(crate) budget: crate::budget::BudgetHandle,
     /// A limit set at run time with `Runtime::set_max_cores`.
     pub(crate) max_override: std::sync::atomic::AtomicUsize,
+    /// Thread contexts (each with its stack) that exist, and the most
+    /// there may be: the limit on live threads.
+    pub(crate) contexts: std::sync::atomic::AtomicUsize,
+    pub(crate) max_threads: usize,
+    /// Contexts with no thread that no core keeps (see `crate::park`).
+    pub(crate) spares: std::sync::Mutex<Vec<&'static ThreadContext>>,
+    /// Live threads that are in no slot: parked, or waiting for a slot.
+    pub(crate) detached: std::sync::atomic::AtomicUsize,
+    /// Threads placed while no candidate core ran: any running core takes
+    /// them.
+    pub(crate) homeless: crate::inbox::Inbox<ThreadContext>,
+    /// Spawners waiting for the thread limit.
+    pub(crate) limit_wait: crate::park::LimitWait,
+}
+
+/// The default limit on live user threads: one per 16 KiB of physical
+/// memory (a parked thread costs about 8 KiB: its context and the stack
+/// pages it touched), at least 65 536.
+fn default_max_threads() -> usize {
+    let info = rustix::system::sysinfo();
+    let bytes = u128::from(info.totalram) * u128::from(info.mem_unit.max(1));
+    ((bytes / (16 * 1024)) as usize).max(65_536)
 }
 
 /// Configures and starts a [`Runtime`].
@@ -64,6 +86,7 @@ pub struct Builder {
     neighbour: Option<NeighbourConfig>,
     arbiter: ArbiterChoice,
     priority: usize,
+    max_threads: Option<usize>,
 }
 
 impl Default for Builder {
@@ -78,11 +101,27 @@ impl Default for Builder {
             neighbour: Some(NeighbourConfig::default()),
             arbiter: ArbiterChoice::Auto,
             priority: 0,
+            max_threads: None,
         }
     }
 }
 
 impl Builder {
+    /// The most user threads that may live at once (default: one per 16 KiB
+    /// of physical memory, at least 65 536). A spawn beyond it fails with
+    /// [`SpawnError::ThreadLimit`], or waits with `spawn_wait`. Each thread
+    /// reserves a stack of `stack_size` bytes of address space; only the
+    /// pages it touches use memory.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::builder().max_threads(1_000_000).build().unwrap();
+    /// assert_eq!(rt.block_on(|| 1).unwrap(), 1);
+    /// ```
+    pub fn max_threads(mut self, n: usize) -> Self {
+        self.max_threads = Some(n);
+        self
+    }
+
     /// Use only these CPUs (intersected with the process's affinity).
     pub fn cpus(mut self, cpus: impl IntoIterator<Item = usize>) -> Self {
         self.cpus = Some(cpus.into_iter().collect());
@@ -185,6 +224,10 @@ impl Builder {
     /// Starts the kernel threads and waits until they hold their cores.
     pub fn build(self) -> Result<Runtime, BuildError> {
         crate::clock::init();
+        crate::park::init();
+        if self.max_threads == Some(0) {
+            return Err(BuildError::Invalid("max_threads must be at least 1".into()));
+        }
         if self.stack_size < 16 * 1024 || self.stack_size > (1 << 30) {
             return Err(BuildError::Invalid(format!(
                 "stack size {} is outside 16 KiB..1 GiB",
@@ -276,6 +319,12 @@ impl Builder {
             window,
             budget: watcher.handle().clone(),
             max_override: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            contexts: std::sync::atomic::AtomicUsize::new(n * crate::core::SLOTS),
+            max_threads: self.max_threads.unwrap_or_else(default_max_threads),
+            spares: std::sync::Mutex::new(Vec::new()),
+            detached: std::sync::atomic::AtomicUsize::new(0),
+            homeless: crate::inbox::Inbox::new_open(),
+            limit_wait: crate::park::LimitWait::default(),
         }));
         for core in shared.cores.iter() {
             core.link(shared);
@@ -450,7 +499,7 @@ impl Runtime {
         T: Send + 'static,
     {
         Ok(ThreadBuilder::new()
-            .wait_for_slot(true)
+            .wait_at_limit(true)
             .spawn_in(self, f)?
             .join()?)
     }
@@ -608,6 +657,7 @@ fn kernel_thread(
             }
         };
         core.cpu.store(cpu, Ordering::Relaxed);
+        crate::park::reopen(core);
         core.active.store(true, Ordering::SeqCst);
         shared.active_mask.fetch_or(1 << k, Ordering::AcqRel);
         shared.policy.core_added(k);

@@ -9,14 +9,13 @@
 //! fills them without touching the core's occupancy word again (see
 //! [`crate::reserve`]; a departure from DESIGN.md's one claim per spawn).
 
-use crate::core::{Core, ThreadContext, SLOTS};
+use crate::core::{Core, ThreadContext};
 use crate::error::SpawnError;
 use crate::policy::{CoreMask, CoreView, ThreadClass};
 use crate::runtime::Shared;
 use crate::shim::Ordering;
 use crate::thread::ThreadId;
 use std::cell::Cell;
-use std::time::Duration;
 
 /// How a thread is to be created.
 #[derive(Debug, Clone, Default)]
@@ -25,6 +24,13 @@ pub(crate) struct SpawnOptions {
     pub(crate) core: Option<usize>,
     pub(crate) name: Option<String>,
     pub(crate) wait: bool,
+}
+
+/// Where a new thread goes: a claimed slot, or (every slot of its cores
+/// taken) a spare context that waits in a core's inbox.
+enum Target {
+    Slot(&'static Core, usize),
+    Spare(&'static ThreadContext, CoreMask),
 }
 
 /// Creates a user thread that runs `job` in `shared`'s runtime.
@@ -36,8 +42,21 @@ pub(crate) fn spawn_job<F>(
 where
     F: FnOnce() + Send + 'static,
 {
-    let (core, slot) = place(shared, &opts)?;
-    let ctx: &'static ThreadContext = core.slot(slot);
+    let target = if opts.wait {
+        shared.limit_wait.wait_for(|| choose(shared, &opts))?
+    } else {
+        choose(shared, &opts)?
+    };
+    let class = opts.class.to_u32()
+        | if opts.core.is_some() {
+            crate::core::PINNED
+        } else {
+            0
+        };
+    let ctx: &'static ThreadContext = match target {
+        Target::Slot(core, slot) => core.slot(slot),
+        Target::Spare(ctx, _) => ctx,
+    };
     if let Some(name) = opts.name {
         ctx.set_name(Some(name.into_boxed_str()));
     }
@@ -48,67 +67,74 @@ where
     // locked instruction; the function's publication releases it.
     let g = inv.generation.load(Ordering::Relaxed);
     inv.generation.store(g.wrapping_add(1), Ordering::Relaxed);
-    inv.class.store(opts.class.to_u32(), Ordering::Relaxed);
-    // SAFETY: we own the slot (claimed it) and have not published it yet.
+    inv.class.store(class, Ordering::Relaxed);
+    // SAFETY: we own the slot (claimed it) or the spare context (took it
+    // from a pool), and have not published it yet.
     unsafe { inv.put(job) };
     // Before the signal: once runnable, the thread may exit at once and
     // the slot be claimed again.
     let id = ThreadId::new(ctx);
-    ctx.wakeup().signal();
-    // The context's core, read after the swap: the thread may have been
-    // migrated meanwhile (see `dispatch::migrate_all`).
-    ctx.core().gate.wake_after_rmw();
+    // A context in a slot or a spare is never parked: the signal only makes
+    // it runnable.
+    let _ = ctx.wakeup().signal();
+    match target {
+        Target::Slot(..) => {
+            // The context's core, read after the swap: the thread may have
+            // been moved meanwhile (see `park::evict_all`).
+            ctx.core().gate.wake_after_rmw();
+        }
+        Target::Spare(ctx, candidates) => {
+            shared.detached.fetch_add(1, Ordering::Relaxed);
+            crate::park::place_in(shared, ctx, candidates);
+        }
+    }
     Ok(id)
 }
 
-fn place(
-    shared: &'static Shared,
-    opts: &SpawnOptions,
-) -> Result<(&'static Core, usize), SpawnError> {
-    loop {
-        if shared.shutdown.load(Ordering::Relaxed) {
-            return Err(SpawnError::ShuttingDown);
-        }
-        let active = CoreMask(shared.active_mask.load(Ordering::Acquire));
-        let candidates = match opts.core {
-            Some(c) if active.contains(c) => CoreMask::single(c),
-            Some(c) => return Err(SpawnError::CoreUnavailable(c)),
-            None => {
-                let counts = |c: usize| shared.cores.get(c).map_or(u32::MAX, |k| k.mask.count());
-                let view = CoreView {
-                    active,
-                    counts: &counts,
-                };
-                let m = CoreMask(shared.policy.cores_for(opts.class, &view).0 & active.0);
-                if m.is_empty() {
-                    return Err(SpawnError::NoCoreForClass(opts.class));
-                }
-                m
+/// Chooses the new thread's place (see [`Target`]).
+fn choose(shared: &'static Shared, opts: &SpawnOptions) -> Result<Target, SpawnError> {
+    if shared.shutdown.load(Ordering::Relaxed) {
+        return Err(SpawnError::ShuttingDown);
+    }
+    let active = CoreMask(shared.active_mask.load(Ordering::Acquire));
+    let candidates = match opts.core {
+        Some(c) if active.contains(c) => CoreMask::single(c),
+        Some(c) => return Err(SpawnError::CoreUnavailable(c)),
+        None => {
+            let counts = |c: usize| shared.cores.get(c).map_or(u32::MAX, |k| k.mask.count());
+            let view = CoreView {
+                active,
+                counts: &counts,
+            };
+            let m = CoreMask(shared.policy.cores_for(opts.class, &view).0 & active.0);
+            if m.is_empty() {
+                return Err(SpawnError::NoCoreForClass(opts.class));
             }
-        };
-        // The core the spawning user thread runs on, if it belongs to this
-        // runtime: its reservations on other cores (see `crate::reserve`).
-        // Looked up on every attempt and after the policy ran (either may
-        // switch out, and the thread resume on another core in a new run).
-        // Exclusive threads never claim ahead (their core is theirs alone).
-        let from = crate::thread::current_slot()
-            .map(|s| s.core())
-            .filter(|c| std::ptr::eq(c.runtime(), shared));
-        let burst =
-            from.is_some_and(|c| c.reserved.count_spawn()) && opts.class != ThreadClass::Exclusive;
-        if let Some(found) = claim(shared, candidates, from, burst) {
-            return Ok(found);
+            m
         }
-        if opts.core.is_none() {
-            shared.policy.spawn_failed(opts.class, candidates);
+    };
+    // The core the spawning user thread runs on, if it belongs to this
+    // runtime: its reservations on other cores (see `crate::reserve`) and
+    // its spare contexts. Looked up after the policy ran (which may switch
+    // out, and the thread resume on another core in a new run).
+    // Exclusive threads never claim ahead (their core is theirs alone).
+    let from = crate::thread::current_slot()
+        .map(|s| s.core())
+        .filter(|c| std::ptr::eq(c.runtime(), shared));
+    let burst =
+        from.is_some_and(|c| c.reserved.count_spawn()) && opts.class != ThreadClass::Exclusive;
+    if let Some((core, slot)) = claim(shared, candidates, from, burst) {
+        return Ok(Target::Slot(core, slot));
+    }
+    // Every slot of the candidates is taken: the thread waits in an inbox.
+    match crate::park::take_spare(shared, from) {
+        Ok(ctx) => Ok(Target::Spare(ctx, candidates)),
+        Err(e) => {
+            if opts.core.is_none() {
+                shared.policy.spawn_failed(opts.class, candidates);
+            }
+            Err(e)
         }
-        if !opts.wait {
-            return Err(SpawnError::Full {
-                slots: candidates.len() * SLOTS,
-            });
-        }
-        // Wait for a slot to free up without holding a core.
-        crate::thread::sleep(Duration::from_micros(20));
     }
 }
 
@@ -158,7 +184,7 @@ fn claim(
             }
             (candidates.nth(ia)?, candidates.nth(ib)?)
         };
-        let (ca, cb) = (cores[a].mask.count(), cores[b].mask.count());
+        let (ca, cb) = (cores[a].load(), cores[b].load());
         if ca <= cb {
             (a, Some(b), cb - ca)
         } else {
@@ -207,7 +233,7 @@ fn claim_on(
 
 /// `x` scaled into `0..n` (Lemire's multiply-shift; `n` ≤ 64 here).
 #[inline]
-fn below(x: u32, n: usize) -> usize {
+pub(crate) fn below(x: u32, n: usize) -> usize {
     ((u64::from(x) * n as u64) >> 32) as usize
 }
 
@@ -219,7 +245,7 @@ thread_local! {
 /// between kernel threads, so the thread-local's address is looked up anew
 /// on every call.
 #[inline(never)]
-fn next_random() -> u64 {
+pub(crate) fn next_random() -> u64 {
     RNG.with(|s| {
         let mut x = s.get();
         if x == 0 {

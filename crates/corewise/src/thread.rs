@@ -158,7 +158,8 @@ pub struct Builder {
 }
 
 impl Builder {
-    /// Default options: `Normal`, placed by the policy, fail when full.
+    /// Default options: `Normal`, placed by the policy, fail at the thread
+    /// limit.
     pub fn new() -> Self {
         Self::default()
     }
@@ -181,10 +182,20 @@ impl Builder {
         self
     }
 
-    /// When every slot is taken: wait for one (true) or fail (false).
-    pub fn wait_for_slot(mut self, wait: bool) -> Self {
+    /// When the runtime's thread limit (`Runtime::builder().max_threads`)
+    /// is reached: wait until a thread ends (true) or fail with
+    /// [`SpawnError::ThreadLimit`] (false, the default). A spawn never
+    /// waits or fails for lack of a free slot on a core: the thread then
+    /// waits for one in the runtime, not in the spawner.
+    pub fn wait_at_limit(mut self, wait: bool) -> Self {
         self.opts.wait = wait;
         self
+    }
+
+    /// The name this option had while a spawn could fail for want of a free
+    /// slot: now the same as [`wait_at_limit`](Self::wait_at_limit).
+    pub fn wait_for_slot(self, wait: bool) -> Self {
+        self.wait_at_limit(wait)
     }
 
     /// Creates the thread in the runtime of the calling user thread.
@@ -290,8 +301,8 @@ where
     Builder::new().class(class).spawn(f)
 }
 
-/// Like [`spawn`], but when every slot is taken it waits (sleeping, not
-/// spinning) until one is free instead of failing.
+/// Like [`spawn`], but when the runtime's thread limit is reached it waits
+/// (blocking, not polling) until a thread ends instead of failing.
 ///
 /// ```
 /// let rt = corewise::Runtime::new().unwrap();
@@ -303,7 +314,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    Builder::new().wait_for_slot(true).spawn(f)
+    Builder::new().wait_at_limit(true).spawn(f)
 }
 
 /// The calling user thread's id (`None` on an OS thread).
@@ -416,11 +427,24 @@ pub fn signal(thread: ThreadId) {
     // Write first, then check: the swap brings the line over exclusively
     // and the generation (same line) is then a hit. A signal that lands on
     // a newer thread of the slot is a spurious wakeup, which is allowed.
-    slot.wakeup().signal();
+    if slot.wakeup().signal() {
+        // The thread had left its slot: the signaller that clears the mark
+        // places it again (see `crate::park`).
+        unpark(slot);
+        return;
+    }
     if slot.generation().load(Ordering::Relaxed) != thread.generation {
         return;
     }
     slot.core().gate.wake_after_rmw();
+}
+
+#[cold]
+#[inline(never)]
+fn unpark(slot: &'static ThreadContext) {
+    if slot.invocation.signals.claim_unpark() {
+        crate::park::place(slot.core().runtime(), slot, None);
+    }
 }
 
 /// Sleeps for `d`: a user thread blocks (its core runs others or sleeps);
@@ -449,13 +473,14 @@ pub fn sleep(d: Duration) {
 /// catches its own panics, see `spawn_joinable`): frees the slot.
 pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
     let core = slot.core();
-    let inv = &slot.invocation;
-    let class = ThreadClass::from_u32(inv.class.load(Ordering::Relaxed));
+    let class = slot.class();
     slot.set_name(None);
     // The generation is bumped by the next spawner (see `spawn_job`), which
     // writes this line anyway: a write here would cost this core a line
     // upgrade per thread.
     slot.wakeup().reset();
-    core.runtime().policy.thread_exited(class, core.index);
+    let shared = core.runtime();
+    shared.policy.thread_exited(class, core.index);
     core.mask.release(slot.index());
+    shared.limit_wait.notify();
 }

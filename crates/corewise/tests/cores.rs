@@ -260,17 +260,18 @@ fn a_core_with_every_slot_full_still_releases() {
     // Fill every slot of core 1 with threads that are always runnable (core
     // 0 stays free to take them when core 1 goes).
     let mut workers = Vec::new();
-    loop {
+    for _ in 0..56 {
         let stop = stop.clone();
-        match Builder::new().core(1).spawn_in(&rt, move || {
-            while !stop.load(Ordering::Relaxed) {
-                corewise::yield_now();
-            }
-        }) {
-            Ok(h) => workers.push(h),
-            Err(corewise::SpawnError::Full { .. }) => break,
-            Err(e) => panic!("spawn: {e}"),
-        }
+        workers.push(
+            Builder::new()
+                .core(1)
+                .spawn_in(&rt, move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        corewise::yield_now();
+                    }
+                })
+                .unwrap(),
+        );
     }
     let full = rt.core_stats()[1].threads;
     assert!(full >= 56, "core 1 holds {full} threads");

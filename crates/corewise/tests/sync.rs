@@ -26,7 +26,7 @@ fn spawn_all<T: Send + 'static>(
     let hs: Vec<_> = (0..n)
         .map(|i| {
             Builder::new()
-                .wait_for_slot(true)
+                .wait_at_limit(true)
                 .spawn_in(rt, f(i))
                 .unwrap()
         })

@@ -22,7 +22,7 @@ fn threads_run_on_every_core_and_return_values() {
     let hs: Vec<_> = (0..1000u64)
         .map(|i| {
             Builder::new()
-                .wait_for_slot(true)
+                .wait_at_limit(true)
                 .spawn_in(&rt, move || (i * 2, corewise::current_core().unwrap()))
                 .unwrap()
         })
@@ -192,38 +192,78 @@ fn block_and_signal_ping_pong_across_cores() {
 }
 
 #[test]
-fn a_full_runtime_refuses_spawn_and_the_waiting_variant_waits() {
-    let rt = two_core_runtime();
+fn spawn_never_fails_for_want_of_slots_and_the_limit_refuses_or_waits() {
+    // Every slot busy with threads that keep running (they yield, never
+    // block): the extra threads wait for slots in the runtime and all run.
+    let rt = corewise::Runtime::builder()
+        .min_cores(2)
+        .max_threads(56 * 2 + 400)
+        .build()
+        .unwrap();
     let release = Arc::new(AtomicBool::new(false));
-    let capacity = 56 * rt.cores();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let total = 56 * rt.cores() + 300;
     let mut held = Vec::new();
-    for _ in 0..capacity {
-        let r = release.clone();
+    for _ in 0..total {
+        let (r, n) = (release.clone(), ran.clone());
         held.push(
             rt.spawn(move || {
+                n.fetch_add(1, Ordering::Relaxed);
                 while !r.load(Ordering::Acquire) {
-                    corewise::sleep(Duration::from_millis(1));
+                    corewise::yield_now();
                 }
             })
-            .unwrap(),
+            .expect("a spawn never fails for want of a slot"),
         );
     }
-    match rt.spawn(|| ()) {
-        Err(SpawnError::Full { slots }) => assert_eq!(slots, capacity),
-        other => panic!("expected Full, got {other:?}"),
+    let start = std::time::Instant::now();
+    while ran.load(Ordering::Relaxed) < total {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "only {} of {total} threads ran while the slots were busy",
+            ran.load(Ordering::Relaxed)
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
-    // The waiting variant gets a slot once one frees up.
-    let r = release.clone();
+    release.store(true, Ordering::Release);
+    for h in held {
+        h.join().unwrap();
+    }
+    // The thread limit: blocked threads hold every context.
+    let rt = corewise::Runtime::builder()
+        .min_cores(1)
+        .max_threads(56 * rt.cores() + 8)
+        .build()
+        .unwrap();
+    let gate = Arc::new(corewise::sync::Semaphore::new(0));
+    let mut held = Vec::new();
+    let refused = loop {
+        let g = gate.clone();
+        match rt.spawn(move || g.acquire()) {
+            Ok(h) => held.push(h),
+            Err(e) => break e,
+        }
+        assert!(held.len() <= 1_000, "the thread limit never applied");
+    };
+    assert!(
+        matches!(refused, SpawnError::ThreadLimit { .. }),
+        "{refused}"
+    );
+    // The waiting variant waits until a thread ends.
+    let g = gate.clone();
     let waiter = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(20));
-        r.store(true, Ordering::Release);
+        g.release();
     });
     let late = Builder::new()
-        .wait_for_slot(true)
+        .wait_at_limit(true)
         .spawn_in(&rt, || 99)
         .unwrap();
     assert_eq!(late.join().unwrap(), 99);
     waiter.join().unwrap();
+    for _ in 0..held.len() {
+        gate.release();
+    }
     for h in held {
         h.join().unwrap();
     }
@@ -394,12 +434,15 @@ impl Drop for Release {
 
 /// A user thread's body: waits (sleeping) until `go` is set, then says
 /// which core it ran on.
+/// The thread returns the core it was placed on at creation (where it
+/// first ran): a thread that blocks may be placed elsewhere when it wakes.
 fn wait_for(go: Arc<AtomicBool>) -> impl FnOnce() -> usize + Send + 'static {
     move || {
+        let first = corewise::current_core().unwrap();
         while !go.load(Ordering::Acquire) {
             corewise::sleep(Duration::from_millis(1));
         }
-        corewise::current_core().unwrap()
+        first
     }
 }
 
@@ -501,8 +544,8 @@ fn a_burst_can_fill_a_core_to_the_last_slot_and_no_further() {
         .join()
         .unwrap();
     assert!(
-        matches!(full, Err(SpawnError::Full { slots: 56 })),
-        "the 57th spawn onto core 1: {full:?}"
+        full.is_ok(),
+        "the 57th spawn onto core 1 waits for a slot there: {full:?}"
     );
     go.store(true, Ordering::Release);
     for h in hs {

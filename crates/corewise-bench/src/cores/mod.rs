@@ -332,13 +332,13 @@ fn run_one(s: &Setup, arbiter: ArbiterKind, rt: corewise::Runtime) -> Result<Run
             while i < count && sched[i] <= now {
                 let st = Arc::clone(&stamps);
                 let n = s.n;
-                // No `wait_for_slot`: a full slot table is retried here so
+                // No `wait_at_limit`: the thread limit is retried here so
                 // the generator can give up at the deadline.
                 let r = corewise::thread::Builder::new()
                     .spawn_detached_in(&rt, move || st.run(&clock, i, n));
                 match r {
                     Ok(_) => i += 1,
-                    Err(corewise::SpawnError::Full { .. }) => {
+                    Err(corewise::SpawnError::ThreadLimit { .. }) => {
                         if clock.now() >= deadline {
                             stamps.abandon.store(true, Ordering::Relaxed);
                             drained = false;

@@ -263,7 +263,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
                     c.0.store(c.0.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 }) {
                     Ok(_) => break,
-                    Err(SpawnError::Full { .. }) => corewise::yield_now(),
+                    Err(SpawnError::ThreadLimit { .. }) => corewise::yield_now(),
                     Err(e) => return Err(rt_err(e)),
                 }
             }

@@ -287,6 +287,16 @@ impl CoreIo {
         }
     }
 
+    /// Whether operations are in flight here (the dispatcher's thread).
+    pub(crate) fn busy(&self) -> bool {
+        // SAFETY: called by the dispatcher on the core's kernel thread.
+        match unsafe { self.driver() } {
+            Driver::Ring(u) => u.busy(),
+            Driver::Epoll(e) => e.busy(),
+            Driver::None => false,
+        }
+    }
+
     /// Before the core's threads migrate (the core is being released):
     /// finish or cancel every operation in flight here, so that no thread
     /// waits on this core's ring or epoll set from another core.

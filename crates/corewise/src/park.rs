@@ -1,0 +1,621 @@
+//! Threads are not slots: a thread that stays blocked leaves its slot, and
+//! is placed again, on any core its class may use, when it is signalled.
+//!
+//! Arachne binds a thread to one of its core's 56 slots for life, so a core
+//! holds at most 56 threads, blocked or not, and a thread never leaves the
+//! core it was created on. Here a slot holds the threads that run or are
+//! about to run, and the queue-less dispatch of Arachne stays as it was for
+//! them: a signal to a thread in its slot is still one `lock xadd` and a
+//! wake of the core. The rest is what this module adds:
+//!
+//! - **Leaving the slot (parking).** The dispatcher marks, at each sweep
+//!   (at most every [`SWEEP_TICKS`], at a clock read it makes anyway), the
+//!   slots whose threads are blocked; a thread still blocked and not run at
+//!   the next sweep has been blocked for at least one sweep period, and
+//!   leaves its slot. So does every blocked thread when the core is about
+//!   to sleep in the kernel, and when threads wait for a slot here. Leaving
+//!   is one compare-and-swap that sets [`PARKED`](crate::core::PARKED) in
+//!   the thread's signal word if no signal came since it last ran; then a
+//!   spare context takes the slot (every slot always holds a context, so
+//!   creation keeps writing into the slot's line and nothing else).
+//! - **Coming back.** A signal is a fetch-and-add on the same word; the
+//!   signaller sees the mark in the old value, and the one that clears it
+//!   places the thread: power of two choices among the cores its class may
+//!   use (so threads rebalance on every wake-up), then a push into that
+//!   core's inbox (see [`crate::inbox`]) and a wake of the core. The core
+//!   moves it into a free slot on its next pass.
+//! - **When every slot is busy.** Threads taken from the inbox wait in a
+//!   core-private FIFO ([`CoreSched`]); the dispatcher first parks blocked
+//!   threads, and if every slot holds a runnable thread, the thread that
+//!   just ran goes to the back of the FIFO and the oldest waiting thread
+//!   takes its slot, round robin. Spawn therefore never fails for want of
+//!   a slot: a thread created while every slot of its cores is taken gets a
+//!   spare context and waits in an inbox like a woken one.
+//! - **Sleepers.** A thread parked with a deadline gets an entry in the
+//!   parking core's timer heap; the dispatcher fires due entries (a signal)
+//!   at its clock reads and sleeps no longer than the earliest one.
+//! - **Cores that come and go.** A core being released closes its inbox,
+//!   fires its timers, parks its blocked threads and places the others on
+//!   the remaining cores. At each sweep a core that has at least two more
+//!   threads than the least loaded active core moves runnable threads there
+//!   (half the difference), so a core that was just added receives running
+//!   threads, not only new ones.
+//!
+//! Pinned threads (`Builder::core`) and `Exclusive` threads never leave
+//! their slot for load: their core is part of their contract.
+
+use crate::clock;
+use crate::core::{Core, ThreadContext, BLOCKED};
+use crate::error::SpawnError;
+use crate::policy::{CoreMask, CoreView};
+use crate::runtime::Shared;
+use crate::shim::Ordering;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+/// Minimum time between two sweeps of a core's blocked threads (in clock
+/// ticks, set at start from [`SWEEP`]): a thread leaves its slot after
+/// being blocked for one to two sweep periods.
+pub(crate) static SWEEP_TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The sweep period.
+pub(crate) const SWEEP: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Spare contexts a core keeps for itself before it gives them to the
+/// runtime's pool.
+const LOCAL_SPARES: usize = 64;
+
+/// A core's private scheduling state (see the module docs).
+#[derive(Default)]
+pub(crate) struct CoreSched {
+    /// Runnable threads handed to this core that wait for a free slot,
+    /// oldest first.
+    pending: VecDeque<&'static ThreadContext>,
+    /// Deadlines of threads parked by this core: (ticks, context address).
+    timers: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Contexts with no thread, to fill the slots threads leave.
+    spares: Vec<&'static ThreadContext>,
+}
+
+impl CoreSched {
+    /// Whether threads wait for a slot here.
+    #[inline]
+    pub(crate) fn waiting(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// The earliest timer, if any.
+    #[inline]
+    pub(crate) fn next_timer(&self) -> Option<u64> {
+        self.timers.peek().map(|Reverse((t, _))| *t)
+    }
+}
+
+/// Sets the sweep period in ticks (once the clock is calibrated).
+pub(crate) fn init() {
+    SWEEP_TICKS.store(
+        clock::duration_to_ticks(SWEEP).max(1),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// A context with no thread: the calling core's own spares first, then the
+/// runtime's pool, else a new one (within the thread limit).
+pub(crate) fn take_spare(
+    shared: &'static Shared,
+    here: Option<&'static Core>,
+) -> Result<&'static ThreadContext, SpawnError> {
+    if let Some(core) = here {
+        // SAFETY: `here` is the core of the calling kernel thread (the
+        // caller checked), and no other reference to its state is live.
+        if let Some(c) = unsafe { core.sched() }.spares.pop() {
+            return Ok(c);
+        }
+    }
+    if let Some(c) = shared
+        .spares
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pop()
+    {
+        return Ok(c);
+    }
+    new_context(shared)
+}
+
+/// Creates a context and its stack, counting it against the thread limit.
+pub(crate) fn new_context(shared: &'static Shared) -> Result<&'static ThreadContext, SpawnError> {
+    let n = shared.contexts.fetch_add(1, Ordering::Relaxed);
+    if n >= shared.max_threads {
+        shared.contexts.fetch_sub(1, Ordering::Relaxed);
+        return Err(SpawnError::ThreadLimit {
+            limit: shared.max_threads,
+        });
+    }
+    let ctx = ThreadContext::new_spare();
+    // SAFETY: the context is new: nobody else can reach it yet.
+    if let Err(e) = unsafe { ctx.context(shared.stack_size) } {
+        shared.contexts.fetch_sub(1, Ordering::Relaxed);
+        // The leaked context (a few cache lines) is not reused: it has no
+        // stack. Mapping failures are rare and reported.
+        return Err(SpawnError::Stack(e.to_string()));
+    }
+    Ok(ctx)
+}
+
+/// Gives a context with no thread back: to `here`'s spares, or the pool.
+pub(crate) fn give_spare(
+    shared: &'static Shared,
+    here: Option<&'static Core>,
+    ctx: &'static ThreadContext,
+) {
+    if let Some(core) = here {
+        // SAFETY: as in `take_spare`.
+        let s = unsafe { core.sched() };
+        if s.spares.len() < LOCAL_SPARES {
+            s.spares.push(ctx);
+            return;
+        }
+    }
+    shared
+        .spares
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(ctx);
+    shared.limit_wait.notify();
+}
+
+/// Spawners waiting for the thread limit (`spawn_wait`): woken when a
+/// context becomes spare or a thread exits.
+#[derive(Default)]
+pub(crate) struct LimitWait {
+    waiters: std::sync::atomic::AtomicUsize,
+    lock: crate::sync::Mutex<()>,
+    cond: crate::sync::Condvar,
+}
+
+impl LimitWait {
+    /// Wakes the waiters, if any (one load when there are none).
+    #[inline]
+    pub(crate) fn notify(&self) {
+        if self.waiters.load(Ordering::Acquire) != 0 {
+            self.notify_slow();
+        }
+    }
+
+    #[cold]
+    fn notify_slow(&self) {
+        let _g = self.lock.lock();
+        self.cond.notify_all();
+    }
+
+    /// Calls `attempt` until it returns something other than
+    /// `Err(ThreadLimit)`, sleeping between tries until a thread exits or a
+    /// context becomes spare.
+    pub(crate) fn wait_for<T>(
+        &self,
+        mut attempt: impl FnMut() -> Result<T, SpawnError>,
+    ) -> Result<T, SpawnError> {
+        loop {
+            match attempt() {
+                Err(SpawnError::ThreadLimit { .. }) => {}
+                r => return r,
+            }
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            let g = self.lock.lock();
+            // Re-check under the lock: a notify between the failed attempt
+            // and here would otherwise be missed.
+            let r = attempt();
+            if !matches!(r, Err(SpawnError::ThreadLimit { .. })) {
+                drop(g);
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
+                return r;
+            }
+            drop(self.cond.wait(g));
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Signals a context directly (a timer, an eviction): what
+/// [`crate::thread::signal`] does, without a generation to check.
+pub(crate) fn signal_context(ctx: &'static ThreadContext) {
+    if ctx.wakeup().signal() {
+        if ctx.invocation.signals.claim_unpark() {
+            place(ctx.core().runtime(), ctx, None);
+        }
+    } else {
+        ctx.core().gate.wake_after_rmw();
+    }
+}
+
+/// Places a runnable context that is in no slot: power of two choices among
+/// the cores its class may use (all active cores but `exclude`), then the
+/// chosen core's inbox. If every inbox is closed (cores changing hands), the
+/// runtime's shared inbox, which every running core drains.
+pub(crate) fn place(shared: &'static Shared, ctx: &'static ThreadContext, exclude: Option<usize>) {
+    let mut active = shared.active_mask.load(Ordering::Acquire);
+    if let Some(x) = exclude {
+        active &= !(1u64 << x);
+    }
+    let counts = |c: usize| shared.cores.get(c).map_or(u32::MAX, |k| k.mask.count());
+    let view = CoreView {
+        active: CoreMask(active),
+        counts: &counts,
+    };
+    let allowed = shared.policy.cores_for(ctx.class(), &view).0 & active;
+    place_in(
+        shared,
+        ctx,
+        CoreMask(if allowed != 0 { allowed } else { active }),
+    );
+}
+
+/// [`place`] among `candidates` (which the caller computed).
+/// The caller has counted the thread in `Shared::detached`.
+pub(crate) fn place_in(shared: &'static Shared, ctx: &'static ThreadContext, candidates: CoreMask) {
+    let cores = &shared.cores;
+    let n = candidates.len();
+    let first = match n {
+        0 => None,
+        1 => Some(candidates.0.trailing_zeros() as usize),
+        _ => {
+            let r = crate::spawn::next_random();
+            let ia = crate::spawn::below(r as u32, n);
+            let mut ib = crate::spawn::below((r >> 32) as u32, n - 1);
+            if ib >= ia {
+                ib += 1;
+            }
+            match (candidates.nth(ia), candidates.nth(ib)) {
+                (Some(a), Some(b)) => {
+                    if cores[a].load() <= cores[b].load() {
+                        Some(a)
+                    } else {
+                        Some(b)
+                    }
+                }
+                (a, b) => a.or(b),
+            }
+        }
+    };
+    let order = first
+        .into_iter()
+        .chain(candidates.iter().filter(|&c| Some(c) != first));
+    for c in order {
+        let core = &cores[c];
+        core.queued.fetch_add(1, Ordering::Relaxed);
+        if core.inbox.push(ctx) {
+            core.gate.wake_after_rmw();
+            return;
+        }
+        core.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+    // No candidate runs now: any core that runs takes it.
+    let pushed = shared.homeless.push(ctx);
+    debug_assert!(pushed, "the shared inbox is never closed");
+    for core in cores.iter() {
+        core.gate.wake_after_rmw();
+    }
+}
+
+/// Moves waiting threads into free slots of `core` (the dispatcher, between
+/// runs). Returns whether it put any there.
+#[inline]
+pub(crate) fn service(core: &'static Core) -> bool {
+    // SAFETY: the dispatcher of `core`, between runs.
+    let s = unsafe { core.sched() };
+    if s.pending.is_empty() && !core.inbox.has_items() && !core.runtime().homeless.has_items() {
+        return false;
+    }
+    service_slow(core, s)
+}
+
+#[cold]
+fn service_slow(core: &'static Core, s: &mut CoreSched) -> bool {
+    let shared = core.runtime();
+    core.inbox.take_all(&mut s.pending);
+    let homeless = shared.homeless.take_all(&mut s.pending);
+    if homeless > 0 {
+        core.queued.fetch_add(homeless as u32, Ordering::Relaxed);
+    }
+    let mut put = false;
+    while let Some(&ctx) = s.pending.front() {
+        if !install(core, s, ctx) {
+            break;
+        }
+        s.pending.pop_front();
+        core.queued.fetch_sub(1, Ordering::Relaxed);
+        put = true;
+    }
+    put
+}
+
+/// Puts the runnable `ctx` into a free slot of `core`; false when none is.
+fn install(core: &'static Core, s: &mut CoreSched, ctx: &'static ThreadContext) -> bool {
+    let Some(j) = core.mask.claim() else {
+        return false;
+    };
+    let old = core.slot(j);
+    ctx.relocate(core, j);
+    core.set_slot(j, ctx);
+    core.runtime().detached.fetch_sub(1, Ordering::Relaxed);
+    // The slot's free context (no thread: we hold the slot's bit, so no
+    // spawner writes it) becomes a spare.
+    if s.spares.len() < LOCAL_SPARES {
+        s.spares.push(old);
+    } else {
+        give_spare(core.runtime(), None, old);
+    }
+    true
+}
+
+/// Takes the thread in slot `i` out (it does not run meanwhile) and puts a
+/// spare in its place. The caller made sure the thread will be found again
+/// (parked, queued or placed).
+fn detach(core: &'static Core, s: &mut CoreSched, i: usize, spare: &'static ThreadContext) {
+    spare.wakeup().reset();
+    spare.relocate(core, i);
+    core.set_slot(i, spare);
+    core.mask.release(i);
+    let _ = s;
+}
+
+/// A spare for `core`'s dispatcher (its own, the pool's, or a new one).
+fn spare_for(core: &'static Core, s: &mut CoreSched) -> Option<&'static ThreadContext> {
+    if let Some(c) = s.spares.pop() {
+        return Some(c);
+    }
+    let shared = core.runtime();
+    if let Some(c) = shared
+        .spares
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pop()
+    {
+        return Some(c);
+    }
+    new_context(shared).ok()
+}
+
+/// Parks the blocked thread in slot `i` if it is still blocked; returns
+/// whether it left the slot.
+fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
+    let ctx = core.slot(i);
+    if !ctx.is_published() || !ctx.movable() {
+        return false;
+    }
+    let deadline = match ctx.wakeup().due_or_deadline(now) {
+        None => return false,
+        Some(d) => d,
+    };
+    let Some(spare) = spare_for(core, s) else {
+        return false;
+    };
+    if !ctx.wakeup().try_park() {
+        // A signal came since it last ran: it is runnable, it stays.
+        s.spares.push(spare);
+        return false;
+    }
+    core.runtime().detached.fetch_add(1, Ordering::Relaxed);
+    if deadline != BLOCKED {
+        s.timers
+            .push(Reverse((deadline, ctx as *const ThreadContext as usize)));
+    }
+    detach(core, s, i, spare);
+    true
+}
+
+/// Fires the timers due at `now`; returns the earliest one left.
+pub(crate) fn fire_timers(core: &'static Core, now: u64) -> Option<u64> {
+    // SAFETY: the dispatcher of `core`, between runs.
+    let s = unsafe { core.sched() };
+    while let Some(&Reverse((t, p))) = s.timers.peek() {
+        if t > now {
+            return Some(t);
+        }
+        s.timers.pop();
+        // SAFETY: timers hold addresses of leaked ('static) contexts.
+        signal_context(unsafe { &*(p as *const ThreadContext) });
+    }
+    None
+}
+
+/// The sweep: parks the threads of `marked` slots that are still blocked
+/// (all blocked ones with `force`), then marks the occupied slots for the
+/// next sweep, and evens the load out with less loaded cores. Returns the
+/// new marks.
+pub(crate) fn sweep(core: &'static Core, marked: u64, now: u64, force: bool) -> u64 {
+    // SAFETY: the dispatcher of `core`, between runs.
+    let s = unsafe { core.sched() };
+    let mut m = core.mask.occupied() & if force { !0 } else { marked };
+    while m != 0 {
+        let i = m.trailing_zeros() as usize;
+        m &= m - 1;
+        park(core, s, i, now);
+    }
+    rebalance(core, s, now);
+    core.mask.occupied()
+}
+
+/// When threads wait for a slot and every slot is taken: parks the blocked
+/// threads, and if that frees nothing, sends the thread that just ran
+/// (`last`, runnable) to the back of the queue so a waiting one takes its
+/// turn.
+pub(crate) fn make_room(core: &'static Core, last: Option<usize>, now: u64) {
+    // SAFETY: the dispatcher of `core`, between runs.
+    let s = unsafe { core.sched() };
+    if s.pending.is_empty() {
+        return;
+    }
+    let mut m = core.mask.occupied();
+    while m != 0 {
+        let i = m.trailing_zeros() as usize;
+        m &= m - 1;
+        park(core, s, i, now);
+    }
+    if core.mask.count() as usize == crate::core::SLOTS {
+        if let Some(i) = last {
+            let ctx = core.slot(i);
+            if ctx.is_published() && ctx.movable() && core.mask.occupied() & (1 << i) != 0 {
+                if let Some(spare) = spare_for(core, s) {
+                    // Runnable: its wakeup state says so wherever it goes.
+                    ctx.wakeup().set_runnable();
+                    core.runtime().detached.fetch_add(1, Ordering::Relaxed);
+                    detach(core, s, i, spare);
+                    core.queued.fetch_add(1, Ordering::Relaxed);
+                    s.pending.push_back(ctx);
+                }
+            }
+        }
+    }
+    service_slow(core, s);
+}
+
+/// Moves runnable threads to the least loaded other core when this one has
+/// at least two more (see the module docs).
+fn rebalance(core: &'static Core, s: &mut CoreSched, now: u64) {
+    let shared = core.runtime();
+    let active = shared.active_mask.load(Ordering::Acquire) & !(1u64 << core.index);
+    if active == 0 {
+        return;
+    }
+    let mine = core.load() as usize;
+    let Some((load, target)) = CoreMask(active)
+        .iter()
+        .map(|c| (shared.cores[c].load() as usize, c))
+        .min()
+    else {
+        return;
+    };
+    if mine < load + 2 {
+        return;
+    }
+    let mut budget = (mine - load) / 2;
+    let target = &shared.cores[target];
+    // Threads waiting for a slot here go first: they are not running.
+    while budget > 0 {
+        let Some(ctx) = s.pending.pop_back() else {
+            break;
+        };
+        if ctx.movable() && target.inbox.push(ctx) {
+            core.queued.fetch_sub(1, Ordering::Relaxed);
+            target.queued.fetch_add(1, Ordering::Relaxed);
+            target.gate.wake_after_rmw();
+            budget -= 1;
+        } else {
+            s.pending.push_back(ctx);
+            break;
+        }
+    }
+    let mut m = core.mask.occupied();
+    while budget > 0 && m != 0 {
+        let i = 63 - m.leading_zeros() as usize;
+        m &= !(1u64 << i);
+        let ctx = core.slot(i);
+        if !ctx.is_published() || !ctx.movable() {
+            continue;
+        }
+        let mut now_fn = || now;
+        if !ctx.wakeup().is_due(&mut now_fn) {
+            continue;
+        }
+        let Some(spare) = spare_for(core, s) else {
+            return;
+        };
+        detach(core, s, i, spare);
+        shared.detached.fetch_add(1, Ordering::Relaxed);
+        target.queued.fetch_add(1, Ordering::Relaxed);
+        if target.inbox.push(ctx) {
+            target.gate.wake_after_rmw();
+        } else {
+            // The target closed meanwhile: keep it here, waiting.
+            target.queued.fetch_sub(1, Ordering::Relaxed);
+            core.queued.fetch_add(1, Ordering::Relaxed);
+            s.pending.push_back(ctx);
+        }
+        budget -= 1;
+    }
+}
+
+/// The core is being released: close its inbox, wake its timers' threads,
+/// park its blocked threads and place the others on the remaining cores.
+/// Returns false when another core cannot take them now (no other core is
+/// active, or a slot is still being filled by a spawner).
+pub(crate) fn evict_all(core: &'static Core) -> bool {
+    let shared = core.runtime();
+    let others = shared.active_mask.load(Ordering::Acquire) & !(1u64 << core.index);
+    if others == 0 {
+        return false;
+    }
+    // SAFETY: the dispatcher of `core`, between runs.
+    let s = unsafe { core.sched() };
+    core.inbox.close(&mut s.pending);
+    let now = clock::now();
+    // Timers fire now (early wakeups are allowed): nobody would fire them.
+    while let Some(Reverse((_, p))) = s.timers.pop() {
+        // SAFETY: timers hold addresses of leaked ('static) contexts.
+        signal_context(unsafe { &*(p as *const ThreadContext) });
+    }
+    let mut done = true;
+    let mut m = core.mask.occupied();
+    while m != 0 {
+        let i = m.trailing_zeros() as usize;
+        m &= m - 1;
+        let ctx = core.slot(i);
+        if !ctx.is_published() {
+            // A spawner is writing it (or holds it in reservation): later.
+            done = false;
+            continue;
+        }
+        let Some(spare) = spare_for(core, s) else {
+            done = false;
+            continue;
+        };
+        let w = ctx.wakeup();
+        let parked = ctx.movable() && w.due_or_deadline(now) == Some(BLOCKED) && w.try_park();
+        if !parked {
+            // Runnable, sleeping (no timer here any more: wake it early) or
+            // bound to this core: it runs elsewhere now.
+            w.set_runnable();
+            let from = core.index;
+            shared.detached.fetch_add(1, Ordering::Relaxed);
+            detach(core, s, i, spare);
+            core.queued.fetch_add(1, Ordering::Relaxed);
+            s.pending.push_back(ctx);
+            if !ctx.movable() {
+                // A pinned or exclusive thread follows its policy's view.
+                let to = shared.active_mask.load(Ordering::Acquire) & !(1u64 << from);
+                if to != 0 {
+                    shared
+                        .policy
+                        .thread_migrated(ctx.class(), from, to.trailing_zeros() as usize);
+                }
+            }
+            continue;
+        }
+        shared.detached.fetch_add(1, Ordering::Relaxed);
+        detach(core, s, i, spare);
+    }
+    while let Some(ctx) = s.pending.pop_front() {
+        core.queued.fetch_sub(1, Ordering::Relaxed);
+        place(shared, ctx, Some(core.index));
+    }
+    done && core.mask.occupied() == 0
+}
+
+/// The core runs again: it takes threads from other cores from now on.
+pub(crate) fn reopen(core: &'static Core) {
+    core.inbox.open();
+}
+
+/// Shutdown: closes the inbox for good unless a thread arrived in it (then
+/// it stays open and the thread waits here); returns whether one did.
+pub(crate) fn close_for_shutdown(core: &'static Core) -> bool {
+    // SAFETY: the dispatcher of `core`, between runs.
+    let s = unsafe { core.sched() };
+    if core.inbox.close(&mut s.pending) > 0 {
+        core.inbox.open();
+        return true;
+    }
+    false
+}
