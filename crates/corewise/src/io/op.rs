@@ -331,14 +331,29 @@ pub(crate) unsafe fn run_on(
     object: Object,
 ) -> io::Result<usize> {
     let mut wait_first = object.wait_first;
-    // Each round looks up the caller's core anew: a thread whose core was
-    // released between rounds continues on the core it moved to.
+    // The ring answered `EAGAIN`: wait for readiness before the next try.
+    let mut ring_poll = false;
+    // Each round looks up the caller's core anew, and a round waits at most
+    // once: a thread whose core was released while it waited (or while it
+    // was runnable) continues on the core it moved to. A core looked up
+    // before a wait is never used after it.
     loop {
         if cancel.is_some_and(|c| c.is_cancelled()) {
             return Err(cancelled_error());
         }
         match ctx() {
             Ctx::Ring(core) => {
+                if std::mem::take(&mut ring_poll) {
+                    if let Some((fd, events)) = kind.readiness() {
+                        let p = Kind::Poll { fd, events };
+                        // SAFETY: a poll carries no pointers.
+                        let pr = unsafe { ring_wait(core, p.sqe(), deadline, cancel) };
+                        if pr < 0 && pr != EVACUATED {
+                            return Err(ring_error(pr, deadline, cancel));
+                        }
+                        continue;
+                    }
+                }
                 // SAFETY: per our contract; ring_wait waits for the CQE.
                 let r = unsafe { ring_wait(core, kind.sqe(), deadline, cancel) };
                 if r >= 0 {
@@ -348,14 +363,7 @@ pub(crate) unsafe fn run_on(
                     continue;
                 }
                 match (-r, kind.readiness()) {
-                    (libc::EAGAIN, Some((fd, ev))) => {
-                        let p = Kind::Poll { fd, events: ev };
-                        // SAFETY: a poll carries no pointers.
-                        let pr = unsafe { ring_wait(core, p.sqe(), deadline, cancel) };
-                        if pr < 0 && pr != EVACUATED {
-                            return Err(ring_error(pr, deadline, cancel));
-                        }
-                    }
+                    (libc::EAGAIN, Some(_)) => ring_poll = true,
                     _ => return Err(ring_error(r, deadline, cancel)),
                 }
             }
@@ -363,6 +371,15 @@ pub(crate) unsafe fn run_on(
                 Some((fd, ev)) => {
                     if std::mem::take(&mut wait_first) {
                         epoll_ready(core, fd, ev, object.ident, deadline, cancel)?;
+                        // The wait may have ended because `core` was
+                        // released (evacuation) and this thread now runs on
+                        // another core: `core` is stale, its epoll set and
+                        // records belong to another kernel thread. Look the
+                        // core up again before the call (and any wait after
+                        // it). Waiting on the old core's set raced with its
+                        // dispatcher and, once it stopped polling, lost the
+                        // wakeup for good.
+                        continue;
                     }
                     // SAFETY: per our contract.
                     match unsafe { kind.now() } {
