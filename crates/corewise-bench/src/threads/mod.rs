@@ -1,0 +1,252 @@
+//! `corewise-bench threads`: many threads at once, corewise against tokio
+//! tasks, may coroutines and std threads.
+//!
+//! Scenarios (each a size flag, so they can be tried small):
+//! - `sleepers`: spawn N threads that each sleep 10 ms, join them all: wall
+//!   time and peak RSS.
+//! - `parked`: N threads blocked at once on a condition: time to create them,
+//!   RSS per parked thread (RSS delta / N), time to wake them all and join.
+//!
+//! Every (scenario, runtime) pair runs in a child process of this program
+//! (`--child`), so runtimes never share an address space and each peak RSS
+//! (VmHWM of `/proc/self/status`, read by the child at its end) is that
+//! runtime's alone. A runtime that cannot reach N (no thread slot, no stack
+//! mapping, no kernel thread) is reported in the table as `failed: ...`
+//! with the count it reached; the benchmark never panics on it.
+//!
+//! Not built yet: the `connections` scenario and the Go column.
+
+mod child;
+
+use crate::error::BenchError;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// Command line of `corewise-bench threads`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Smaller N (10 000 sleepers, 100 000 parked).
+    #[arg(long)]
+    pub quick: bool,
+    /// Scenarios to run (default sleepers,parked).
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Option<Vec<String>>,
+    /// Runtimes to run (default corewise,tokio,may,std).
+    #[arg(long, value_delimiter = ',')]
+    pub runtimes: Option<Vec<String>>,
+    /// Threads in `sleepers` (default 100 000; quick 10 000).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Threads in `parked` (default 1 000 000; quick 100 000).
+    #[arg(long)]
+    pub parked: Option<usize>,
+    /// std threads are skipped in a scenario above this many threads.
+    #[arg(long, default_value_t = 100_000)]
+    pub std_max: usize,
+    /// Internal: run one scenario (`SCENARIO:RUNTIME:N`) and print its outcome.
+    #[arg(long, hide = true)]
+    pub child: Option<String>,
+}
+
+/// What one child reports (one JSON line on stdout).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Outcome {
+    /// `None` when the scenario completed; else why it stopped.
+    pub error: Option<String>,
+    /// Threads asked for.
+    pub n: usize,
+    /// sleepers: spawn to last join, ms.
+    pub wall_ms: Option<f64>,
+    /// parked: time to create all N and have them blocked, ms.
+    pub create_ms: Option<f64>,
+    /// parked: time to wake all N and join them, ms.
+    pub wake_ms: Option<f64>,
+    /// parked: (RSS with N parked - RSS before) / N, bytes.
+    pub rss_per_thread_bytes: Option<f64>,
+    /// Peak RSS of the child process (VmHWM), KiB.
+    pub peak_rss_kib: Option<u64>,
+}
+
+/// One row of the results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// sleepers or parked.
+    pub scenario: String,
+    /// corewise, tokio, may or std.
+    pub runtime: String,
+    /// The child's outcome (`error: "skipped: ..."` when not run).
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+const RUNTIMES: [&str; 4] = ["corewise", "tokio", "may", "std"];
+const SCENARIOS: [&str; 2] = ["sleepers", "parked"];
+
+/// Runs the benchmark (or, with `--child`, one scenario).
+pub fn run(args: &Args) -> Result<(), BenchError> {
+    if let Some(spec) = &args.child {
+        let out = child::run(spec);
+        println!("{}", serde_json::to_string(&out)?);
+        return Ok(());
+    }
+    let scenarios = pick(&args.scenarios, &SCENARIOS, "scenario")?;
+    let runtimes = pick(&args.runtimes, &RUNTIMES, "runtime")?;
+    let n_of = |s: &str| match s {
+        "sleepers" => args
+            .threads
+            .unwrap_or(if args.quick { 10_000 } else { 100_000 }),
+        _ => args
+            .parked
+            .unwrap_or(if args.quick { 100_000 } else { 1_000_000 }),
+    };
+    let exe = std::env::current_exe().map_err(|e| BenchError::io("current_exe", e))?;
+    let mut records = Vec::new();
+    for s in &scenarios {
+        let n = n_of(s);
+        for r in &runtimes {
+            let outcome = if *r == "std" && n > args.std_max {
+                Outcome {
+                    error: Some(format!("skipped: {n} > --std-max {}", args.std_max)),
+                    n,
+                    ..Outcome::default()
+                }
+            } else {
+                eprintln!("threads: {s} {r} n={n}");
+                run_child(&exe, s, r, n)
+            };
+            records.push(Record {
+                scenario: s.to_string(),
+                runtime: r.to_string(),
+                outcome,
+            });
+        }
+    }
+    print!("{}", markdown(&records, &runtimes));
+    if let Some(p) = &args.json {
+        let text = serde_json::to_string_pretty(&records)?;
+        std::fs::write(p, text + "\n")
+            .map_err(|e| BenchError::io(format!("writing {}", p.display()), e))?;
+    }
+    Ok(())
+}
+
+fn pick(
+    given: &Option<Vec<String>>,
+    all: &[&'static str],
+    what: &str,
+) -> Result<Vec<&'static str>, BenchError> {
+    match given {
+        None => Ok(all.to_vec()),
+        Some(v) => v
+            .iter()
+            .map(|g| {
+                all.iter().copied().find(|a| a == g).ok_or_else(|| {
+                    BenchError::Machine(format!("unknown {what} {g:?} (one of {all:?})"))
+                })
+            })
+            .collect(),
+    }
+}
+
+/// Runs one scenario in a child process; a child that dies is a failed cell.
+fn run_child(exe: &std::path::Path, scenario: &str, runtime: &str, n: usize) -> Outcome {
+    let fail = |e: String| Outcome {
+        error: Some(e),
+        n,
+        ..Outcome::default()
+    };
+    let out = match Command::new(exe)
+        .args(["threads", "--child", &format!("{scenario}:{runtime}:{n}")])
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => return fail(format!("failed: cannot start child: {e}")),
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.lines().last().map(serde_json::from_str::<Outcome>) {
+        Some(Ok(o)) => o,
+        _ => fail(format!("failed: child exited with {}", out.status)),
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{v:.1}"))
+}
+
+/// The markdown table: one row per scenario and figure, a column per runtime.
+pub fn markdown(records: &[Record], runtimes: &[&str]) -> String {
+    let mut s = String::new();
+    let _ = write!(s, "| scenario | figure |");
+    for r in runtimes {
+        let _ = write!(s, " {r} |");
+    }
+    let _ = write!(s, "\n|---|---|");
+    for _ in runtimes {
+        s.push_str("---|");
+    }
+    s.push('\n');
+    type Cell = fn(&Outcome) -> String;
+    let figures: [(&str, &str, Cell); 6] = [
+        ("sleepers", "wall (ms)", |o| ms(o.wall_ms)),
+        ("sleepers", "peak RSS (MiB)", |o| {
+            o.peak_rss_kib
+                .map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+        }),
+        ("parked", "create (ms)", |o| ms(o.create_ms)),
+        ("parked", "RSS per parked thread (bytes)", |o| {
+            o.rss_per_thread_bytes
+                .map_or("–".into(), |b| format!("{b:.0}"))
+        }),
+        ("parked", "wake + join (ms)", |o| ms(o.wake_ms)),
+        ("parked", "peak RSS (MiB)", |o| {
+            o.peak_rss_kib
+                .map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+        }),
+    ];
+    let mut shown_err = std::collections::HashSet::new();
+    for (scen, label, cell) in figures {
+        let rows: Vec<&Record> = records.iter().filter(|r| r.scenario == scen).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let n = rows[0].outcome.n;
+        let _ = write!(s, "| {scen} (N = {n}) | {label} |");
+        for rt in runtimes {
+            match rows.iter().find(|r| r.runtime == *rt) {
+                Some(r) => match &r.outcome.error {
+                    Some(e) if shown_err.insert((scen, *rt)) => {
+                        let _ = write!(s, " {e} |");
+                    }
+                    Some(_) => s.push_str(" – |"),
+                    None => {
+                        let _ = write!(s, " {} |", cell(&r.outcome));
+                    }
+                },
+                None => s.push_str(" – |"),
+            }
+        }
+        s.push('\n');
+    }
+    // Ratios to tokio, measured side by side in this run.
+    if let Some(t) = records
+        .iter()
+        .find(|r| r.scenario == "sleepers" && r.runtime == "tokio")
+        .and_then(|r| r.outcome.wall_ms)
+    {
+        s.push_str("\nsleepers wall time / tokio's:");
+        for r in records.iter().filter(|r| r.scenario == "sleepers") {
+            if let Some(w) = r.outcome.wall_ms {
+                let _ = write!(s, " {} {:.2}x;", r.runtime, w / t);
+            }
+        }
+        s.push('\n');
+    }
+    s
+}
