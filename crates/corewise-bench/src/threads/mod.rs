@@ -14,9 +14,17 @@
 //! mapping, no kernel thread) is reported in the table as `failed: ...`
 //! with the count it reached; the benchmark never panics on it.
 //!
-//! Not built yet: the `connections` scenario and the Go column.
+//! - `connections`: the `echo` benchmark's servers (corewise on each back
+//!   end: a user thread per connection; tokio: a task per connection; the
+//!   plain epoll loop) with N connections open and `--active` of them
+//!   carrying `--rate` requests/s in total: p50/p99 and server peak RSS.
+//!   The process's RLIMIT_NOFILE soft limit is raised to its hard limit
+//!   first (children inherit it).
+//!
+//! Not built yet: the Go column.
 
 mod child;
+mod connections;
 
 use crate::error::BenchError;
 use serde::{Deserialize, Serialize};
@@ -48,6 +56,18 @@ pub struct Args {
     /// std threads are skipped in a scenario above this many threads.
     #[arg(long, default_value_t = 100_000)]
     pub std_max: usize,
+    /// Connections open in `connections` (default 10 000; quick 1 000).
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Connections carrying requests in `connections` (default 1 000; quick 100).
+    #[arg(long)]
+    pub active: Option<usize>,
+    /// Total request rate in `connections`, per second.
+    #[arg(long, default_value_t = 10_000)]
+    pub rate: u64,
+    /// Internal: run the `connections` load generator (`PORT:CONNS:ACTIVE:RATE:MS`).
+    #[arg(long, hide = true)]
+    pub load: Option<String>,
     /// Internal: run one scenario (`SCENARIO:RUNTIME:N`) and print its outcome.
     #[arg(long, hide = true)]
     pub child: Option<String>,
@@ -62,6 +82,10 @@ pub struct Outcome {
     pub n: usize,
     /// sleepers: spawn to last join, ms.
     pub wall_ms: Option<f64>,
+    /// connections: median latency, µs.
+    pub p50_us: Option<f64>,
+    /// connections: 99th percentile latency, µs.
+    pub p99_us: Option<f64>,
     /// parked: time to create all N and have them blocked, ms.
     pub create_ms: Option<f64>,
     /// parked: time to wake all N and join them, ms.
@@ -84,8 +108,41 @@ pub struct Record {
     pub outcome: Outcome,
 }
 
-const RUNTIMES: [&str; 4] = ["corewise", "tokio", "may", "std"];
-const SCENARIOS: [&str; 2] = ["sleepers", "parked"];
+const RUNTIMES: [&str; 6] = [
+    "corewise",
+    "tokio",
+    "may",
+    "std",
+    "corewise-epoll",
+    "epoll-loop",
+];
+const SCENARIOS: [&str; 3] = ["sleepers", "parked", "connections"];
+/// Runtimes that take part in `connections` (the echo servers), and the
+/// echo server each names.
+fn echo_server(rt: &str) -> Option<&'static str> {
+    match rt {
+        "corewise" => Some("corewise-uring"),
+        "corewise-epoll" => Some("corewise-epoll"),
+        "tokio" => Some("tokio"),
+        "epoll-loop" => Some("epoll-loop"),
+        _ => None,
+    }
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit.
+fn raise_nofile() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write only the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
 
 /// Runs the benchmark (or, with `--child`, one scenario).
 pub fn run(args: &Args) -> Result<(), BenchError> {
@@ -94,6 +151,11 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
+    if let Some(spec) = &args.load {
+        println!("{}", serde_json::to_string(&connections::load(spec))?);
+        return Ok(());
+    }
+    raise_nofile();
     let scenarios = pick(&args.scenarios, &SCENARIOS, "scenario")?;
     let runtimes = pick(&args.runtimes, &RUNTIMES, "runtime")?;
     let n_of = |s: &str| match s {
@@ -109,7 +171,26 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     for s in &scenarios {
         let n = n_of(s);
         for r in &runtimes {
-            let outcome = if *r == "std" && n > args.std_max {
+            let outcome = if *s == "connections" {
+                let Some(server) = echo_server(r) else {
+                    continue;
+                };
+                let (c, a) = (
+                    args.connections
+                        .unwrap_or(if args.quick { 1_000 } else { 10_000 }),
+                    args.active.unwrap_or(if args.quick { 100 } else { 1_000 }),
+                );
+                eprintln!("threads: connections {r} conns={c} active={a}");
+                connections::measure(
+                    server,
+                    c,
+                    a,
+                    args.rate,
+                    if args.quick { 2_000 } else { 10_000 },
+                )
+            } else if echo_server(r).is_some() && *r != "corewise" && *r != "tokio" {
+                continue;
+            } else if *r == "std" && n > args.std_max {
                 Outcome {
                     error: Some(format!("skipped: {n} > --std-max {}", args.std_max)),
                     n,
@@ -193,7 +274,7 @@ pub fn markdown(records: &[Record], runtimes: &[&str]) -> String {
     }
     s.push('\n');
     type Cell = fn(&Outcome) -> String;
-    let figures: [(&str, &str, Cell); 6] = [
+    let figures: [(&str, &str, Cell); 9] = [
         ("sleepers", "wall (ms)", |o| ms(o.wall_ms)),
         ("sleepers", "peak RSS (MiB)", |o| {
             o.peak_rss_kib
@@ -206,6 +287,12 @@ pub fn markdown(records: &[Record], runtimes: &[&str]) -> String {
         }),
         ("parked", "wake + join (ms)", |o| ms(o.wake_ms)),
         ("parked", "peak RSS (MiB)", |o| {
+            o.peak_rss_kib
+                .map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+        }),
+        ("connections", "p50 (µs)", |o| ms(o.p50_us)),
+        ("connections", "p99 (µs)", |o| ms(o.p99_us)),
+        ("connections", "server peak RSS (MiB)", |o| {
             o.peak_rss_kib
                 .map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
         }),
