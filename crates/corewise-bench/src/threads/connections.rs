@@ -1,5 +1,6 @@
-//! The `connections` scenario: thread-per-connection echo servers (the
-//! `echo` benchmark's servers, each in its own child process) with many
+//! The `connections` scenario: thread-per-connection echo servers, each in
+//! its own child process (corewise: [`serve_tpc`], a user thread per
+//! connection; tokio and the epoll loop: the `echo` benchmark's servers) with many
 //! connections open and some of them active at a fixed total rate.
 //!
 //! The load generator runs in another child process (`--load`), so the
@@ -74,9 +75,23 @@ pub fn measure(server: &str, conns: usize, active: usize, rate: u64, millis: u64
         .ok()
         .and_then(|c| c.last().copied())
         .unwrap_or(0);
+    let serve_args = if server.starts_with("corewise") {
+        [
+            "threads".to_string(),
+            "--serve-tpc".into(),
+            format!("{server}:{cpu}"),
+        ]
+    } else {
+        [
+            "echo".to_string(),
+            "--serve".into(),
+            format!("{server}:{cpu}:{conns}"),
+        ]
+    };
     let mut child = match Command::new(&exe)
-        .args(["echo", "--serve", &format!("{server}:{cpu}:{conns}")])
+        .args(&serve_args)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .stdin(Stdio::null())
         .spawn()
     {
@@ -117,12 +132,67 @@ pub fn measure(server: &str, conns: usize, active: usize, rate: u64, millis: u64
                 .find(|l| l.starts_with("VmHWM:"))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         });
-    if out.error.is_none() {
-        if let Ok(Some(st)) = child.try_wait() {
-            out.error = Some(format!("failed: server exited with {st}"));
+    // A server that stopped explains the generator's failure: its own
+    // one-line reason (a spawn that failed, with the count reached) wins.
+    if let Ok(Some(st)) = child.try_wait() {
+        let mut why = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut why);
         }
+        let why = why.lines().last().unwrap_or("").trim().to_string();
+        out.error = Some(format!("failed: server exited with {st}: {why}"));
     }
     let _ = child.kill();
     let _ = child.wait();
     out
+}
+
+/// A corewise thread-per-connection echo server on `cpu` (`KIND:CPU`, KIND
+/// corewise-uring or corewise-epoll): prints its port, then spawns one user
+/// thread per accepted connection. A spawn that fails is printed to stderr
+/// with the count reached and ends the process with status 3.
+pub fn serve_tpc(spec: &str) -> ! {
+    let (kind, cpu) = spec.split_once(':').unwrap_or((spec, "0"));
+    let backend = if kind == "corewise-epoll" {
+        corewise::IoBackend::Epoll
+    } else {
+        corewise::IoBackend::Uring
+    };
+    let fail = |what: String| -> ! {
+        eprintln!("{what}");
+        std::process::exit(3)
+    };
+    let rt = corewise::Runtime::builder()
+        .cpus([cpu.parse().unwrap_or(0)])
+        .io_backend(backend)
+        .neighbour_awareness(None)
+        .build()
+        .unwrap_or_else(|e| fail(format!("runtime: {e}")));
+    let l = corewise::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap_or_else(|e| fail(format!("bind: {e}")));
+    match l.local_addr() {
+        Ok(a) => println!("{}", a.port()),
+        Err(e) => fail(format!("local_addr: {e}")),
+    }
+    let res = rt.block_on(move || {
+        for i in 0.. {
+            let (mut s, _) = match l.accept() {
+                Ok(c) => c,
+                Err(e) => return format!("accept after {i} connections: {e}"),
+            };
+            let _ = s.set_nodelay(true);
+            let spawned = corewise::spawn(move || {
+                let mut buf = [0u8; 64];
+                while s.read_exact(&mut buf).is_ok() && s.write_all(&buf).is_ok() {}
+            });
+            if let Err(e) = spawned {
+                return format!("spawn after {i} connection threads: {e}");
+            }
+        }
+        String::new()
+    });
+    match res {
+        Ok(e) => fail(format!("server stopped: {e}")),
+        Err(e) => fail(format!("server: {e}")),
+    }
 }

@@ -14,8 +14,8 @@
 //! mapping, no kernel thread) is reported in the table as `failed: ...`
 //! with the count it reached; the benchmark never panics on it.
 //!
-//! - `connections`: the `echo` benchmark's servers (corewise on each back
-//!   end: a user thread per connection; tokio: a task per connection; the
+//! - `connections`: echo servers (corewise on each back end: a user thread
+//!   per connection; tokio: a task per connection; the
 //!   plain epoll loop) with N connections open and `--active` of them
 //!   carrying `--rate` requests/s in total: p50/p99 and server peak RSS.
 //!   The process's RLIMIT_NOFILE soft limit is raised to its hard limit
@@ -68,6 +68,9 @@ pub struct Args {
     /// Internal: run the `connections` load generator (`PORT:CONNS:ACTIVE:RATE:MS`).
     #[arg(long, hide = true)]
     pub load: Option<String>,
+    /// Internal: run a corewise thread-per-connection server (`KIND:CPU`).
+    #[arg(long, hide = true)]
+    pub serve_tpc: Option<String>,
     /// Internal: run one scenario (`SCENARIO:RUNTIME:N`) and print its outcome.
     #[arg(long, hide = true)]
     pub child: Option<String>,
@@ -150,6 +153,9 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         let out = child::run(spec);
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
+    }
+    if let Some(spec) = &args.serve_tpc {
+        connections::serve_tpc(spec);
     }
     if let Some(spec) = &args.load {
         println!("{}", serde_json::to_string(&connections::load(spec))?);
