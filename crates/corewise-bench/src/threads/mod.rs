@@ -62,12 +62,18 @@ pub struct Args {
     /// Connections carrying requests in `connections` (default 1 000; quick 100).
     #[arg(long)]
     pub active: Option<usize>,
-    /// Total request rate in `connections`, per second.
-    #[arg(long, default_value_t = 10_000)]
+    /// Total request rate in `connections`, per second. The generator keeps
+    /// one request in flight, so a rate above 1 / round trip falls behind
+    /// its schedule and the latencies grow with the queue.
+    #[arg(long, default_value_t = 2_000)]
     pub rate: u64,
     /// Internal: run the `connections` load generator (`PORT:CONNS:ACTIVE:RATE:MS`).
     #[arg(long, hide = true)]
     pub load: Option<String>,
+    /// A scenario child that has not reported after this many seconds is
+    /// killed and its cell reads `failed: no result within ...`.
+    #[arg(long, default_value_t = 120)]
+    pub child_timeout: u64,
     /// Internal: run a corewise thread-per-connection server (`KIND:CPU`).
     #[arg(long, hide = true)]
     pub serve_tpc: Option<String>,
@@ -204,7 +210,13 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                 }
             } else {
                 eprintln!("threads: {s} {r} n={n}");
-                run_child(&exe, s, r, n)
+                run_child(
+                    &exe,
+                    s,
+                    r,
+                    n,
+                    std::time::Duration::from_secs(args.child_timeout),
+                )
             };
             records.push(Record {
                 scenario: s.to_string(),
@@ -241,26 +253,96 @@ fn pick(
 }
 
 /// Runs one scenario in a child process; a child that dies is a failed cell.
-fn run_child(exe: &std::path::Path, scenario: &str, runtime: &str, n: usize) -> Outcome {
+fn run_child(
+    exe: &std::path::Path,
+    scenario: &str,
+    runtime: &str,
+    n: usize,
+    timeout: std::time::Duration,
+) -> Outcome {
     let fail = |e: String| Outcome {
         error: Some(e),
         n,
         ..Outcome::default()
     };
-    let out = match Command::new(exe)
+    let mut child = match Command::new(exe)
         .args(["threads", "--child", &format!("{scenario}:{runtime}:{n}")])
         .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
     {
-        Ok(o) => o,
+        Ok(c) => c,
         Err(e) => return fail(format!("failed: cannot start child: {e}")),
+    };
+    // Read both pipes on their own threads so a chatty child never blocks,
+    // and wait with a deadline: a runtime that aborts half-way can hang.
+    let drain = |p: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut p) = p {
+                let _ = p.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let so = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let se = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let out = std::process::Output {
+        status: match status {
+            Some(st) => st,
+            None => {
+                return fail(format!(
+                    "failed: no result within {} s (child killed)",
+                    timeout.as_secs()
+                ))
+            }
+        },
+        stdout: so.join().unwrap_or_default(),
+        stderr: se.join().unwrap_or_default(),
     };
     let text = String::from_utf8_lossy(&out.stdout);
     match text.lines().last().map(serde_json::from_str::<Outcome>) {
         Some(Ok(o)) => o,
-        _ => fail(format!("failed: child exited with {}", out.status)),
+        _ => fail(format!(
+            "failed: child exited with {}: {} (vm.max_map_count = {})",
+            out.status,
+            crash_reason(&String::from_utf8_lossy(&out.stderr)),
+            std::fs::read_to_string("/proc/sys/vm/max_map_count")
+                .map_or("?".into(), |s| s.trim().to_string())
+        )),
     }
+}
+
+/// The line that says why a runtime's child died: the one after a panic
+/// header (a runtime that cannot map a stack panics or aborts), else the
+/// last non-empty line.
+fn crash_reason(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines
+        .iter()
+        .position(|l| l.contains("panicked at"))
+        .and_then(|i| lines.get(i + 1))
+        .or(lines.last())
+        .map_or(String::new(), |l| l.to_string())
 }
 
 fn ms(v: Option<f64>) -> String {
