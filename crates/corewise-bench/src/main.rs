@@ -17,6 +17,7 @@ mod output;
 mod primitives;
 mod procstat;
 mod stats;
+mod threads;
 
 use clap::{Parser, Subcommand};
 
@@ -50,6 +51,9 @@ enum Command {
     /// corewise-kv against memcached -t 1 on one server CPU: open-loop
     /// rate sweep, p50/p99/p99.9, peak throughput at p99 <= 1 ms.
     Kv(kv::Args),
+    /// Many threads at once: 100 000 sleepers, 1 000 000 parked, for
+    /// corewise, tokio, may and std: wall time, RSS per thread.
+    Threads(threads::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,6 +64,7 @@ fn main() -> std::process::ExitCode {
         Command::Cores(args) => cores::run(&args),
         Command::Echo(args) => echo::run(&args),
         Command::Kv(args) => kv::run(&args),
+        Command::Threads(args) => threads::run(&args),
         Command::CoreGrant(args) => core_grant::run(args)
             .map(|_| ())
             .map_err(|e| error::BenchError::Machine(format!("core-grant: {e}"))),

@@ -20,7 +20,7 @@
 //! one record per server and connection count. `bench/echo.sh` runs it and
 //! draws `echo.png` with `bench/echo_plot.py`.
 
-mod load;
+pub(crate) mod load;
 mod servers;
 
 use crate::error::BenchError;

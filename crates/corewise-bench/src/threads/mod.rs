@@ -1,0 +1,427 @@
+//! `corewise-bench threads`: many threads at once, corewise against tokio
+//! tasks, may coroutines and std threads.
+//!
+//! Scenarios (each a size flag, so they can be tried small):
+//! - `sleepers`: spawn N threads that each sleep 10 ms, join them all: wall
+//!   time and peak RSS.
+//! - `parked`: N threads blocked at once on a condition: time to create them,
+//!   RSS per parked thread (RSS delta / N), time to wake them all and join.
+//!
+//! Every (scenario, runtime) pair runs in a child process of this program
+//! (`--child`), so runtimes never share an address space and each peak RSS
+//! (VmHWM of `/proc/self/status`, read by the child at its end) is that
+//! runtime's alone. A runtime that cannot reach N (no thread slot, no stack
+//! mapping, no kernel thread) is reported in the table as `failed: ...`
+//! with the count it reached; the benchmark never panics on it.
+//!
+//! - `connections`: echo servers (corewise on each back end: a user thread
+//!   per connection; tokio: a task per connection; the
+//!   plain epoll loop) with N connections open and `--active` of them
+//!   carrying `--rate` requests/s in total: p50/p99 and server peak RSS.
+//!   The process's RLIMIT_NOFILE soft limit is raised to its hard limit
+//!   first (children inherit it).
+//!
+//! Not built yet: the Go column.
+
+mod child;
+mod connections;
+
+use crate::error::BenchError;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// Command line of `corewise-bench threads`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Smaller N (10 000 sleepers, 100 000 parked).
+    #[arg(long)]
+    pub quick: bool,
+    /// Scenarios to run (default sleepers,parked).
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Option<Vec<String>>,
+    /// Runtimes to run (default corewise,tokio,may,std).
+    #[arg(long, value_delimiter = ',')]
+    pub runtimes: Option<Vec<String>>,
+    /// Threads in `sleepers` (default 100 000; quick 10 000).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Threads in `parked` (default 1 000 000; quick 100 000).
+    #[arg(long)]
+    pub parked: Option<usize>,
+    /// std threads are skipped in a scenario above this many threads.
+    #[arg(long, default_value_t = 100_000)]
+    pub std_max: usize,
+    /// Connections open in `connections` (default 10 000; quick 1 000).
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Connections carrying requests in `connections` (default 1 000; quick 100).
+    #[arg(long)]
+    pub active: Option<usize>,
+    /// Total request rate in `connections`, per second. The generator keeps
+    /// one request in flight, so a rate above 1 / round trip falls behind
+    /// its schedule and the latencies grow with the queue.
+    #[arg(long, default_value_t = 2_000)]
+    pub rate: u64,
+    /// Internal: run the `connections` load generator (`PORT:CONNS:ACTIVE:RATE:MS`).
+    #[arg(long, hide = true)]
+    pub load: Option<String>,
+    /// A scenario child that has not reported after this many seconds is
+    /// killed and its cell reads `failed: no result within ...`.
+    #[arg(long, default_value_t = 120)]
+    pub child_timeout: u64,
+    /// Internal: run a corewise thread-per-connection server (`KIND:CPU`).
+    #[arg(long, hide = true)]
+    pub serve_tpc: Option<String>,
+    /// Internal: run one scenario (`SCENARIO:RUNTIME:N`) and print its outcome.
+    #[arg(long, hide = true)]
+    pub child: Option<String>,
+}
+
+/// What one child reports (one JSON line on stdout).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Outcome {
+    /// `None` when the scenario completed; else why it stopped.
+    pub error: Option<String>,
+    /// Threads asked for.
+    pub n: usize,
+    /// sleepers: spawn to last join, ms.
+    pub wall_ms: Option<f64>,
+    /// connections: median latency, µs.
+    pub p50_us: Option<f64>,
+    /// connections: 99th percentile latency, µs.
+    pub p99_us: Option<f64>,
+    /// parked: time to create all N and have them blocked, ms.
+    pub create_ms: Option<f64>,
+    /// parked: time to wake all N and join them, ms.
+    pub wake_ms: Option<f64>,
+    /// parked: (RSS with N parked - RSS before) / N, bytes.
+    pub rss_per_thread_bytes: Option<f64>,
+    /// Peak RSS of the child process (VmHWM), KiB.
+    pub peak_rss_kib: Option<u64>,
+}
+
+/// One row of the results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// sleepers or parked.
+    pub scenario: String,
+    /// corewise, tokio, may or std.
+    pub runtime: String,
+    /// The child's outcome (`error: "skipped: ..."` when not run).
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+const RUNTIMES: [&str; 6] = [
+    "corewise",
+    "tokio",
+    "may",
+    "std",
+    "corewise-epoll",
+    "epoll-loop",
+];
+const SCENARIOS: [&str; 3] = ["sleepers", "parked", "connections"];
+/// Runtimes that take part in `connections` (the echo servers), and the
+/// echo server each names.
+fn echo_server(rt: &str) -> Option<&'static str> {
+    match rt {
+        "corewise" => Some("corewise-uring"),
+        "corewise-epoll" => Some("corewise-epoll"),
+        "tokio" => Some("tokio"),
+        "epoll-loop" => Some("epoll-loop"),
+        _ => None,
+    }
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit.
+fn raise_nofile() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write only the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// Runs the benchmark (or, with `--child`, one scenario).
+pub fn run(args: &Args) -> Result<(), BenchError> {
+    if let Some(spec) = &args.child {
+        let out = child::run(spec);
+        println!("{}", serde_json::to_string(&out)?);
+        return Ok(());
+    }
+    if let Some(spec) = &args.serve_tpc {
+        connections::serve_tpc(spec);
+    }
+    if let Some(spec) = &args.load {
+        println!("{}", serde_json::to_string(&connections::load(spec))?);
+        return Ok(());
+    }
+    raise_nofile();
+    let scenarios = pick(&args.scenarios, &SCENARIOS, "scenario")?;
+    let runtimes = pick(&args.runtimes, &RUNTIMES, "runtime")?;
+    let n_of = |s: &str| match s {
+        "sleepers" => args
+            .threads
+            .unwrap_or(if args.quick { 10_000 } else { 100_000 }),
+        _ => args
+            .parked
+            .unwrap_or(if args.quick { 100_000 } else { 1_000_000 }),
+    };
+    let exe = std::env::current_exe().map_err(|e| BenchError::io("current_exe", e))?;
+    let mut records = Vec::new();
+    for s in &scenarios {
+        let n = n_of(s);
+        for r in &runtimes {
+            let outcome = if *s == "connections" {
+                let Some(server) = echo_server(r) else {
+                    continue;
+                };
+                let (c, a) = (
+                    args.connections
+                        .unwrap_or(if args.quick { 1_000 } else { 10_000 }),
+                    args.active.unwrap_or(if args.quick { 100 } else { 1_000 }),
+                );
+                eprintln!("threads: connections {r} conns={c} active={a}");
+                connections::measure(
+                    server,
+                    c,
+                    a,
+                    args.rate,
+                    if args.quick { 2_000 } else { 10_000 },
+                )
+            } else if echo_server(r).is_some() && *r != "corewise" && *r != "tokio" {
+                continue;
+            } else if *r == "std" && n > args.std_max {
+                Outcome {
+                    error: Some(format!("skipped: {n} > --std-max {}", args.std_max)),
+                    n,
+                    ..Outcome::default()
+                }
+            } else {
+                eprintln!("threads: {s} {r} n={n}");
+                run_child(
+                    &exe,
+                    s,
+                    r,
+                    n,
+                    std::time::Duration::from_secs(args.child_timeout),
+                )
+            };
+            records.push(Record {
+                scenario: s.to_string(),
+                runtime: r.to_string(),
+                outcome,
+            });
+        }
+    }
+    print!("{}", markdown(&records, &runtimes));
+    if let Some(p) = &args.json {
+        let text = serde_json::to_string_pretty(&records)?;
+        std::fs::write(p, text + "\n")
+            .map_err(|e| BenchError::io(format!("writing {}", p.display()), e))?;
+    }
+    Ok(())
+}
+
+fn pick(
+    given: &Option<Vec<String>>,
+    all: &[&'static str],
+    what: &str,
+) -> Result<Vec<&'static str>, BenchError> {
+    match given {
+        None => Ok(all.to_vec()),
+        Some(v) => v
+            .iter()
+            .map(|g| {
+                all.iter().copied().find(|a| a == g).ok_or_else(|| {
+                    BenchError::Machine(format!("unknown {what} {g:?} (one of {all:?})"))
+                })
+            })
+            .collect(),
+    }
+}
+
+/// Runs one scenario in a child process; a child that dies is a failed cell.
+fn run_child(
+    exe: &std::path::Path,
+    scenario: &str,
+    runtime: &str,
+    n: usize,
+    timeout: std::time::Duration,
+) -> Outcome {
+    let fail = |e: String| Outcome {
+        error: Some(e),
+        n,
+        ..Outcome::default()
+    };
+    let mut child = match Command::new(exe)
+        .args(["threads", "--child", &format!("{scenario}:{runtime}:{n}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return fail(format!("failed: cannot start child: {e}")),
+    };
+    // Read both pipes on their own threads so a chatty child never blocks,
+    // and wait with a deadline: a runtime that aborts half-way can hang.
+    let drain = |p: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut p) = p {
+                let _ = p.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let so = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let se = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let out = std::process::Output {
+        status: match status {
+            Some(st) => st,
+            None => {
+                return fail(format!(
+                    "failed: no result within {} s (child killed)",
+                    timeout.as_secs()
+                ))
+            }
+        },
+        stdout: so.join().unwrap_or_default(),
+        stderr: se.join().unwrap_or_default(),
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.lines().last().map(serde_json::from_str::<Outcome>) {
+        Some(Ok(o)) => o,
+        _ => fail(format!(
+            "failed: child exited with {}: {} (vm.max_map_count = {})",
+            out.status,
+            crash_reason(&String::from_utf8_lossy(&out.stderr)),
+            std::fs::read_to_string("/proc/sys/vm/max_map_count")
+                .map_or("?".into(), |s| s.trim().to_string())
+        )),
+    }
+}
+
+/// The line that says why a runtime's child died: the one after a panic
+/// header (a runtime that cannot map a stack panics or aborts), else the
+/// last non-empty line.
+fn crash_reason(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines
+        .iter()
+        .position(|l| l.contains("panicked at"))
+        .and_then(|i| lines.get(i + 1))
+        .or(lines.last())
+        .map_or(String::new(), |l| l.to_string())
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{v:.1}"))
+}
+
+/// The markdown table: one row per scenario and figure, a column per runtime.
+pub fn markdown(records: &[Record], runtimes: &[&str]) -> String {
+    let mut s = String::new();
+    let _ = write!(s, "| scenario | figure |");
+    for r in runtimes {
+        let _ = write!(s, " {r} |");
+    }
+    let _ = write!(s, "\n|---|---|");
+    for _ in runtimes {
+        s.push_str("---|");
+    }
+    s.push('\n');
+    type Cell = fn(&Outcome) -> String;
+    let figures: [(&str, &str, Cell); 9] = [
+        ("sleepers", "wall (ms)", |o| ms(o.wall_ms)),
+        ("sleepers", "peak RSS (MiB)", |o| {
+            o.peak_rss_kib
+                .map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+        }),
+        ("parked", "create (ms)", |o| ms(o.create_ms)),
+        ("parked", "RSS per parked thread (bytes)", |o| {
+            o.rss_per_thread_bytes
+                .map_or("–".into(), |b| format!("{b:.0}"))
+        }),
+        ("parked", "wake + join (ms)", |o| ms(o.wake_ms)),
+        ("parked", "peak RSS (MiB)", |o| {
+            o.peak_rss_kib
+                .map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+        }),
+        ("connections", "p50 (µs)", |o| ms(o.p50_us)),
+        ("connections", "p99 (µs)", |o| ms(o.p99_us)),
+        ("connections", "server peak RSS (MiB)", |o| {
+            o.peak_rss_kib
+                .map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+        }),
+    ];
+    let mut shown_err = std::collections::HashSet::new();
+    for (scen, label, cell) in figures {
+        let rows: Vec<&Record> = records.iter().filter(|r| r.scenario == scen).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let n = rows[0].outcome.n;
+        let _ = write!(s, "| {scen} (N = {n}) | {label} |");
+        for rt in runtimes {
+            match rows.iter().find(|r| r.runtime == *rt) {
+                Some(r) => match &r.outcome.error {
+                    Some(e) if shown_err.insert((scen, *rt)) => {
+                        let _ = write!(s, " {e} |");
+                    }
+                    Some(_) => s.push_str(" – |"),
+                    None => {
+                        let _ = write!(s, " {} |", cell(&r.outcome));
+                    }
+                },
+                None => s.push_str(" – |"),
+            }
+        }
+        s.push('\n');
+    }
+    // Ratios to tokio, measured side by side in this run.
+    if let Some(t) = records
+        .iter()
+        .find(|r| r.scenario == "sleepers" && r.runtime == "tokio")
+        .and_then(|r| r.outcome.wall_ms)
+    {
+        s.push_str("\nsleepers wall time / tokio's:");
+        for r in records.iter().filter(|r| r.scenario == "sleepers") {
+            if let Some(w) = r.outcome.wall_ms {
+                let _ = write!(s, " {} {:.2}x;", r.runtime, w / t);
+            }
+        }
+        s.push('\n');
+    }
+    s
+}

@@ -1,0 +1,60 @@
+//! Smoke test of `corewise-bench threads` with tiny counts: every scenario
+//! runs in its child processes and the JSON holds one record per
+//! (scenario, runtime), each with figures or a stated failure.
+
+use std::process::Command;
+
+#[test]
+fn threads_subcommand_runs_small() {
+    let dir = std::env::temp_dir().join(format!("cw-threads-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json = dir.join("threads.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_corewise-bench"))
+        .args([
+            "threads",
+            "--quick",
+            "--runtimes",
+            "corewise,tokio,std",
+            "--threads",
+            "20",
+            "--parked",
+            "20",
+            "--connections",
+            "8",
+            "--active",
+            "2",
+            "--rate",
+            "500",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run corewise-bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("| sleepers (N = 20) | wall (ms) |"),
+        "{table}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let recs = v.as_array().expect("array");
+    // sleepers and parked for three runtimes, connections for corewise and tokio.
+    assert_eq!(recs.len(), 8, "{v}");
+    for r in recs {
+        let ok = r["error"].is_null();
+        let has_figure = ["wall_ms", "create_ms", "p99_us"]
+            .iter()
+            .any(|k| r[k].as_f64().is_some_and(|x| x > 0.0));
+        assert!(ok == has_figure, "record {r}");
+        if r["scenario"] == "sleepers" && r["runtime"] == "tokio" {
+            // 20 tasks sleeping 10 ms each: at least the sleep.
+            assert!(r["wall_ms"].as_f64().expect("wall") >= 10.0, "{r}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
