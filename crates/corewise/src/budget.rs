@@ -34,6 +34,7 @@
 //! ```
 
 mod cgroup;
+mod filter;
 mod neighbour;
 mod watch;
 
@@ -43,6 +44,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use corewise_arbiter::cpulist::{CpuList, CpuListError, MAX_CPU_ID};
+pub use filter::ShareFilter;
 pub use neighbour::{neighbour_cap, CpuTimes, NeighbourConfig, NeighbourShare};
 pub use watch::{BudgetHandle, BudgetWatcher, WatcherBuilder, DEFAULT_REFRESH_INTERVAL};
 
