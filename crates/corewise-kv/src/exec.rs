@@ -128,6 +128,37 @@ pub fn execute(
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
 ) -> Flow {
+    execute_spilling(shared, req, out, scratch, &mut |_| Ok(()))
+}
+
+/// Unsent reply bytes above which a multi-key `get` hands its output to
+/// `spill` before looking up the next key.
+pub const SPILL_AT: usize = 256 * 1024;
+
+/// [`execute`], bounding the output of a multi-key retrieval: whenever
+/// `out` holds more than [`SPILL_AT`] bytes between two keys, `spill`
+/// is called to send them (and empty `out`), so one request naming many
+/// large values never holds more than one value plus [`SPILL_AT`] of
+/// reply. A `spill` error closes the connection.
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::{execute_spilling, Flow, Shared}, protocol::{Decoded, Decoder, Limits}};
+/// let shared = Shared::new(Config::default());
+/// let mut dec = Decoder::new(Limits::default());
+/// let (mut out, mut sent) = (Vec::new(), Vec::new());
+/// if let (_, Decoded::Request(r)) = dec.decode(b"get a b\r\n") {
+///     let mut spill = |o: &mut Vec<u8>| { sent.append(o); Ok(()) };
+///     assert_eq!(execute_spilling(&shared, &r, &mut out, &mut Vec::new(), &mut spill), Flow::Continue);
+/// }
+/// assert_eq!(out, b"END\r\n");
+/// ```
+pub fn execute_spilling(
+    shared: &Shared,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    spill: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
+) -> Flow {
     let store = &shared.store;
     match *req {
         Request::Get {
@@ -154,6 +185,9 @@ pub fn execute(
                     out.extend_from_slice(&it.value);
                     out.extend_from_slice(b"\r\n");
                 });
+                if out.len() > SPILL_AT && spill(out).is_err() {
+                    return Flow::Close;
+                }
             }
             out.extend_from_slice(b"END\r\n");
         }
