@@ -103,6 +103,9 @@ fn line(out: &mut Vec<u8>, s: &[u8]) {
 /// assert_eq!(out, b"ERROR\r\n");
 /// ```
 pub fn write_error(e: ProtoError, out: &mut Vec<u8>) {
+    if e == ProtoError::Silenced {
+        return;
+    }
     out.extend_from_slice(e.to_string().as_bytes());
     out.extend_from_slice(b"\r\n");
 }
@@ -298,6 +301,12 @@ pub fn execute_spilling(
             }
         }
         Request::Quit => return Flow::Close,
+        Request::TooLarge { key, noreply } => {
+            store.delete(key, None);
+            if !noreply {
+                write_error(ProtoError::TooLarge, out);
+            }
+        }
         Request::MetaNoop => line(out, b"MN"),
         Request::MetaGet { key, flags } => {
             if let Some(k) = meta_key(key, &flags, scratch, out) {

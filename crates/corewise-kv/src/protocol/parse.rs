@@ -189,6 +189,36 @@ impl Decoder {
     /// One command line; `after` is what follows it (the data block of a
     /// storage command). Returns the data bytes used and the result.
     fn command<'a>(&mut self, line: &'a [u8], after: &'a [u8]) -> (usize, Decoded<'a>) {
+        let (used, d) = self.command_inner(line, after);
+        // memcached stays silent about an error on a command that takes
+        // `noreply` and ends with it.
+        // A wrong argument count is `ERROR` all the same.
+        let silent = matches!(d, Decoded::Error(e) if e != ProtoError::Unknown) && {
+            let mut toks = Tokens { rest: line };
+            let takes = matches!(
+                toks.next_token(),
+                Some(
+                    b"set"
+                        | b"add"
+                        | b"replace"
+                        | b"append"
+                        | b"prepend"
+                        | b"cas"
+                        | b"delete"
+                        | b"incr"
+                        | b"decr"
+                        | b"touch"
+                )
+            );
+            takes && line.split(|&b| b == b' ').rev().find(|t| !t.is_empty()) == Some(b"noreply")
+        };
+        if silent {
+            return (used, Decoded::Error(ProtoError::Silenced));
+        }
+        (used, d)
+    }
+
+    fn command_inner<'a>(&mut self, line: &'a [u8], after: &'a [u8]) -> (usize, Decoded<'a>) {
         let mut toks = Tokens { rest: line };
         let Some(cmd) = toks.next_token() else {
             return (0, Decoded::Error(ProtoError::Unknown));
@@ -321,9 +351,17 @@ impl Decoder {
         };
         let parsed = (|| {
             let key = *t.first()?;
-            let flags: u32 = parse_num(t.get(1)?)?;
+            // memcached reads the flags as an unsigned long and keeps the
+            // low 32 bits (2^32 is stored as 0).
+            let flags = parse_num::<u64>(t.get(1)?)? as u32;
             let exptime: i64 = parse_num(t.get(2)?)?;
+            // ... and the length as a 32-bit int that must leave room for
+            // the CRLF: anything larger is a bad command line, not a
+            // too-large value (no data block is skipped).
             let len: i64 = parse_num(t.get(3)?)?;
+            if len > i64::from(i32::MAX - 2) {
+                return None;
+            }
             let cas: u64 = if cmd == StoreCmd::Cas {
                 parse_num(t.get(4)?)?
             } else {
@@ -337,6 +375,11 @@ impl Decoder {
         let Some((key, flags, exptime, len, cas)) = parsed else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
+        if len > self.limits.item_max {
+            // Skip the data block (and its CRLF), whenever it arrives.
+            self.skip = Skip::Bytes(len.saturating_add(2));
+            return (0, Decoded::Request(Request::TooLarge { key, noreply }));
+        }
         self.data_block(len, after, |data| Request::Store {
             cmd,
             key,
@@ -522,7 +565,13 @@ mod tests {
         let mut d = Decoder::new(Limits { item_max: 4 });
         let buf = b"set k 0 0 10\r\n0123456789\r\nget k\r\n";
         let (n, r) = d.decode(buf);
-        assert_eq!(r, Decoded::Error(ProtoError::TooLarge));
+        assert_eq!(
+            r,
+            Decoded::Request(Request::TooLarge {
+                key: b"k",
+                noreply: false
+            })
+        );
         let (m, r) = d.decode(&buf[n..]);
         assert!(matches!(r, Decoded::Request(Request::Get { .. })), "{r:?}");
         assert_eq!(n + m, buf.len());

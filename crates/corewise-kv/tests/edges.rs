@@ -1,0 +1,178 @@
+//! memcached 1.6.18's behaviour at the edges of the text protocol, over
+//! TCP against the real binary. Each exchange's expected bytes were taken
+//! from memcached 1.6.18 (Debian's package); when `memcached` is on PATH
+//! the same exchange is also run against it side by side, so a difference
+//! in either shows.
+
+mod common;
+
+use common::Server;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Sends `req` then `mn` (meta no-op) and returns everything before the
+/// `MN` reply: the replies to `req`, in order.
+fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(req).unwrap();
+    s.write_all(b"mn\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    while !got.ends_with(b"MN\r\n") {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    got.truncate(got.len() - 4);
+    got
+}
+
+/// Real memcached on a free port, when installed; killed on drop.
+struct Memcached(Child, u16);
+
+impl Memcached {
+    fn start() -> Option<Memcached> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new("memcached")
+            .args([
+                "-p",
+                &port.to_string(),
+                "-l",
+                "127.0.0.1",
+                "-U",
+                "0",
+                "-u",
+                "root",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mc = Memcached(child, port);
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(mc);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Checks corewise-kv (and memcached, when installed) against `want`.
+fn check(s: &Server, mc: &Option<Memcached>, req: &[u8], want: &[u8]) {
+    let got = exchange(s.port, req);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(want),
+        "corewise-kv on {:?}",
+        String::from_utf8_lossy(&req[..req.len().min(200)])
+    );
+    if let Some(m) = mc {
+        let theirs = exchange(m.1, req);
+        assert_eq!(
+            String::from_utf8_lossy(&theirs),
+            String::from_utf8_lossy(want),
+            "memcached on {:?}",
+            String::from_utf8_lossy(&req[..req.len().min(200)])
+        );
+    }
+}
+
+fn run(mode: &str) {
+    let s = Server::start(&["--mode", mode]);
+    let mc = Memcached::start();
+
+    // Defect 4: a length that is not a 32-bit int leaving room for CRLF is
+    // a bad command line, and the next command is not swallowed as data.
+    check(
+        &s,
+        &mc,
+        b"set k4 0 0 4294967295\r\nget k4\r\n",
+        b"CLIENT_ERROR bad command line format\r\nEND\r\n",
+    );
+    check(
+        &s,
+        &mc,
+        b"set k4 0 0 2147483646\r\nget k4\r\n",
+        b"CLIENT_ERROR bad command line format\r\nEND\r\n",
+    );
+
+    // Item 8: flags are kept modulo 2^32.
+    check(
+        &s,
+        &mc,
+        b"set f1 4294967296 0 1\r\nx\r\nset f2 4294967301 0 1\r\nx\r\nget f1 f2\r\n",
+        b"STORED\r\nSTORED\r\nVALUE f1 0 1\r\nx\r\nVALUE f2 5 1\r\nx\r\nEND\r\n",
+    );
+
+    // Defect 2: a too-large set removes the old value.
+    let mut big = b"set d2 0 0 2000000\r\n".to_vec();
+    big.extend_from_slice(&vec![b'y'; 2_000_000]);
+    big.extend_from_slice(b"\r\nget d2\r\n");
+    let mut req = b"set d2 0 0 1\r\nx\r\n".to_vec();
+    req.extend_from_slice(&big);
+    check(
+        &s,
+        &mc,
+        &req,
+        b"STORED\r\nSERVER_ERROR object too large for cache\r\nEND\r\n",
+    );
+
+    // Defect 5: noreply silences errors too (not a wrong argument count;
+    // `incr d5 noreply` reads noreply as a bad delta, silenced).
+    let mut req = b"set d5 0 0 1 noreply\r\nx\r\n".to_vec();
+    req.extend_from_slice(&big.replace_first(b"set d2 0 0 2000000", b"set d5 0 0 2000000 noreply"));
+    req.extend_from_slice(
+        b"set d5 0 0 1\r\n5\r\nincr d5 abc noreply\r\ndelete d5 10 noreply\r\n\
+          touch d5 abc noreply\r\nget d5\r\nset d5 0 noreply\r\nincr d5 noreply\r\n",
+    );
+    check(
+        &s,
+        &mc,
+        &req,
+        b"END\r\nSTORED\r\nVALUE d5 0 1\r\n5\r\nEND\r\nERROR\r\n",
+    );
+}
+
+trait ReplaceFirst {
+    fn replace_first(&self, from: &[u8], to: &[u8]) -> Vec<u8>;
+}
+
+impl ReplaceFirst for Vec<u8> {
+    fn replace_first(&self, from: &[u8], to: &[u8]) -> Vec<u8> {
+        let at = self
+            .windows(from.len())
+            .position(|w| w == from)
+            .expect("pattern");
+        let mut v = self[..at].to_vec();
+        v.extend_from_slice(to);
+        v.extend_from_slice(&self[at + from.len()..]);
+        v
+    }
+}
+
+#[test]
+fn edges_conn_mode() {
+    run("conn");
+}
+
+#[test]
+fn edges_dispatch_mode() {
+    run("dispatch");
+}
