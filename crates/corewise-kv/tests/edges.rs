@@ -148,6 +148,15 @@ fn run(mode: &str) {
         &req,
         b"END\r\nSTORED\r\nVALUE d5 0 1\r\n5\r\nEND\r\nERROR\r\n",
     );
+
+    // Defect 6: a get line far over 64 KiB (18 000 keys) is served.
+    let mut req = b"set k17999 0 0 1\r\nz\r\nget".to_vec();
+    for i in 0..18_000 {
+        req.extend_from_slice(format!(" k{i}").as_bytes());
+    }
+    req.extend_from_slice(b"\r\n");
+    assert!(req.len() > 100_000);
+    check(&s, &mc, &req, b"STORED\r\nVALUE k17999 0 1\r\nz\r\nEND\r\n");
 }
 
 trait ReplaceFirst {

@@ -166,14 +166,15 @@ impl Decoder {
             }
         }
         let buf = buf.get(used..).unwrap_or(&[]);
+        let max = self.line_max(buf);
         let Some(nl) = find_newline(buf) else {
-            if buf.len() > MAX_LINE {
+            if buf.len() > max {
                 self.skip = Skip::Line;
                 return (used + buf.len(), Decoded::Error(ProtoError::LineTooLong));
             }
             return (used, Decoded::Incomplete);
         };
-        if nl > MAX_LINE {
+        if nl > max {
             return (used + nl + 1, Decoded::Error(ProtoError::LineTooLong));
         }
         let line = buf.get(..nl).unwrap_or(&[]);
@@ -183,6 +184,23 @@ impl Decoder {
         match d {
             Decoded::Incomplete => (used, Decoded::Incomplete),
             d => (used + nl + 1 + extra, d),
+        }
+    }
+
+    /// The longest command line accepted at the start of `buf`:
+    /// [`MAX_LINE`], except for a retrieval (`get`, `gets`, `gat`,
+    /// `gats`), which memcached lets name as many keys as the client likes;
+    /// here as many as fit in the item size limit (a connection's read
+    /// buffer holds that much).
+    fn line_max(&self, buf: &[u8]) -> usize {
+        let head = &buf[..buf.len().min(8)];
+        let retrieval = [&b"get "[..], b"gets ", b"gat ", b"gats "]
+            .iter()
+            .any(|p| head.starts_with(p));
+        if retrieval {
+            MAX_LINE.max(self.limits.item_max)
+        } else {
+            MAX_LINE
         }
     }
 
