@@ -149,6 +149,17 @@ fn run(mode: &str) {
         b"END\r\nSTORED\r\nVALUE d5 0 1\r\n5\r\nEND\r\nERROR\r\n",
     );
 
+    // Item 8: a counter is read as strtoull reads it (leading space skipped,
+    // reading stops at a space).
+    check(
+        &s,
+        &mc,
+        b"set n 0 0 3\r\n 12\r\nincr n 1\r\nset o 0 0 3\r\n1 2\r\nincr o 1\r\n\
+          set p 0 0 2\r\n1a\r\nincr p 1\r\n",
+        b"STORED\r\n13\r\nSTORED\r\n2\r\nSTORED\r\n\
+          CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+    );
+
     // Defect 6: a get line far over 64 KiB (18 000 keys) is served.
     let mut req = b"set k17999 0 0 1\r\nz\r\nget".to_vec();
     for i in 0..18_000 {

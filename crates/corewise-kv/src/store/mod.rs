@@ -588,15 +588,36 @@ impl Store {
     }
 }
 
-/// A counter value: ASCII digits (memcached also accepts trailing spaces),
-/// fitting in 64 bits.
+/// A counter value, read as memcached reads it (`strtoull` then a check
+/// of what follows): optional leading whitespace, an optional sign, at
+/// least one digit, then the end of the value or whitespace (what follows
+/// that is ignored: `" 12"` and `"1 2"` count as 12 and 1). Overflow, no
+/// digits, another character after the digits, or a negative number are
+/// not a counter.
 fn parse_counter(v: &[u8]) -> Option<u64> {
-    let end = v.iter().rposition(|&b| b != b' ').map_or(0, |p| p + 1);
-    let digits = &v[..end];
-    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+    let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+    let start = v.iter().position(|b| !space(b))?;
+    let mut rest = &v[start..];
+    let negative = rest.first() == Some(&b'-');
+    if matches!(rest.first(), Some(b'+' | b'-')) {
+        rest = &rest[1..];
+    }
+    let end = rest
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let (digits, after) = rest.split_at(end);
+    if digits.is_empty() || !after.first().is_none_or(space) {
         return None;
     }
-    std::str::from_utf8(digits).ok()?.parse().ok()
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    // strtoull negates a '-' number; memcached refuses the result when it
+    // is negative as a signed number (so only "-0" passes).
+    match (negative, n) {
+        (false, n) => Some(n),
+        (true, 0) => Some(0),
+        (true, _) => None,
+    }
 }
 
 #[cfg(test)]
@@ -662,6 +683,18 @@ mod tests {
         ));
         set(&s, b"t", b"abc");
         assert_eq!(s.arith(b"t", true, 1, None, None), ArithOutcome::NonNumeric);
+        for bad in [&b"1a"[..], b"", b" ", b"-1", b"99999999999999999999999"] {
+            assert_eq!(parse_counter(bad), None, "{bad:?}");
+        }
+        for (ok, n) in [
+            (&b" 12"[..], 12),
+            (b"12 ", 12),
+            (b"1 2", 1),
+            (b"+7", 7),
+            (b"-0", 0),
+        ] {
+            assert_eq!(parse_counter(ok), Some(n), "{ok:?}");
+        }
         assert_eq!(
             s.arith(b"none", true, 1, None, None),
             ArithOutcome::NotFound
