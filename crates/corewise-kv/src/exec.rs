@@ -48,8 +48,10 @@ impl Shared {
     /// Shared state for a server with this configuration.
     pub fn new(config: Config) -> Self {
         let limit = config.memory_mb.saturating_mul(1024 * 1024);
+        let store = Store::new(limit, Store::shards_for(limit, config.item_max));
+        store.set_item_max(config.item_max);
         Self {
-            store: Store::new(limit, Store::shards_for(limit, config.item_max)),
+            store,
             config,
             conns: ConnCounters::default(),
             verbosity: AtomicU64::new(0),

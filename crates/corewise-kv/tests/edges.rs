@@ -160,6 +160,28 @@ fn run(mode: &str) {
           CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
     );
 
+    // Defect 3: the item size limit counts the item as memcached does
+    // (header, key, flags, CRLF), and append/prepend respect it.
+    let cmd = |c: &str, n: usize| {
+        let mut v = format!("{c} s3 0 0 {n}\r\n").into_bytes();
+        v.extend_from_slice(&vec![b'a'; n]);
+        v.extend_from_slice(b"\r\n");
+        v
+    };
+    let mut req = cmd("set", 1_048_515);
+    req.extend_from_slice(&cmd("set", 1_048_516));
+    req.extend_from_slice(&cmd("set", 1_048_000));
+    req.extend_from_slice(&cmd("append", 600));
+    req.extend_from_slice(&cmd("append", 500));
+    req.extend_from_slice(&cmd("prepend", 100));
+    check(
+        &s,
+        &mc,
+        &req,
+        b"STORED\r\nSERVER_ERROR object too large for cache\r\nSTORED\r\n\
+          NOT_STORED\r\nSTORED\r\nNOT_STORED\r\n",
+    );
+
     // Defect 6: a get line far over 64 KiB (18 000 keys) is served.
     let mut req = b"set k17999 0 0 1\r\nz\r\nget".to_vec();
     for i in 0..18_000 {

@@ -393,7 +393,7 @@ impl Decoder {
         let Some((key, flags, exptime, len, cas)) = parsed else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
-        if len > self.limits.item_max {
+        if crate::store::item_size(key.len(), flags, len) > self.limits.item_max {
             // Skip the data block (and its CRLF), whenever it arrives.
             self.skip = Skip::Bytes(len.saturating_add(2));
             return (0, Decoded::Request(Request::TooLarge { key, noreply }));

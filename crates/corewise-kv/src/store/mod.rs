@@ -201,8 +201,23 @@ pub struct Store {
     cas_floor: AtomicU64,
     flush_at: AtomicU64,
     limit: AtomicU64,
+    /// The item size limit (`-I`), as [`item_size`] counts an item.
+    item_max: AtomicU64,
     /// Request counters.
     pub ops: OpCounters,
+}
+
+/// An item's size as memcached 1.6 counts it against the item size limit
+/// (`-I`): its 48-byte header, an 8-byte CAS, the key and its terminator,
+/// the client flags when not zero, and the value with its CRLF. With
+/// `-I 1m` the largest value under key `k` and flags 0 is 1 048 516 bytes.
+///
+/// ```
+/// assert_eq!(corewise_kv::store::item_size(1, 0, 1_048_516), 1 << 20);
+/// ```
+pub fn item_size(nkey: usize, flags: u32, nvalue: usize) -> usize {
+    let suffix = if flags == 0 { 0 } else { 4 };
+    (48 + 8 + nkey + 1 + suffix + 2).saturating_add(nvalue)
 }
 
 impl Store {
@@ -219,6 +234,7 @@ impl Store {
             cas_floor: AtomicU64::new(0),
             flush_at: AtomicU64::new(0),
             limit: AtomicU64::new(limit as u64),
+            item_max: AtomicU64::new(u64::MAX),
             ops: OpCounters::default(),
         }
     }
@@ -341,6 +357,21 @@ impl Store {
         self.store_with(mode, key, flags, deadline, data, compare, None)
     }
 
+    /// Sets the item size limit an append or prepend must respect (a
+    /// longer result is not stored, as in memcached); none by default.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store, StoreOutcome};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.set_item_max(100);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, &[b'a'; 40], None);
+    /// let r = s.store(SetMode::Append, b"k", 0, Deadline::Never, &[b'a'; 40], None);
+    /// assert_eq!(r, StoreOutcome::NotStored);
+    /// ```
+    pub fn set_item_max(&self, n: usize) {
+        self.item_max.store(n as u64, Ordering::Relaxed);
+    }
+
     /// [`store`](Self::store) with an explicit new CAS value.
     #[allow(clippy::too_many_arguments)]
     pub fn store_with(
@@ -384,6 +415,10 @@ impl Store {
         let cas = new_cas.unwrap_or_else(|| self.new_cas());
         let item = match (mode, existing) {
             (SetMode::Append | SetMode::Prepend, Some(old)) => {
+                let size = item_size(key.len(), old.flags, old.value.len() + data.len());
+                if size as u64 > self.item_max.load(Ordering::Relaxed) {
+                    return StoreOutcome::NotStored;
+                }
                 let mut v = Vec::with_capacity(old.value.len() + data.len());
                 if mode == SetMode::Append {
                     v.extend_from_slice(&old.value);
