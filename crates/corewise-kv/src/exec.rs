@@ -50,11 +50,12 @@ impl Shared {
         let limit = config.memory_mb.saturating_mul(1024 * 1024);
         let store = Store::new(limit, Store::shards_for(limit, config.item_max));
         store.set_item_max(config.item_max);
+        let verbose = u64::from(config.verbose);
         Self {
             store,
             config,
             conns: ConnCounters::default(),
-            verbosity: AtomicU64::new(0),
+            verbosity: AtomicU64::new(verbose),
             started: Instant::now(),
         }
     }
@@ -296,8 +297,9 @@ pub fn execute_spilling(
                 line(out, b"OK");
             }
         }
-        Request::Verbosity { noreply } => {
-            shared.verbosity.store(1, Ordering::Relaxed);
+        Request::Verbosity { level, noreply } => {
+            // memcached caps the level at its highest, 2.
+            shared.verbosity.store(level.min(2), Ordering::Relaxed);
             if !noreply {
                 line(out, b"OK");
             }

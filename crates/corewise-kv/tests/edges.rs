@@ -182,6 +182,28 @@ fn run(mode: &str) {
           NOT_STORED\r\nSTORED\r\nNOT_STORED\r\n",
     );
 
+    // Item 8: verbosity takes the level asked for (capped at 2).
+    check(
+        &s,
+        &mc,
+        b"verbosity 5\r\nverbosity 0\r\nverbosity 1 noreply\r\n",
+        b"OK\r\nOK\r\n",
+    );
+    let level = |req: &[u8]| {
+        let mut c = s.client();
+        c.send(req);
+        if !req.ends_with(b"noreply\r\n") {
+            assert_eq!(c.line(), "OK");
+        }
+        c.stats("settings")
+            .into_iter()
+            .find(|(n, _)| n == "verbosity")
+            .map(|(_, v)| v)
+    };
+    assert_eq!(level(b"verbosity 5\r\n").as_deref(), Some("2"));
+    assert_eq!(level(b"verbosity 0\r\n").as_deref(), Some("0"));
+    assert_eq!(level(b"verbosity 1 noreply\r\n").as_deref(), Some("1"));
+
     // Defect 6: a get line far over 64 KiB (18 000 keys) is served.
     let mut req = b"set k17999 0 0 1\r\nz\r\nget".to_vec();
     for i in 0..18_000 {

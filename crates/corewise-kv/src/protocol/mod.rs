@@ -192,6 +192,9 @@ pub enum Request<'a> {
     },
     /// verbosity.
     Verbosity {
+        /// The level asked for (0 when not a number, as with memcached's
+        /// `strtoul`).
+        level: u64,
         /// No reply wanted.
         noreply: bool,
     },

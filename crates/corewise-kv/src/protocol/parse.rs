@@ -272,12 +272,25 @@ impl Decoder {
             b"verbosity" => {
                 let t = toks.collect_all();
                 let level_ok = |l: &[u8]| parse_num::<u32>(l).is_some();
+                let level = |l: &[u8]| parse_num::<u64>(l).unwrap_or(0);
                 match t.as_slice() {
-                    [b"noreply"] => Ok(Request::Verbosity { noreply: true }),
-                    [l] if level_ok(l) => Ok(Request::Verbosity { noreply: false }),
+                    [b"noreply"] => Ok(Request::Verbosity {
+                        level: 0,
+                        noreply: true,
+                    }),
+                    [l] if level_ok(l) => Ok(Request::Verbosity {
+                        level: level(l),
+                        noreply: false,
+                    }),
                     [_] => Err(ProtoError::BadFormat),
-                    [_, b"noreply"] => Ok(Request::Verbosity { noreply: true }),
-                    [l, _] if level_ok(l) => Ok(Request::Verbosity { noreply: false }),
+                    [l, b"noreply"] => Ok(Request::Verbosity {
+                        level: level(l),
+                        noreply: true,
+                    }),
+                    [l, _] if level_ok(l) => Ok(Request::Verbosity {
+                        level: level(l),
+                        noreply: false,
+                    }),
                     [_, _] => Err(ProtoError::BadFormat),
                     _ => Err(ProtoError::Unknown),
                 }
