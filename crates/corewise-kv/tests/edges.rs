@@ -204,6 +204,16 @@ fn run(mode: &str) {
     assert_eq!(level(b"verbosity 0\r\n").as_deref(), Some("0"));
     assert_eq!(level(b"verbosity 1 noreply\r\n").as_deref(), Some("1"));
 
+    // Item 8: an HTTP request line closes the connection.
+    for port in std::iter::once(s.port).chain(mc.as_ref().map(|m| m.1)) {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).expect("closed");
+        assert_eq!(rest, b"", "port {port}");
+    }
+
     // Defect 6: a get line far over 64 KiB (18 000 keys) is served.
     let mut req = b"set k17999 0 0 1\r\nz\r\nget".to_vec();
     for i in 0..18_000 {

@@ -309,6 +309,15 @@ impl Decoder {
             }
             b"mn" => Ok(Request::MetaNoop),
             b"mg" | b"md" | b"ma" | b"me" => meta(cmd, toks),
+            // An HTTP request line (`GET / HTTP/1.0`): memcached closes the
+            // connection rather than answer a client that cannot follow.
+            _ if line
+                .split(|&b| b == b' ')
+                .rfind(|t| !t.is_empty())
+                .is_some_and(|t| t.starts_with(b"HTTP/")) =>
+            {
+                Ok(Request::Quit)
+            }
             _ => Err(ProtoError::Unknown),
         };
         match r {
