@@ -250,3 +250,35 @@ fn edges_conn_mode() {
 fn edges_dispatch_mode() {
     run("dispatch");
 }
+
+/// The `total_malloced` of `stats slabs`.
+fn malloced(c: &mut common::Client) -> u64 {
+    c.stats("slabs")
+        .into_iter()
+        .find(|(n, _)| n == "total_malloced")
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("total_malloced")
+}
+
+/// Defect 7: the memory of expired items is reused by new ones (memcached
+/// looks for expired items at the LRU tail on every allocation), so
+/// replacing 10 expired items with 10 new ones does not grow memory.
+#[test]
+fn expired_memory_is_reused() {
+    // -m 4 with -I 1m: one shard, so every new item sees the expired tail.
+    let s = Server::start(&["-m", "4"]);
+    let mut c = s.client();
+    let v = vec![b'a'; 1000];
+    for i in 0..10 {
+        assert_eq!(c.store(&format!("set old{i} 0 1 1000"), &v), "STORED");
+    }
+    let before = malloced(&mut c);
+    let reclaimed = c.stat("reclaimed");
+    std::thread::sleep(Duration::from_millis(2200));
+    for i in 0..10 {
+        assert_eq!(c.set(&format!("new{i}"), &v), "STORED");
+    }
+    let after = malloced(&mut c);
+    assert!(after <= before, "total_malloced {before} -> {after}");
+    assert_eq!(c.stat("reclaimed"), reclaimed + 10);
+}
