@@ -214,6 +214,26 @@ fn run(mode: &str) {
         assert_eq!(rest, b"", "port {port}");
     }
 
+    // Item 8: `me` reports the item's size as memcached counts it.
+    let me = |port: u16| {
+        let got = exchange(
+            port,
+            b"set mek 0 0 5\r\nhello\r\nme mek\r\nset mek 7 0 5\r\nhello\r\nme mek\r\n",
+        );
+        String::from_utf8_lossy(&got)
+            .split("\r\n")
+            .filter_map(|l| {
+                l.split(' ')
+                    .find(|t| t.starts_with("size="))
+                    .map(str::to_string)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(me(s.port), ["size=67", "size=71"]);
+    if let Some(m) = &mc {
+        assert_eq!(me(m.1), ["size=67", "size=71"]);
+    }
+
     // Defect 6: a get line far over 64 KiB (18 000 keys) is served.
     let mut req = b"set k17999 0 0 1\r\nz\r\nget".to_vec();
     for i in 0..18_000 {

@@ -608,7 +608,8 @@ impl Store {
     }
 
     /// Debug view of one item without touching it (meta `me`): (expiry
-    /// left or -1, seconds since last access, cas, fetched, value size).
+    /// left or -1, seconds since last access, cas, fetched, item size as
+    /// [`item_size`] counts it, which is what memcached's `me` reports).
     pub fn inspect(&self, key: &[u8]) -> Option<(i64, u32, u64, bool, usize)> {
         let (now, floor) = self.now_floor();
         let mut shard = self.shard(key).lock();
@@ -618,7 +619,7 @@ impl Store {
             now.saturating_sub(it.last_access),
             it.cas,
             it.fetched,
-            it.value.len(),
+            item_size(key.len(), it.flags, it.value.len()),
         ))
     }
 }
