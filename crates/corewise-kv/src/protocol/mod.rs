@@ -41,6 +41,9 @@ pub enum ProtoError {
     /// nothing, so a pipelining client's replies stay in step.
     #[error("")]
     Silenced,
+    /// `cache_memlimit` below memcached's floor of 8 MB.
+    #[error("MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m")]
+    MemLimitTooSmall,
     /// A value larger than the item size limit; the data block is skipped.
     #[error("SERVER_ERROR object too large for cache")]
     TooLarge,

@@ -226,6 +226,7 @@ impl Decoder {
                         | b"incr"
                         | b"decr"
                         | b"touch"
+                        | b"cache_memlimit"
                 )
             );
             takes && line.split(|&b| b == b' ').rev().find(|t| !t.is_empty()) == Some(b"noreply")
@@ -302,9 +303,12 @@ impl Decoder {
                     [m, b"noreply"] => (*m, true),
                     _ => return (0, Decoded::Error(ProtoError::Unknown)),
                 };
+                // memcached: below 8 MB is refused, and a limit that is not
+                // an unsigned number is an unknown command.
                 match parse_num::<u64>(mb) {
-                    Some(mb) if mb > 0 => Ok(Request::MemLimit { mb, noreply }),
-                    _ => Err(ProtoError::BadFormat),
+                    Some(mb) if mb >= 8 => Ok(Request::MemLimit { mb, noreply }),
+                    Some(_) => Err(ProtoError::MemLimitTooSmall),
+                    None => Err(ProtoError::Unknown),
                 }
             }
             b"mn" => Ok(Request::MetaNoop),
