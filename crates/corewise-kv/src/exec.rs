@@ -48,11 +48,14 @@ impl Shared {
     /// Shared state for a server with this configuration.
     pub fn new(config: Config) -> Self {
         let limit = config.memory_mb.saturating_mul(1024 * 1024);
+        let store = Store::new(limit, Store::shards_for(limit, config.item_max));
+        store.set_item_max(config.item_max);
+        let verbose = u64::from(config.verbose);
         Self {
-            store: Store::new(limit, Store::shards_for(limit, config.item_max)),
+            store,
             config,
             conns: ConnCounters::default(),
-            verbosity: AtomicU64::new(0),
+            verbosity: AtomicU64::new(verbose),
             started: Instant::now(),
         }
     }
@@ -103,6 +106,9 @@ fn line(out: &mut Vec<u8>, s: &[u8]) {
 /// assert_eq!(out, b"ERROR\r\n");
 /// ```
 pub fn write_error(e: ProtoError, out: &mut Vec<u8>) {
+    if e == ProtoError::Silenced {
+        return;
+    }
     out.extend_from_slice(e.to_string().as_bytes());
     out.extend_from_slice(b"\r\n");
 }
@@ -127,6 +133,37 @@ pub fn execute(
     req: &Request<'_>,
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
+) -> Flow {
+    execute_spilling(shared, req, out, scratch, &mut |_| Ok(()))
+}
+
+/// Unsent reply bytes above which a multi-key `get` hands its output to
+/// `spill` before looking up the next key.
+pub const SPILL_AT: usize = 256 * 1024;
+
+/// [`execute`], bounding the output of a multi-key retrieval: whenever
+/// `out` holds more than [`SPILL_AT`] bytes between two keys, `spill`
+/// is called to send them (and empty `out`), so one request naming many
+/// large values never holds more than one value plus [`SPILL_AT`] of
+/// reply. A `spill` error closes the connection.
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::{execute_spilling, Flow, Shared}, protocol::{Decoded, Decoder, Limits}};
+/// let shared = Shared::new(Config::default());
+/// let mut dec = Decoder::new(Limits::default());
+/// let (mut out, mut sent) = (Vec::new(), Vec::new());
+/// if let (_, Decoded::Request(r)) = dec.decode(b"get a b\r\n") {
+///     let mut spill = |o: &mut Vec<u8>| { sent.append(o); Ok(()) };
+///     assert_eq!(execute_spilling(&shared, &r, &mut out, &mut Vec::new(), &mut spill), Flow::Continue);
+/// }
+/// assert_eq!(out, b"END\r\n");
+/// ```
+pub fn execute_spilling(
+    shared: &Shared,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    spill: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
 ) -> Flow {
     let store = &shared.store;
     match *req {
@@ -154,6 +191,9 @@ pub fn execute(
                     out.extend_from_slice(&it.value);
                     out.extend_from_slice(b"\r\n");
                 });
+                if out.len() > SPILL_AT && spill(out).is_err() {
+                    return Flow::Close;
+                }
             }
             out.extend_from_slice(b"END\r\n");
         }
@@ -257,13 +297,20 @@ pub fn execute(
                 line(out, b"OK");
             }
         }
-        Request::Verbosity { noreply } => {
-            shared.verbosity.store(1, Ordering::Relaxed);
+        Request::Verbosity { level, noreply } => {
+            // memcached caps the level at its highest, 2.
+            shared.verbosity.store(level.min(2), Ordering::Relaxed);
             if !noreply {
                 line(out, b"OK");
             }
         }
         Request::Quit => return Flow::Close,
+        Request::TooLarge { key, noreply } => {
+            store.delete(key, None);
+            if !noreply {
+                write_error(ProtoError::TooLarge, out);
+            }
+        }
         Request::MetaNoop => line(out, b"MN"),
         Request::MetaGet { key, flags } => {
             if let Some(k) = meta_key(key, &flags, scratch, out) {

@@ -21,9 +21,21 @@
 //!
 //! Both modes share [`Connection`]: a read buffer that the decoder parses
 //! in place, and an output buffer written once per batch of requests.
+//!
+//! Output is bounded per connection. A client can ask for far more reply
+//! than it sends (a 10-byte `get` of a 1 MB value; memcached's "reply
+//! amplification"), so replies are never accumulated for a whole batch:
+//! once more than [`SPILL_AT`] bytes of reply wait (checked after every
+//! request, and between the keys of a multi-key `get`), they are sent
+//! before anything else is run or read. The send blocks only the
+//! connection's user thread, and nothing more is read from a client that
+//! does not read its replies, so its requests stay in the kernel's socket
+//! buffer (and back up into the client) instead of in server memory:
+//! a connection holds at most its read buffer plus one value plus
+//! [`SPILL_AT`] of reply, in both modes and both protocols.
 
 use crate::config::Mode;
-use crate::exec::{execute, write_error, Flow, Shared};
+use crate::exec::{execute_spilling, write_error, Flow, Shared, SPILL_AT};
 use crate::exec_binary::{execute_binary, write_malformed, write_too_large};
 use crate::protocol::binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC};
 use crate::protocol::{Decoded, Decoder, Limits, MAX_LINE};
@@ -184,14 +196,18 @@ impl Connection {
             let done = matches!(d, Decoded::Incomplete);
             let flow = match d {
                 Decoded::Incomplete => Flow::Continue,
-                Decoded::Request(r) => execute(&self.shared, &r, &mut self.wbuf, &mut self.scratch),
+                Decoded::Request(r) => {
+                    let (stream, shared) = (&mut self.stream, &*self.shared);
+                    let mut spill = |o: &mut Vec<u8>| send_all(stream, o, shared);
+                    execute_spilling(shared, &r, &mut self.wbuf, &mut self.scratch, &mut spill)
+                }
                 Decoded::Error(e) => {
                     write_error(e, &mut self.wbuf);
                     Flow::Continue
                 }
             };
             self.pos += used;
-            if flow == Flow::Close {
+            if flow == Flow::Close || self.spill_if_full().is_err() {
                 return Flow::Close;
             }
             if done {
@@ -223,7 +239,10 @@ impl Connection {
                 BinDecoded::BadMagic => Flow::Close,
             };
             self.pos += used;
-            if flow == Flow::Close {
+            if flow == Flow::Close
+                || (self.wbuf.len() > SPILL_AT
+                    && send_all(&mut self.stream, &mut self.wbuf, &self.shared).is_err())
+            {
                 return Flow::Close;
             }
             if matches!(d, BinDecoded::Incomplete) && (used == 0 || self.pos == self.filled) {
@@ -235,39 +254,15 @@ impl Connection {
     /// Writes the replies: straight to the socket while it takes them,
     /// then through corewise's blocking write (the user thread waits).
     pub fn flush(&mut self) -> io::Result<()> {
-        let mut off = 0;
-        while off < self.wbuf.len() {
-            let rest = &self.wbuf[off..];
-            // SAFETY: `rest` is valid for reads of its length.
-            let n = unsafe {
-                libc::send(
-                    self.stream.as_raw_fd(),
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock => {
-                        self.stream.write_all(rest)?;
-                        off = self.wbuf.len();
-                        break;
-                    }
-                    _ => return Err(e),
-                }
-            }
-            off += n as usize;
-        }
-        self.shared
-            .conns
-            .bytes_written
-            .fetch_add(off as u64, Ordering::Relaxed);
-        self.wbuf.clear();
-        if self.wbuf.capacity() > 1 << 20 {
-            self.wbuf.shrink_to(4096);
+        send_all(&mut self.stream, &mut self.wbuf, &self.shared)
+    }
+
+    /// Sends the replies now when more than [`SPILL_AT`] bytes wait: the
+    /// connection reads and runs nothing more until the client has taken
+    /// them, so its unsent output stays bounded (see the module docs).
+    fn spill_if_full(&mut self) -> io::Result<()> {
+        if self.wbuf.len() > SPILL_AT {
+            send_all(&mut self.stream, &mut self.wbuf, &self.shared)?;
         }
         Ok(())
     }
@@ -275,6 +270,47 @@ impl Connection {
     fn fd(&self) -> RawFd {
         self.stream.as_raw_fd()
     }
+}
+
+/// Sends all of `wbuf` and empties it: straight to the socket while it
+/// takes the bytes, then through corewise's blocking write (the user
+/// thread waits, its core runs others).
+fn send_all(stream: &mut TcpStream, wbuf: &mut Vec<u8>, shared: &Shared) -> io::Result<()> {
+    let mut off = 0;
+    while off < wbuf.len() {
+        let rest = &wbuf[off..];
+        // SAFETY: `rest` is valid for reads of its length.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                rest.as_ptr().cast(),
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => {
+                    stream.write_all(rest)?;
+                    off = wbuf.len();
+                    break;
+                }
+                _ => return Err(e),
+            }
+        }
+        off += n as usize;
+    }
+    shared
+        .conns
+        .bytes_written
+        .fetch_add(off as u64, Ordering::Relaxed);
+    wbuf.clear();
+    if wbuf.capacity() > 1 << 20 {
+        wbuf.shrink_to(4096);
+    }
+    Ok(())
 }
 
 /// Refuses a connection over the limit: the error line, then close.

@@ -37,6 +37,13 @@ pub enum ProtoError {
     /// skipped.
     #[error("CLIENT_ERROR line too long")]
     LineTooLong,
+    /// An error on a command that ends in `noreply`: memcached sends
+    /// nothing, so a pipelining client's replies stay in step.
+    #[error("")]
+    Silenced,
+    /// `cache_memlimit` below memcached's floor of 8 MB.
+    #[error("MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m")]
+    MemLimitTooSmall,
     /// A value larger than the item size limit; the data block is skipped.
     #[error("SERVER_ERROR object too large for cache")]
     TooLarge,
@@ -188,11 +195,23 @@ pub enum Request<'a> {
     },
     /// verbosity.
     Verbosity {
+        /// The level asked for (0 when not a number, as with memcached's
+        /// `strtoul`).
+        level: u64,
         /// No reply wanted.
         noreply: bool,
     },
     /// quit.
     Quit,
+    /// A storage command whose value is over the item size limit (its
+    /// data block is skipped): memcached answers `SERVER_ERROR object too
+    /// large for cache` and removes the key's old value.
+    TooLarge {
+        /// The key.
+        key: &'a [u8],
+        /// Whether the error line is suppressed.
+        noreply: bool,
+    },
     /// Meta get (`mg`).
     MetaGet {
         /// The key (base64 when `flags.base64`).

@@ -166,14 +166,15 @@ impl Decoder {
             }
         }
         let buf = buf.get(used..).unwrap_or(&[]);
+        let max = self.line_max(buf);
         let Some(nl) = find_newline(buf) else {
-            if buf.len() > MAX_LINE {
+            if buf.len() > max {
                 self.skip = Skip::Line;
                 return (used + buf.len(), Decoded::Error(ProtoError::LineTooLong));
             }
             return (used, Decoded::Incomplete);
         };
-        if nl > MAX_LINE {
+        if nl > max {
             return (used + nl + 1, Decoded::Error(ProtoError::LineTooLong));
         }
         let line = buf.get(..nl).unwrap_or(&[]);
@@ -186,9 +187,57 @@ impl Decoder {
         }
     }
 
+    /// The longest command line accepted at the start of `buf`:
+    /// [`MAX_LINE`], except for a retrieval (`get`, `gets`, `gat`,
+    /// `gats`), which memcached lets name as many keys as the client likes;
+    /// here as many as fit in the item size limit (a connection's read
+    /// buffer holds that much).
+    fn line_max(&self, buf: &[u8]) -> usize {
+        let head = &buf[..buf.len().min(8)];
+        let retrieval = [&b"get "[..], b"gets ", b"gat ", b"gats "]
+            .iter()
+            .any(|p| head.starts_with(p));
+        if retrieval {
+            MAX_LINE.max(self.limits.item_max)
+        } else {
+            MAX_LINE
+        }
+    }
+
     /// One command line; `after` is what follows it (the data block of a
     /// storage command). Returns the data bytes used and the result.
     fn command<'a>(&mut self, line: &'a [u8], after: &'a [u8]) -> (usize, Decoded<'a>) {
+        let (used, d) = self.command_inner(line, after);
+        // memcached stays silent about an error on a command that takes
+        // `noreply` and ends with it.
+        // A wrong argument count is `ERROR` all the same.
+        let silent = matches!(d, Decoded::Error(e) if e != ProtoError::Unknown) && {
+            let mut toks = Tokens { rest: line };
+            let takes = matches!(
+                toks.next_token(),
+                Some(
+                    b"set"
+                        | b"add"
+                        | b"replace"
+                        | b"append"
+                        | b"prepend"
+                        | b"cas"
+                        | b"delete"
+                        | b"incr"
+                        | b"decr"
+                        | b"touch"
+                        | b"cache_memlimit"
+                )
+            );
+            takes && line.split(|&b| b == b' ').rev().find(|t| !t.is_empty()) == Some(b"noreply")
+        };
+        if silent {
+            return (used, Decoded::Error(ProtoError::Silenced));
+        }
+        (used, d)
+    }
+
+    fn command_inner<'a>(&mut self, line: &'a [u8], after: &'a [u8]) -> (usize, Decoded<'a>) {
         let mut toks = Tokens { rest: line };
         let Some(cmd) = toks.next_token() else {
             return (0, Decoded::Error(ProtoError::Unknown));
@@ -224,12 +273,25 @@ impl Decoder {
             b"verbosity" => {
                 let t = toks.collect_all();
                 let level_ok = |l: &[u8]| parse_num::<u32>(l).is_some();
+                let level = |l: &[u8]| parse_num::<u64>(l).unwrap_or(0);
                 match t.as_slice() {
-                    [b"noreply"] => Ok(Request::Verbosity { noreply: true }),
-                    [l] if level_ok(l) => Ok(Request::Verbosity { noreply: false }),
+                    [b"noreply"] => Ok(Request::Verbosity {
+                        level: 0,
+                        noreply: true,
+                    }),
+                    [l] if level_ok(l) => Ok(Request::Verbosity {
+                        level: level(l),
+                        noreply: false,
+                    }),
                     [_] => Err(ProtoError::BadFormat),
-                    [_, b"noreply"] => Ok(Request::Verbosity { noreply: true }),
-                    [l, _] if level_ok(l) => Ok(Request::Verbosity { noreply: false }),
+                    [l, b"noreply"] => Ok(Request::Verbosity {
+                        level: level(l),
+                        noreply: true,
+                    }),
+                    [l, _] if level_ok(l) => Ok(Request::Verbosity {
+                        level: level(l),
+                        noreply: false,
+                    }),
                     [_, _] => Err(ProtoError::BadFormat),
                     _ => Err(ProtoError::Unknown),
                 }
@@ -241,13 +303,25 @@ impl Decoder {
                     [m, b"noreply"] => (*m, true),
                     _ => return (0, Decoded::Error(ProtoError::Unknown)),
                 };
+                // memcached: below 8 MB is refused, and a limit that is not
+                // an unsigned number is an unknown command.
                 match parse_num::<u64>(mb) {
-                    Some(mb) if mb > 0 => Ok(Request::MemLimit { mb, noreply }),
-                    _ => Err(ProtoError::BadFormat),
+                    Some(mb) if mb >= 8 => Ok(Request::MemLimit { mb, noreply }),
+                    Some(_) => Err(ProtoError::MemLimitTooSmall),
+                    None => Err(ProtoError::Unknown),
                 }
             }
             b"mn" => Ok(Request::MetaNoop),
             b"mg" | b"md" | b"ma" | b"me" => meta(cmd, toks),
+            // An HTTP request line (`GET / HTTP/1.0`): memcached closes the
+            // connection rather than answer a client that cannot follow.
+            _ if line
+                .split(|&b| b == b' ')
+                .rfind(|t| !t.is_empty())
+                .is_some_and(|t| t.starts_with(b"HTTP/")) =>
+            {
+                Ok(Request::Quit)
+            }
             _ => Err(ProtoError::Unknown),
         };
         match r {
@@ -321,9 +395,17 @@ impl Decoder {
         };
         let parsed = (|| {
             let key = *t.first()?;
-            let flags: u32 = parse_num(t.get(1)?)?;
+            // memcached reads the flags as an unsigned long and keeps the
+            // low 32 bits (2^32 is stored as 0).
+            let flags = parse_num::<u64>(t.get(1)?)? as u32;
             let exptime: i64 = parse_num(t.get(2)?)?;
+            // ... and the length as a 32-bit int that must leave room for
+            // the CRLF: anything larger is a bad command line, not a
+            // too-large value (no data block is skipped).
             let len: i64 = parse_num(t.get(3)?)?;
+            if len > i64::from(i32::MAX - 2) {
+                return None;
+            }
             let cas: u64 = if cmd == StoreCmd::Cas {
                 parse_num(t.get(4)?)?
             } else {
@@ -337,6 +419,11 @@ impl Decoder {
         let Some((key, flags, exptime, len, cas)) = parsed else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
+        if crate::store::item_size(key.len(), flags, len) > self.limits.item_max {
+            // Skip the data block (and its CRLF), whenever it arrives.
+            self.skip = Skip::Bytes(len.saturating_add(2));
+            return (0, Decoded::Request(Request::TooLarge { key, noreply }));
+        }
         self.data_block(len, after, |data| Request::Store {
             cmd,
             key,
@@ -522,7 +609,13 @@ mod tests {
         let mut d = Decoder::new(Limits { item_max: 4 });
         let buf = b"set k 0 0 10\r\n0123456789\r\nget k\r\n";
         let (n, r) = d.decode(buf);
-        assert_eq!(r, Decoded::Error(ProtoError::TooLarge));
+        assert_eq!(
+            r,
+            Decoded::Request(Request::TooLarge {
+                key: b"k",
+                noreply: false
+            })
+        );
         let (m, r) = d.decode(&buf[n..]);
         assert!(matches!(r, Decoded::Request(Request::Get { .. })), "{r:?}");
         assert_eq!(n + m, buf.len());

@@ -201,8 +201,23 @@ pub struct Store {
     cas_floor: AtomicU64,
     flush_at: AtomicU64,
     limit: AtomicU64,
+    /// The item size limit (`-I`), as [`item_size`] counts an item.
+    item_max: AtomicU64,
     /// Request counters.
     pub ops: OpCounters,
+}
+
+/// An item's size as memcached 1.6 counts it against the item size limit
+/// (`-I`): its 48-byte header, an 8-byte CAS, the key and its terminator,
+/// the client flags when not zero, and the value with its CRLF. With
+/// `-I 1m` the largest value under key `k` and flags 0 is 1 048 516 bytes.
+///
+/// ```
+/// assert_eq!(corewise_kv::store::item_size(1, 0, 1_048_516), 1 << 20);
+/// ```
+pub fn item_size(nkey: usize, flags: u32, nvalue: usize) -> usize {
+    let suffix = if flags == 0 { 0 } else { 4 };
+    (48 + 8 + nkey + 1 + suffix + 2).saturating_add(nvalue)
 }
 
 impl Store {
@@ -219,6 +234,7 @@ impl Store {
             cas_floor: AtomicU64::new(0),
             flush_at: AtomicU64::new(0),
             limit: AtomicU64::new(limit as u64),
+            item_max: AtomicU64::new(u64::MAX),
             ops: OpCounters::default(),
         }
     }
@@ -341,6 +357,21 @@ impl Store {
         self.store_with(mode, key, flags, deadline, data, compare, None)
     }
 
+    /// Sets the item size limit an append or prepend must respect (a
+    /// longer result is not stored, as in memcached); none by default.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store, StoreOutcome};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.set_item_max(100);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, &[b'a'; 40], None);
+    /// let r = s.store(SetMode::Append, b"k", 0, Deadline::Never, &[b'a'; 40], None);
+    /// assert_eq!(r, StoreOutcome::NotStored);
+    /// ```
+    pub fn set_item_max(&self, n: usize) {
+        self.item_max.store(n as u64, Ordering::Relaxed);
+    }
+
     /// [`store`](Self::store) with an explicit new CAS value.
     #[allow(clippy::too_many_arguments)]
     pub fn store_with(
@@ -384,6 +415,10 @@ impl Store {
         let cas = new_cas.unwrap_or_else(|| self.new_cas());
         let item = match (mode, existing) {
             (SetMode::Append | SetMode::Prepend, Some(old)) => {
+                let size = item_size(key.len(), old.flags, old.value.len() + data.len());
+                if size as u64 > self.item_max.load(Ordering::Relaxed) {
+                    return StoreOutcome::NotStored;
+                }
                 let mut v = Vec::with_capacity(old.value.len() + data.len());
                 if mode == SetMode::Append {
                     v.extend_from_slice(&old.value);
@@ -573,7 +608,8 @@ impl Store {
     }
 
     /// Debug view of one item without touching it (meta `me`): (expiry
-    /// left or -1, seconds since last access, cas, fetched, value size).
+    /// left or -1, seconds since last access, cas, fetched, item size as
+    /// [`item_size`] counts it, which is what memcached's `me` reports).
     pub fn inspect(&self, key: &[u8]) -> Option<(i64, u32, u64, bool, usize)> {
         let (now, floor) = self.now_floor();
         let mut shard = self.shard(key).lock();
@@ -583,20 +619,41 @@ impl Store {
             now.saturating_sub(it.last_access),
             it.cas,
             it.fetched,
-            it.value.len(),
+            item_size(key.len(), it.flags, it.value.len()),
         ))
     }
 }
 
-/// A counter value: ASCII digits (memcached also accepts trailing spaces),
-/// fitting in 64 bits.
+/// A counter value, read as memcached reads it (`strtoull` then a check
+/// of what follows): optional leading whitespace, an optional sign, at
+/// least one digit, then the end of the value or whitespace (what follows
+/// that is ignored: `" 12"` and `"1 2"` count as 12 and 1). Overflow, no
+/// digits, another character after the digits, or a negative number are
+/// not a counter.
 fn parse_counter(v: &[u8]) -> Option<u64> {
-    let end = v.iter().rposition(|&b| b != b' ').map_or(0, |p| p + 1);
-    let digits = &v[..end];
-    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+    let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+    let start = v.iter().position(|b| !space(b))?;
+    let mut rest = &v[start..];
+    let negative = rest.first() == Some(&b'-');
+    if matches!(rest.first(), Some(b'+' | b'-')) {
+        rest = &rest[1..];
+    }
+    let end = rest
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let (digits, after) = rest.split_at(end);
+    if digits.is_empty() || !after.first().is_none_or(space) {
         return None;
     }
-    std::str::from_utf8(digits).ok()?.parse().ok()
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    // strtoull negates a '-' number; memcached refuses the result when it
+    // is negative as a signed number (so only "-0" passes).
+    match (negative, n) {
+        (false, n) => Some(n),
+        (true, 0) => Some(0),
+        (true, _) => None,
+    }
 }
 
 #[cfg(test)]
@@ -662,6 +719,18 @@ mod tests {
         ));
         set(&s, b"t", b"abc");
         assert_eq!(s.arith(b"t", true, 1, None, None), ArithOutcome::NonNumeric);
+        for bad in [&b"1a"[..], b"", b" ", b"-1", b"99999999999999999999999"] {
+            assert_eq!(parse_counter(bad), None, "{bad:?}");
+        }
+        for (ok, n) in [
+            (&b" 12"[..], 12),
+            (b"12 ", 12),
+            (b"1 2", 1),
+            (b"+7", 7),
+            (b"-0", 0),
+        ] {
+            assert_eq!(parse_counter(ok), Some(n), "{ok:?}");
+        }
         assert_eq!(
             s.arith(b"none", true, 1, None, None),
             ArithOutcome::NotFound

@@ -23,6 +23,10 @@ const NIL: u32 = u32::MAX;
 /// means for memcached.
 pub const ITEM_OVERHEAD: usize = 96;
 
+/// How many items at the LRU tail an insert checks for expired ones
+/// (memcached's `lru_pull_tail` search depth).
+const TAIL_SEARCH: usize = 5;
+
 /// A stored item.
 #[derive(Debug, Clone)]
 pub struct Item {
@@ -197,6 +201,7 @@ impl Shard {
     /// removed) when it cannot fit even in an empty shard.
     pub fn insert(&mut self, item: Item, now: u32) -> bool {
         self.remove(&item.key);
+        self.reclaim_tail(now);
         let size = item.size();
         if size > self.limit {
             return false;
@@ -267,6 +272,28 @@ impl Shard {
     pub fn oldest_age(&self, now: u32) -> u32 {
         self.item(self.tail)
             .map_or(0, |it| now.saturating_sub(it.last_access))
+    }
+
+    /// Frees expired items among the last [`TAIL_SEARCH`] of the LRU, as
+    /// memcached does on every allocation: the memory of expired items is
+    /// reused before the shard grows, not held until it is full.
+    fn reclaim_tail(&mut self, now: u32) {
+        let mut at = self.tail;
+        for _ in 0..TAIL_SEARCH {
+            let Some(it) = self.item(at) else {
+                break;
+            };
+            let (prev, expired) = (it.prev, it.exptime != 0 && it.exptime <= now);
+            if expired {
+                if let Some(it) = self.unlink(at) {
+                    self.counters.reclaimed += 1;
+                    if !it.fetched {
+                        self.counters.expired_unfetched += 1;
+                    }
+                }
+            }
+            at = prev;
+        }
     }
 
     fn evict_one(&mut self, now: u32) -> bool {

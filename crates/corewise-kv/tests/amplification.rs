@@ -1,0 +1,124 @@
+//! Reply amplification: a client that pipelines gets of a large value and
+//! never reads the replies must not grow the server's memory (memcached
+//! stops reading such a connection; so does corewise-kv), and a normal
+//! client beside it is still served. Both modes, both protocols.
+
+mod common;
+
+use common::Server;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// The value the adversary asks for, again and again.
+const VALUE: usize = 1_000_000;
+/// Single-key gets it pipelines.
+const GETS: usize = 100;
+/// Keys in its one multi-key get.
+const MULTI: usize = 100;
+
+/// Resident set of `pid` in bytes.
+fn rss(pid: u64) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// A binary-protocol GET request for `key`.
+fn bin_get(key: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8; 24];
+    f[0] = 0x80;
+    f[1] = 0x00; // GET
+    f[2..4].copy_from_slice(&(key.len() as u16).to_be_bytes());
+    f[8..12].copy_from_slice(&(key.len() as u32).to_be_bytes());
+    f.extend_from_slice(key);
+    f
+}
+
+fn run(mode: &str, binary: bool) {
+    let s = Server::start(&["--mode", mode, "-m", "64"]);
+    let mut normal = s.client();
+    let value = vec![b'v'; VALUE];
+    assert_eq!(normal.set("big", &value), "STORED");
+    let pid = normal.stat("pid");
+    let idle = rss(pid);
+    let items = normal.stat("bytes");
+
+    // The adversary: many requests for the big value, never reading.
+    let mut adv = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let mut req = Vec::new();
+    if binary {
+        for _ in 0..GETS + MULTI {
+            req.extend_from_slice(&bin_get(b"big"));
+        }
+    } else {
+        req.extend_from_slice(&b"get big\r\n".repeat(GETS));
+        req.extend_from_slice(b"get");
+        req.extend_from_slice(&b" big".repeat(MULTI));
+        req.extend_from_slice(b"\r\n");
+    }
+    adv.write_all(&req).unwrap();
+
+    // Meanwhile the normal client keeps being served, and the server's
+    // resident set is watched.
+    let mut peak = 0;
+    let until = Instant::now() + Duration::from_millis(1500);
+    let mut served = 0;
+    while Instant::now() < until {
+        assert_eq!(normal.set("small", b"hello"), "STORED");
+        assert_eq!(normal.get("small").as_deref(), Some(&b"hello"[..]));
+        served += 1;
+        peak = peak.max(rss(pid));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(served > 10, "the normal client was served {served} times");
+    let bound = 2 * idle + items;
+    assert!(
+        peak <= bound,
+        "{mode} binary={binary}: server RSS reached {peak} bytes with a client not \
+         reading its replies (idle {idle}, items {items}, bound {bound})"
+    );
+
+    // Nothing was lost: the adversary gets every reply once it reads.
+    let total = GETS + MULTI;
+    let expect = if binary {
+        total * (24 + 4 + VALUE)
+    } else {
+        let one = format!("VALUE big 0 {VALUE}\r\n").len() + VALUE + 2;
+        total * one + (GETS + 1) * b"END\r\n".len()
+    };
+    adv.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut got = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    while got < expect {
+        let n = adv.read(&mut buf).expect("read replies");
+        assert!(n > 0, "server closed after {got} of {expect} reply bytes");
+        got += n;
+    }
+    assert_eq!(got, expect);
+    assert_eq!(normal.cmd("version").split(' ').next(), Some("VERSION"));
+}
+
+#[test]
+fn unread_replies_are_bounded_conn_text() {
+    run("conn", false);
+}
+
+#[test]
+fn unread_replies_are_bounded_dispatch_text() {
+    run("dispatch", false);
+}
+
+#[test]
+fn unread_replies_are_bounded_conn_binary() {
+    run("conn", true);
+}
+
+#[test]
+fn unread_replies_are_bounded_dispatch_binary() {
+    run("dispatch", true);
+}

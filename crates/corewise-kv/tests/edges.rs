@@ -1,0 +1,314 @@
+//! memcached 1.6.18's behaviour at the edges of the text protocol, over
+//! TCP against the real binary. Each exchange's expected bytes were taken
+//! from memcached 1.6.18 (Debian's package); when `memcached` is on PATH
+//! the same exchange is also run against it side by side, so a difference
+//! in either shows.
+
+mod common;
+
+use common::Server;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Sends `req` then `mn` (meta no-op) and returns everything before the
+/// `MN` reply: the replies to `req`, in order.
+fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(req).unwrap();
+    s.write_all(b"mn\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    while !got.ends_with(b"MN\r\n") {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    got.truncate(got.len() - 4);
+    got
+}
+
+/// Real memcached on a free port, when installed; killed on drop.
+struct Memcached(Child, u16);
+
+impl Memcached {
+    fn start() -> Option<Memcached> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new("memcached")
+            .args([
+                "-p",
+                &port.to_string(),
+                "-l",
+                "127.0.0.1",
+                "-U",
+                "0",
+                "-u",
+                "root",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mc = Memcached(child, port);
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(mc);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Checks corewise-kv (and memcached, when installed) against `want`.
+fn check(s: &Server, mc: &Option<Memcached>, req: &[u8], want: &[u8]) {
+    let got = exchange(s.port, req);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(want),
+        "corewise-kv on {:?}",
+        String::from_utf8_lossy(&req[..req.len().min(200)])
+    );
+    if let Some(m) = mc {
+        let theirs = exchange(m.1, req);
+        assert_eq!(
+            String::from_utf8_lossy(&theirs),
+            String::from_utf8_lossy(want),
+            "memcached on {:?}",
+            String::from_utf8_lossy(&req[..req.len().min(200)])
+        );
+    }
+}
+
+fn run(mode: &str) {
+    let s = Server::start(&["--mode", mode]);
+    let mc = Memcached::start();
+
+    // Defect 4: a length that is not a 32-bit int leaving room for CRLF is
+    // a bad command line, and the next command is not swallowed as data.
+    check(
+        &s,
+        &mc,
+        b"set k4 0 0 4294967295\r\nget k4\r\n",
+        b"CLIENT_ERROR bad command line format\r\nEND\r\n",
+    );
+    check(
+        &s,
+        &mc,
+        b"set k4 0 0 2147483646\r\nget k4\r\n",
+        b"CLIENT_ERROR bad command line format\r\nEND\r\n",
+    );
+
+    // Item 8: flags are kept modulo 2^32.
+    check(
+        &s,
+        &mc,
+        b"set f1 4294967296 0 1\r\nx\r\nset f2 4294967301 0 1\r\nx\r\nget f1 f2\r\n",
+        b"STORED\r\nSTORED\r\nVALUE f1 0 1\r\nx\r\nVALUE f2 5 1\r\nx\r\nEND\r\n",
+    );
+
+    // Defect 2: a too-large set removes the old value.
+    let mut big = b"set d2 0 0 2000000\r\n".to_vec();
+    big.extend_from_slice(&vec![b'y'; 2_000_000]);
+    big.extend_from_slice(b"\r\nget d2\r\n");
+    let mut req = b"set d2 0 0 1\r\nx\r\n".to_vec();
+    req.extend_from_slice(&big);
+    check(
+        &s,
+        &mc,
+        &req,
+        b"STORED\r\nSERVER_ERROR object too large for cache\r\nEND\r\n",
+    );
+
+    // Defect 5: noreply silences errors too (not a wrong argument count;
+    // `incr d5 noreply` reads noreply as a bad delta, silenced).
+    let mut req = b"set d5 0 0 1 noreply\r\nx\r\n".to_vec();
+    req.extend_from_slice(&big.replace_first(b"set d2 0 0 2000000", b"set d5 0 0 2000000 noreply"));
+    req.extend_from_slice(
+        b"set d5 0 0 1\r\n5\r\nincr d5 abc noreply\r\ndelete d5 10 noreply\r\n\
+          touch d5 abc noreply\r\nget d5\r\nset d5 0 noreply\r\nincr d5 noreply\r\n",
+    );
+    check(
+        &s,
+        &mc,
+        &req,
+        b"END\r\nSTORED\r\nVALUE d5 0 1\r\n5\r\nEND\r\nERROR\r\n",
+    );
+
+    // Item 8: a counter is read as strtoull reads it (leading space skipped,
+    // reading stops at a space).
+    check(
+        &s,
+        &mc,
+        b"set n 0 0 3\r\n 12\r\nincr n 1\r\nset o 0 0 3\r\n1 2\r\nincr o 1\r\n\
+          set p 0 0 2\r\n1a\r\nincr p 1\r\n",
+        b"STORED\r\n13\r\nSTORED\r\n2\r\nSTORED\r\n\
+          CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+    );
+
+    // Defect 3: the item size limit counts the item as memcached does
+    // (header, key, flags, CRLF), and append/prepend respect it.
+    let cmd = |c: &str, n: usize| {
+        let mut v = format!("{c} s3 0 0 {n}\r\n").into_bytes();
+        v.extend_from_slice(&vec![b'a'; n]);
+        v.extend_from_slice(b"\r\n");
+        v
+    };
+    let mut req = cmd("set", 1_048_515);
+    req.extend_from_slice(&cmd("set", 1_048_516));
+    req.extend_from_slice(&cmd("set", 1_048_000));
+    req.extend_from_slice(&cmd("append", 600));
+    req.extend_from_slice(&cmd("append", 500));
+    req.extend_from_slice(&cmd("prepend", 100));
+    check(
+        &s,
+        &mc,
+        &req,
+        b"STORED\r\nSERVER_ERROR object too large for cache\r\nSTORED\r\n\
+          NOT_STORED\r\nSTORED\r\nNOT_STORED\r\n",
+    );
+
+    // Item 8: verbosity takes the level asked for (capped at 2).
+    check(
+        &s,
+        &mc,
+        b"verbosity 5\r\nverbosity 0\r\nverbosity 1 noreply\r\n",
+        b"OK\r\nOK\r\n",
+    );
+    let level = |req: &[u8]| {
+        let mut c = s.client();
+        c.send(req);
+        if !req.ends_with(b"noreply\r\n") {
+            assert_eq!(c.line(), "OK");
+        }
+        c.stats("settings")
+            .into_iter()
+            .find(|(n, _)| n == "verbosity")
+            .map(|(_, v)| v)
+    };
+    assert_eq!(level(b"verbosity 5\r\n").as_deref(), Some("2"));
+    assert_eq!(level(b"verbosity 0\r\n").as_deref(), Some("0"));
+    assert_eq!(level(b"verbosity 1 noreply\r\n").as_deref(), Some("1"));
+
+    // Item 8: an HTTP request line closes the connection.
+    for port in std::iter::once(s.port).chain(mc.as_ref().map(|m| m.1)) {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).expect("closed");
+        assert_eq!(rest, b"", "port {port}");
+    }
+
+    // Item 8: `me` reports the item's size as memcached counts it.
+    let me = |port: u16| {
+        let got = exchange(
+            port,
+            b"set mek 0 0 5\r\nhello\r\nme mek\r\nset mek 7 0 5\r\nhello\r\nme mek\r\n",
+        );
+        String::from_utf8_lossy(&got)
+            .split("\r\n")
+            .filter_map(|l| {
+                l.split(' ')
+                    .find(|t| t.starts_with("size="))
+                    .map(str::to_string)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(me(s.port), ["size=67", "size=71"]);
+    if let Some(m) = &mc {
+        assert_eq!(me(m.1), ["size=67", "size=71"]);
+    }
+
+    // Item 8: cache_memlimit's floor and errors.
+    check(
+        &s,
+        &mc,
+        b"cache_memlimit 0\r\ncache_memlimit 0 noreply\r\ncache_memlimit abc\r\n\
+          cache_memlimit 7\r\ncache_memlimit -1\r\ncache_memlimit 64\r\n",
+        b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\nERROR\r\n\
+          MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\nERROR\r\nOK\r\n",
+    );
+
+    // Defect 6: a get line far over 64 KiB (18 000 keys) is served.
+    let mut req = b"set k17999 0 0 1\r\nz\r\nget".to_vec();
+    for i in 0..18_000 {
+        req.extend_from_slice(format!(" k{i}").as_bytes());
+    }
+    req.extend_from_slice(b"\r\n");
+    assert!(req.len() > 100_000);
+    check(&s, &mc, &req, b"STORED\r\nVALUE k17999 0 1\r\nz\r\nEND\r\n");
+}
+
+trait ReplaceFirst {
+    fn replace_first(&self, from: &[u8], to: &[u8]) -> Vec<u8>;
+}
+
+impl ReplaceFirst for Vec<u8> {
+    fn replace_first(&self, from: &[u8], to: &[u8]) -> Vec<u8> {
+        let at = self
+            .windows(from.len())
+            .position(|w| w == from)
+            .expect("pattern");
+        let mut v = self[..at].to_vec();
+        v.extend_from_slice(to);
+        v.extend_from_slice(&self[at + from.len()..]);
+        v
+    }
+}
+
+#[test]
+fn edges_conn_mode() {
+    run("conn");
+}
+
+#[test]
+fn edges_dispatch_mode() {
+    run("dispatch");
+}
+
+/// The `total_malloced` of `stats slabs`.
+fn malloced(c: &mut common::Client) -> u64 {
+    c.stats("slabs")
+        .into_iter()
+        .find(|(n, _)| n == "total_malloced")
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("total_malloced")
+}
+
+/// Defect 7: the memory of expired items is reused by new ones (memcached
+/// looks for expired items at the LRU tail on every allocation), so
+/// replacing 10 expired items with 10 new ones does not grow memory.
+#[test]
+fn expired_memory_is_reused() {
+    // -m 4 with -I 1m: one shard, so every new item sees the expired tail.
+    let s = Server::start(&["-m", "4"]);
+    let mut c = s.client();
+    let v = vec![b'a'; 1000];
+    for i in 0..10 {
+        assert_eq!(c.store(&format!("set old{i} 0 1 1000"), &v), "STORED");
+    }
+    let before = malloced(&mut c);
+    let reclaimed = c.stat("reclaimed");
+    std::thread::sleep(Duration::from_millis(2200));
+    for i in 0..10 {
+        assert_eq!(c.set(&format!("new{i}"), &v), "STORED");
+    }
+    let after = malloced(&mut c);
+    assert!(after <= before, "total_malloced {before} -> {after}");
+    assert_eq!(c.stat("reclaimed"), reclaimed + 10);
+}
