@@ -125,7 +125,13 @@ impl Explanation {
 
 impl fmt::Display for Explanation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mark = |name: &str| if self.winner == name { "  <- sets the count" } else { "" };
+        let mark = |name: &str| {
+            if self.winner == name {
+                "  <- sets the count"
+            } else {
+                ""
+            }
+        };
         writeln!(
             f,
             "affinity:  {} CPUs ({}){}",
