@@ -17,7 +17,7 @@
 //! `-c` and file descriptors. The dispatch thread polls the epoll set
 //! without blocking while work keeps arriving, yielding to the workers
 //! between polls, and sleeps in `epoll_wait` on a corewise syscall thread
-//! ([`corewise::blocking`]) once it has been idle for a short while.
+//! ([`corewise::blocking()`]) once it has been idle for a short while.
 //!
 //! Both modes share [`Connection`]: a read buffer that the decoder parses
 //! in place, and an output buffer written once per batch of requests.

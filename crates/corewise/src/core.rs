@@ -16,7 +16,7 @@
 //! after every thread. A `lock bts` on the claimed bit succeeds whatever
 //! happened to the other bits (creation throughput from one spawner
 //! 13.0 -> 16.3 M/s at a round trip of ~56 ns, 3.7 -> 4.1 M/s at ~420 ns).
-//! A departure from DESIGN.md's "mask and count" word, which keeps its
+//! A departure from Arachne's "mask and count" word, which keeps its
 //! name here.
 
 use crate::shim::{AtomicU64, Ordering};

@@ -20,7 +20,7 @@
 //! switches, and a TSC read (~15 ns on AMD hosts) was a third of the
 //! dispatcher's time. Between reads a rotation's length is taken to be
 //! proportional to its runs (see [`LoadMeter`]). A full core (56 threads)
-//! still checks after every rotation. (A departure from DESIGN.md, whose
+//! still checks after every rotation. (A departure from Arachne, whose
 //! dispatcher checks `must_release` on every pass; I/O is still submitted
 //! and reaped on every pass.) Likewise a spinning idle core scans
 //! its slots [`IDLE_POLLS_PER_CLOCK`] times per clock read, so a wakeup

@@ -2,7 +2,7 @@
 //!
 //! On the ring, file I/O is an ordinary SQE (the kernel completes it inline
 //! or on its io-wq workers). Regular files cannot be polled, so on the epoll
-//! back end each call runs on a syscall thread ([`crate::blocking`]) while
+//! back end each call runs on a syscall thread ([`crate::blocking()`]) while
 //! the user thread blocks; on a plain OS thread it is the system call.
 //! Metadata calls that never wait for the disk (`fstat`, `lseek`,
 //! `ftruncate`) are made directly.

@@ -15,7 +15,7 @@
 //! assert_eq!(h.join().unwrap(), 42);
 //! ```
 //!
-//! The map of the crate is `DESIGN.md` in the repository's shared folder;
+//! The map of the crate is `docs/architecture.md` in the repository;
 //! each module's documentation says why it is built the way it is.
 
 // `core` is also the name of the Rust core library: this crate always says

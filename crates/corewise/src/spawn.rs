@@ -7,7 +7,7 @@
 //! A thread that spawns several threads in one run claims slots ahead on
 //! the chosen core, as many as that core's lead over the other choice, and
 //! fills them without touching the core's occupancy word again (see
-//! [`crate::reserve`]; a departure from DESIGN.md's one claim per spawn).
+//! [`crate::reserve`]; a departure from Arachne's one claim per spawn).
 
 use crate::core::{Core, ThreadContext};
 use crate::error::SpawnError;

@@ -104,7 +104,7 @@ struct Slot {
 }
 
 /// The [`CoreArbiter`] backed by the `corewise-arbiter` daemon (see the
-/// [module docs](self)).
+/// module docs).
 pub struct Daemon {
     socket: PathBuf,
     /// The application's connection; taken at shutdown.

@@ -29,7 +29,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 /// The in-process arbiter: grants the runtime's CPUs, in order, up to the
 /// number requested; with all of them granted kernel thread `k` owns CPU
 /// `cpus[k]` and is pinned to it, with fewer the granted threads share all
-/// of the runtime's CPUs (see the [module docs](self)).
+/// of the runtime's CPUs (see the module docs).
 ///
 /// ```
 /// use corewise::arbiter::{CoreArbiter, Local};

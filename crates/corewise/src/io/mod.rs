@@ -8,15 +8,15 @@
 //! kernel thread, so it writes its SQE straight into its core's ring and
 //! blocks; the dispatcher submits the pass's SQEs with one
 //! `io_uring_enter`, reaps the CQ in memory and signals the waiters (see
-//! [`uring`]). The core's idle sleep is a wait in the same ring, woken by
+//! `uring`). The core's idle sleep is a wait in the same ring, woken by
 //! completions, by the next timer, and by the idle gate's futex word, which
 //! an armed `IORING_OP_FUTEX_WAIT` watches: idle sleep and I/O wait are one
-//! wait, and the waker side of [`crate::idle`] is unchanged.
+//! wait, and the waker side of `crate::idle` is unchanged.
 //!
 //! Where io_uring is missing or forbidden (ENOSYS, EPERM from seccomp,
 //! `kernel.io_uring_disabled`, or a kernel without the futex opcode) the
 //! same API runs on a per-core epoll set with non-blocking calls (see
-//! [`epoll`]); `COREWISE_IO=epoll` or
+//! `epoll`); `COREWISE_IO=epoll` or
 //! [`Builder::io_backend`](crate::Builder::io_backend) forces it. On a
 //! plain OS thread the same types make ordinary system calls.
 //!

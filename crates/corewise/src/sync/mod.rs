@@ -1,7 +1,7 @@
 //! Synchronization for user threads: waiting blocks the user thread, never
 //! the core.
 //!
-//! Everything here is built from one piece, [`wait_queue`]: a spin-locked
+//! Everything here is built from one piece, `wait_queue`: a spin-locked
 //! list of waiters whose nodes live on the waiting threads' stacks, woken
 //! through the runtime's `block`/`signal` pair (or `park`/`unpark` for an OS
 //! thread, so the primitives also connect user threads with OS threads).
