@@ -71,11 +71,25 @@ fn client_child() {
     }
 }
 
-fn many(b: IoBackend) {
+/// How the server side serves its connections.
+#[derive(Clone, Copy, PartialEq)]
+enum Serve {
+    /// Groups of 500 connections, one user thread and one batch each.
+    Batches,
+    /// One user thread per connection, blocked in `read`, all on one core:
+    /// far more threads than the core's 56 slots.
+    ThreadPerConnection,
+}
+
+fn many(b: IoBackend, serve: Serve) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     assert!(raise_fd_limit(CONNS as u64 + 500) >= CONNS as u64 + 500);
+    let cpus: &[usize] = match serve {
+        Serve::Batches => &[0, 1],
+        Serve::ThreadPerConnection => &[0],
+    };
     let rt = corewise::Runtime::builder()
-        .cpus([0, 1])
+        .cpus(cpus.iter().copied())
         .io_backend(b)
         .build()
         .unwrap();
@@ -105,6 +119,25 @@ fn many(b: IoBackend) {
                     }
                 }
                 writeln!(progress, "{}", servers.len()).unwrap();
+            }
+            if serve == Serve::ThreadPerConnection {
+                // Every thread blocks in `read` until the client, which
+                // writes only once all are connected, sends its number.
+                let hs: Vec<_> = servers
+                    .into_iter()
+                    .map(|mut s| {
+                        corewise::spawn(move || {
+                            let mut b = [0u8; 8];
+                            s.read_exact(&mut b).and_then(|()| s.write_all(&b)).is_ok()
+                        })
+                        .unwrap()
+                    })
+                    .collect();
+                return hs
+                    .into_iter()
+                    .map(|h| h.join().unwrap())
+                    .filter(|&ok| ok)
+                    .count();
             }
             // Echo one message on every connection: groups of 500, each
             // group one user thread with one read batch and one write batch.
@@ -154,10 +187,20 @@ fn many(b: IoBackend) {
 
 #[test]
 fn ten_thousand_connections_uring() {
-    many(IoBackend::Uring);
+    many(IoBackend::Uring, Serve::Batches);
 }
 
 #[test]
 fn ten_thousand_connections_epoll() {
-    many(IoBackend::Epoll);
+    many(IoBackend::Epoll, Serve::Batches);
+}
+
+#[test]
+fn ten_thousand_threads_blocked_in_read_on_one_core_uring() {
+    many(IoBackend::Uring, Serve::ThreadPerConnection);
+}
+
+#[test]
+fn ten_thousand_threads_blocked_in_read_on_one_core_epoll() {
+    many(IoBackend::Epoll, Serve::ThreadPerConnection);
 }

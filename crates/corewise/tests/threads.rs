@@ -604,3 +604,92 @@ fn slots_reserved_by_pinned_spawns_do_not_capture_placed_ones() {
     }
     assert!(on[0] >= 5, "placed threads landed {on:?}");
 }
+
+#[test]
+fn a_core_added_under_load_receives_running_threads() {
+    let rt = Runtime::builder().min_cores(1).build().unwrap();
+    if rt.cores() < 2 {
+        return;
+    }
+    rt.set_max_cores(1);
+    let start = Instant::now();
+    while rt.active_cores() != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "core 1 not released"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // 50 threads that keep running (they yield, never block), all on the
+    // one core the runtime holds.
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let hs: Vec<_> = (0..50)
+        .map(|_| {
+            let (stop, seen) = (stop.clone(), seen.clone());
+            rt.spawn(move || {
+                let mut moved = false;
+                while !stop.load(Ordering::Relaxed) {
+                    if !moved && corewise::current_core() == Some(1) {
+                        moved = true;
+                        seen.fetch_add(1, Ordering::Relaxed);
+                    }
+                    corewise::yield_now();
+                }
+            })
+            .unwrap()
+        })
+        .collect();
+    rt.set_max_cores(2);
+    let start = Instant::now();
+    while seen.load(Ordering::Relaxed) < 10 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "only {} of 50 running threads moved to the added core",
+            seen.load(Ordering::Relaxed)
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn a_cancel_and_a_completion_reach_threads_that_left_their_slot() {
+    for backend in [corewise::IoBackend::Uring, corewise::IoBackend::Epoll] {
+        let rt = Runtime::builder().io_backend(backend).build().unwrap();
+        rt.block_on(move || {
+            let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let mut client = std::net::TcpStream::connect(addr).unwrap();
+            let (a, _) = l.accept().unwrap();
+            let (b_client, _) = (std::net::TcpStream::connect(addr).unwrap(), ());
+            let (b, _) = l.accept().unwrap();
+            let cancel = a.canceller();
+            let waiting = |s: corewise::net::TcpStream| {
+                corewise::spawn(move || {
+                    let mut buf = [0u8; 4];
+                    let r = s.read(&mut buf);
+                    (r.map(|n| buf[..n].to_vec()), s)
+                })
+                .unwrap()
+            };
+            let (ha, hb) = (waiting(a), waiting(b));
+            // Long enough for both readers to leave their slots (a sweep
+            // is 100 µs; an idle core parks its blocked threads at once).
+            corewise::sleep(Duration::from_millis(20));
+            cancel.cancel();
+            use std::io::Write;
+            (&b_client).write_all(b"ping").unwrap();
+            let (ra, _a) = ha.join().unwrap();
+            let e = ra.unwrap_err();
+            assert!(corewise::io::is_cancelled(&e), "{backend:?}: {e}");
+            let (rb, _b) = hb.join().unwrap();
+            assert_eq!(rb.unwrap(), b"ping", "{backend:?}");
+            client.write_all(b"x").unwrap();
+        })
+        .unwrap();
+    }
+}

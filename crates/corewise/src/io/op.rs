@@ -549,11 +549,23 @@ fn epoll_ready(
         Some(r) if r == -libc::ECANCELED => Err(cancelled_error()),
         Some(_) => Ok(()),
         None => {
-            // Still pending, so this thread has not moved (a core completes
-            // all its records before its threads migrate): free it here.
-            // SAFETY: we run on `core`'s kernel thread.
-            if let Driver::Epoll(e) = unsafe { core.io.driver() } {
-                e.slab.free(token);
+            let here = crate::thread::current_slot().map(|s| s.core());
+            if here.is_some_and(|h| std::ptr::eq(h, core)) {
+                // Still pending and we run on the core that holds the
+                // record: free it here.
+                // SAFETY: we run on `core`'s kernel thread.
+                if let Driver::Epoll(e) = unsafe { core.io.driver() } {
+                    e.slab.free(token);
+                }
+            } else {
+                // The thread left its slot while it waited and now runs on
+                // another core: only `core`'s own kernel thread may touch
+                // the record, so ask it to cancel (it completes the record,
+                // or already did) and wait for the cell before `cell` dies.
+                super::cancel::post(core, token);
+                while cell.get().is_none() {
+                    crate::thread::block();
+                }
             }
             if cancel.is_some_and(|c| c.is_cancelled()) {
                 Err(cancelled_error())
