@@ -619,3 +619,20 @@ pub(crate) fn close_for_shutdown(core: &'static Core) -> bool {
     }
     false
 }
+
+/// Shutdown: unmaps the stacks of `core`'s spare contexts (from its kernel
+/// thread, once its dispatcher returned for good), or of the runtime's pool
+/// (`None`, once every kernel thread is gone).
+pub(crate) fn drop_spares(shared: &'static Shared, core: Option<&'static Core>) {
+    let spares = match core {
+        // SAFETY: called by the core's kernel thread after its dispatcher
+        // returned for good; no other reference exists.
+        Some(c) => std::mem::take(&mut unsafe { c.sched() }.spares),
+        None => std::mem::take(&mut *shared.spares.lock().unwrap_or_else(|p| p.into_inner())),
+    };
+    for ctx in spares {
+        // SAFETY: a spare holds no thread and nothing runs it: its
+        // coroutine is suspended in the slot loop or never started.
+        unsafe { ctx.drop_context() };
+    }
+}

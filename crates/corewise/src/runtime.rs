@@ -623,6 +623,9 @@ impl Drop for Runtime {
         for h in self.kthreads.drain(..) {
             let _ = h.join();
         }
+        // Every kernel thread is gone and no thread is left: the pooled
+        // spare contexts' stacks are unmapped too.
+        crate::park::drop_spares(shared, None);
     }
 }
 
@@ -671,4 +674,6 @@ fn kernel_thread(
         // SAFETY: the dispatcher has returned and the core has no threads.
         unsafe { slot.drop_context() };
     }
+    // Spare contexts this core kept: their stacks go too.
+    crate::park::drop_spares(shared, Some(core));
 }
