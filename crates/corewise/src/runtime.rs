@@ -225,6 +225,7 @@ impl Builder {
     pub fn build(self) -> Result<Runtime, BuildError> {
         crate::clock::init();
         crate::park::init();
+        crate::thread::install_panic_hook();
         if self.max_threads == Some(0) {
             return Err(BuildError::Invalid("max_threads must be at least 1".into()));
         }

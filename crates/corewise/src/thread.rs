@@ -484,3 +484,41 @@ pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
     core.mask.release(slot.index());
     shared.limit_wait.notify();
 }
+
+/// Installs, once per process, a panic hook that names the user thread: a
+/// panic in a user thread made with `Builder::name("worker-7")` prints
+/// `thread 'worker-7'`, not the name of the kernel thread that ran it. Panics
+/// outside user threads go to the hook that was installed before. (A hook a
+/// program sets after building a runtime replaces this one.)
+pub(crate) fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let Some(slot) = current_slot() else {
+                return previous(info);
+            };
+            let payload = info.payload();
+            let msg = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("Box<dyn Any>");
+            let name = slot.name().unwrap_or("<unnamed>");
+            let at = info
+                .location()
+                .map(|l| format!(" at {l}"))
+                .unwrap_or_default();
+            let bt = std::backtrace::Backtrace::capture();
+            let tail = match bt.status() {
+                std::backtrace::BacktraceStatus::Captured => format!("stack backtrace:\n{bt}"),
+                _ => "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n"
+                    .to_string(),
+            };
+            eprint!(
+                "\nthread '{name}' (corewise user thread, core {}){at}:\n{msg}\n{tail}",
+                slot.core().index
+            );
+        }));
+    });
+}

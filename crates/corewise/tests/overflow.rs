@@ -52,3 +52,35 @@ fn stack_overflow_names_the_user_thread() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{:?}", out.status);
 }
+
+#[test]
+fn panic_child() {
+    if std::env::var_os("COREWISE_PANIC_CHILD").is_none() {
+        return;
+    }
+    let rt = corewise::Runtime::new().unwrap();
+    let h = corewise::thread::Builder::new()
+        .name("worker-7")
+        .spawn_in(&rt, || -> u32 { panic!("boom in a user thread") })
+        .unwrap();
+    assert!(h.join().is_err());
+}
+
+#[test]
+fn a_panic_names_the_user_thread() {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args(["--exact", "panic_child", "--nocapture", "--test-threads=1"])
+        .env("COREWISE_PANIC_CHILD", "1")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr was: {stderr}");
+    assert!(
+        stderr.contains("thread 'worker-7' (corewise user thread")
+            && stderr.contains("boom in a user thread")
+            && !stderr.contains("thread 'corewise-core-"),
+        "stderr was: {stderr}"
+    );
+}
