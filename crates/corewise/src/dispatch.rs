@@ -275,6 +275,8 @@ pub(crate) fn run(core: &'static Core) {
             return;
         }
         crate::park::fire_timers(core, now);
+        // Threads waiting for a slot while every slot holds a blocked one.
+        crate::park::make_room(core, None, now);
         if now.wrapping_sub(last_sweep) >= sweep_ticks {
             marks = crate::park::sweep(core, marks, now, false);
             last_sweep = now;

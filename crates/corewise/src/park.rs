@@ -437,38 +437,65 @@ pub(crate) fn sweep(core: &'static Core, marked: u64, now: u64, force: bool) -> 
     core.mask.occupied()
 }
 
-/// When threads wait for a slot and every slot is taken: parks the blocked
-/// threads, and if that frees nothing, sends the thread that just ran
-/// (`last`, runnable) to the back of the queue so a waiting one takes its
-/// turn.
+/// When threads wait for a slot and every slot is taken: the blocked
+/// threads leave their slots to the waiting ones (one in, one out, so no
+/// spare context is needed, even at the thread limit), and if every slot
+/// holds a runnable thread, the thread that just ran (`last`) goes to the
+/// back of the queue so the oldest waiting one takes its turn.
 pub(crate) fn make_room(core: &'static Core, last: Option<usize>, now: u64) {
     // SAFETY: the dispatcher of `core`, between runs.
     let s = unsafe { core.sched() };
+    service_slow(core, s);
     if s.pending.is_empty() {
         return;
     }
     let mut m = core.mask.occupied();
-    while m != 0 {
+    while m != 0 && !s.pending.is_empty() {
         let i = m.trailing_zeros() as usize;
         m &= m - 1;
-        park(core, s, i, now);
+        let ctx = core.slot(i);
+        if !ctx.is_published() || !ctx.movable() {
+            continue;
+        }
+        let Some(deadline) = ctx.wakeup().due_or_deadline(now) else {
+            continue;
+        };
+        if !ctx.wakeup().try_park() {
+            continue;
+        }
+        if deadline != BLOCKED {
+            s.timers
+                .push(Reverse((deadline, ctx as *const ThreadContext as usize)));
+        }
+        swap_in(core, s, i);
     }
-    if core.mask.count() as usize == crate::core::SLOTS {
-        if let Some(i) = last {
-            let ctx = core.slot(i);
-            if ctx.is_published() && ctx.movable() && core.mask.occupied() & (1 << i) != 0 {
-                if let Some(spare) = spare_for(core, s) {
-                    // Runnable: its wakeup state says so wherever it goes.
-                    ctx.wakeup().set_runnable();
-                    core.runtime().detached.fetch_add(1, Ordering::Relaxed);
-                    detach(core, s, i, spare);
-                    core.queued.fetch_add(1, Ordering::Relaxed);
-                    s.pending.push_back(ctx);
-                }
+    if s.pending.is_empty() {
+        return;
+    }
+    if let Some(i) = last {
+        let ctx = core.slot(i);
+        if core.mask.occupied() & (1 << i) != 0 && ctx.is_published() && ctx.movable() {
+            let mut now_fn = || now;
+            if ctx.wakeup().is_due(&mut now_fn) || ctx.wakeup().due_or_deadline(now).is_none() {
+                // Runnable: its wakeup state says so wherever it goes.
+                ctx.wakeup().set_runnable();
+                swap_in(core, s, i);
+                core.queued.fetch_add(1, Ordering::Relaxed);
+                s.pending.push_back(ctx);
             }
         }
     }
-    service_slow(core, s);
+}
+
+/// Puts the oldest waiting thread into slot `i`, whose thread the caller has
+/// taken out (parked, or queued again); the slot's bit stays set.
+fn swap_in(core: &'static Core, s: &mut CoreSched, i: usize) {
+    let Some(next) = s.pending.pop_front() else {
+        return;
+    };
+    core.queued.fetch_sub(1, Ordering::Relaxed);
+    next.relocate(core, i);
+    core.set_slot(i, next);
 }
 
 /// Moves runnable threads to the least loaded other core when this one has
