@@ -105,12 +105,20 @@ pub(crate) fn take_spare(
     shared: &'static Shared,
     here: Option<&'static Core>,
 ) -> Result<&'static ThreadContext, SpawnError> {
-    if let Some(core) = here {
-        // SAFETY: `here` is the core of the calling kernel thread (the
-        // caller checked), and no other reference to its state is live.
-        if let Some(c) = unsafe { core.sched() }.spares.pop() {
-            return Ok(c);
-        }
+    // SAFETY: `here` is the core of the calling kernel thread (the caller
+    // checked), and no other reference to its state is live.
+    let local = here.map(|core| &mut unsafe { core.sched() }.spares);
+    pop_spare(shared, local)
+}
+
+/// A spare from `local` (a core's own list), else the runtime's pool, else
+/// a new context.
+fn pop_spare(
+    shared: &'static Shared,
+    local: Option<&mut Vec<&'static ThreadContext>>,
+) -> Result<&'static ThreadContext, SpawnError> {
+    if let Some(c) = local.and_then(|l| l.pop()) {
+        return Ok(c);
     }
     if let Some(c) = shared
         .spares
@@ -143,19 +151,16 @@ pub(crate) fn new_context(shared: &'static Shared) -> Result<&'static ThreadCont
     Ok(ctx)
 }
 
-/// Gives a context with no thread back: to `here`'s spares, or the pool.
-pub(crate) fn give_spare(
+/// Keeps a context with no thread in `local` (a core's own list, up to
+/// [`LOCAL_SPARES`]), or gives it to the runtime's pool.
+fn keep_spare(
     shared: &'static Shared,
-    here: Option<&'static Core>,
+    local: &mut Vec<&'static ThreadContext>,
     ctx: &'static ThreadContext,
 ) {
-    if let Some(core) = here {
-        // SAFETY: as in `take_spare`.
-        let s = unsafe { core.sched() };
-        if s.spares.len() < LOCAL_SPARES {
-            s.spares.push(ctx);
-            return;
-        }
+    if local.len() < LOCAL_SPARES {
+        local.push(ctx);
+        return;
     }
     shared
         .spares
@@ -221,11 +226,19 @@ impl LimitWait {
 /// [`crate::thread::signal`] does, without a generation to check.
 pub(crate) fn signal_context(ctx: &'static ThreadContext) {
     if ctx.wakeup().signal() {
-        if ctx.invocation.signals.claim_unpark() {
-            place(ctx.core().runtime(), ctx, None);
-        }
+        unpark(ctx);
     } else {
         ctx.core().gate.wake_after_rmw();
+    }
+}
+
+/// After a signal found `ctx` parked: the signaller that clears the mark
+/// places the thread again.
+#[cold]
+#[inline(never)]
+pub(crate) fn unpark(ctx: &'static ThreadContext) {
+    if ctx.invocation.signals.claim_unpark() {
+        place(ctx.core().runtime(), ctx, None);
     }
 }
 
@@ -341,40 +354,23 @@ fn install(core: &'static Core, s: &mut CoreSched, ctx: &'static ThreadContext) 
     core.runtime().detached.fetch_sub(1, Ordering::Relaxed);
     // The slot's free context (no thread: we hold the slot's bit, so no
     // spawner writes it) becomes a spare.
-    if s.spares.len() < LOCAL_SPARES {
-        s.spares.push(old);
-    } else {
-        give_spare(core.runtime(), None, old);
-    }
+    keep_spare(core.runtime(), &mut s.spares, old);
     true
 }
 
 /// Takes the thread in slot `i` out (it does not run meanwhile) and puts a
 /// spare in its place. The caller made sure the thread will be found again
 /// (parked, queued or placed).
-fn detach(core: &'static Core, s: &mut CoreSched, i: usize, spare: &'static ThreadContext) {
+fn detach(core: &'static Core, i: usize, spare: &'static ThreadContext) {
     spare.wakeup().reset();
     spare.relocate(core, i);
     core.set_slot(i, spare);
     core.mask.release(i);
-    let _ = s;
 }
 
 /// A spare for `core`'s dispatcher (its own, the pool's, or a new one).
 fn spare_for(core: &'static Core, s: &mut CoreSched) -> Option<&'static ThreadContext> {
-    if let Some(c) = s.spares.pop() {
-        return Some(c);
-    }
-    let shared = core.runtime();
-    if let Some(c) = shared
-        .spares
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .pop()
-    {
-        return Some(c);
-    }
-    new_context(shared).ok()
+    pop_spare(core.runtime(), Some(&mut s.spares)).ok()
 }
 
 /// Parks the blocked thread in slot `i` if it is still blocked; returns
@@ -401,7 +397,7 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
         s.timers
             .push(Reverse((deadline, ctx as *const ThreadContext as usize)));
     }
-    detach(core, s, i, spare);
+    detach(core, i, spare);
     true
 }
 
@@ -474,15 +470,16 @@ pub(crate) fn make_room(core: &'static Core, last: Option<usize>, now: u64) {
     }
     if let Some(i) = last {
         let ctx = core.slot(i);
-        if core.mask.occupied() & (1 << i) != 0 && ctx.is_published() && ctx.movable() {
-            let mut now_fn = || now;
-            if ctx.wakeup().is_due(&mut now_fn) || ctx.wakeup().due_or_deadline(now).is_none() {
-                // Runnable: its wakeup state says so wherever it goes.
-                ctx.wakeup().set_runnable();
-                swap_in(core, s, i);
-                core.queued.fetch_add(1, Ordering::Relaxed);
-                s.pending.push_back(ctx);
-            }
+        if core.mask.occupied() & (1 << i) != 0
+            && ctx.is_published()
+            && ctx.movable()
+            && ctx.wakeup().due_or_deadline(now).is_none()
+        {
+            // Runnable: its wakeup state says so wherever it goes.
+            ctx.wakeup().set_runnable();
+            swap_in(core, s, i);
+            core.queued.fetch_add(1, Ordering::Relaxed);
+            s.pending.push_back(ctx);
         }
     }
 }
@@ -549,7 +546,7 @@ fn rebalance(core: &'static Core, s: &mut CoreSched, now: u64) {
         let Some(spare) = spare_for(core, s) else {
             return;
         };
-        detach(core, s, i, spare);
+        detach(core, i, spare);
         shared.detached.fetch_add(1, Ordering::Relaxed);
         target.queued.fetch_add(1, Ordering::Relaxed);
         if target.inbox.push(ctx) {
@@ -604,24 +601,24 @@ pub(crate) fn evict_all(core: &'static Core) -> bool {
             // Runnable, sleeping (no timer here any more: wake it early) or
             // bound to this core: it runs elsewhere now.
             w.set_runnable();
-            let from = core.index;
             shared.detached.fetch_add(1, Ordering::Relaxed);
-            detach(core, s, i, spare);
-            core.queued.fetch_add(1, Ordering::Relaxed);
-            s.pending.push_back(ctx);
-            if !ctx.movable() {
-                // A pinned or exclusive thread follows its policy's view.
-                let to = shared.active_mask.load(Ordering::Acquire) & !(1u64 << from);
-                if to != 0 {
-                    shared
-                        .policy
-                        .thread_migrated(ctx.class(), from, to.trailing_zeros() as usize);
-                }
+            detach(core, i, spare);
+            let to = shared.active_mask.load(Ordering::Acquire) & !(1u64 << core.index);
+            if !ctx.movable() && to != 0 {
+                // A pinned or exclusive thread goes to one core, the one its
+                // policy is told about (placement by class could pick, and
+                // mark, another).
+                let to = to.trailing_zeros() as usize;
+                shared.policy.thread_migrated(ctx.class(), core.index, to);
+                place_in(shared, ctx, CoreMask::single(to));
+            } else {
+                core.queued.fetch_add(1, Ordering::Relaxed);
+                s.pending.push_back(ctx);
             }
             continue;
         }
         shared.detached.fetch_add(1, Ordering::Relaxed);
-        detach(core, s, i, spare);
+        detach(core, i, spare);
     }
     while let Some(ctx) = s.pending.pop_front() {
         core.queued.fetch_sub(1, Ordering::Relaxed);

@@ -184,7 +184,7 @@ fn claim(
             }
             (candidates.nth(ia)?, candidates.nth(ib)?)
         };
-        let (ca, cb) = (cores[a].load(), cores[b].load());
+        let (ca, cb) = (cores[a].mask.count(), cores[b].mask.count());
         if ca <= cb {
             (a, Some(b), cb - ca)
         } else {

@@ -430,21 +430,13 @@ pub fn signal(thread: ThreadId) {
     if slot.wakeup().signal() {
         // The thread had left its slot: the signaller that clears the mark
         // places it again (see `crate::park`).
-        unpark(slot);
+        crate::park::unpark(slot);
         return;
     }
     if slot.generation().load(Ordering::Relaxed) != thread.generation {
         return;
     }
     slot.core().gate.wake_after_rmw();
-}
-
-#[cold]
-#[inline(never)]
-fn unpark(slot: &'static ThreadContext) {
-    if slot.invocation.signals.claim_unpark() {
-        crate::park::place(slot.core().runtime(), slot, None);
-    }
 }
 
 /// Sleeps for `d`: a user thread blocks (its core runs others or sleeps);
