@@ -95,12 +95,19 @@ fn a_panic_comes_back_from_join_and_the_runtime_lives_on() {
 fn yield_interleaves_threads_on_one_core() {
     let rt = two_core_runtime();
     let log = Arc::new(Mutex::new(Vec::new()));
+    // Both threads start before either logs: the spawner is an OS thread,
+    // and the first thread could otherwise finish before the second exists.
+    let started = Arc::new(AtomicUsize::new(0));
     let hs: Vec<_> = (0..2)
         .map(|id| {
-            let log = log.clone();
+            let (log, started) = (log.clone(), started.clone());
             Builder::new()
                 .core(1)
                 .spawn_in(&rt, move || {
+                    started.fetch_add(1, Ordering::AcqRel);
+                    while started.load(Ordering::Acquire) < 2 {
+                        corewise::yield_now();
+                    }
                     for _ in 0..5 {
                         log.lock().unwrap().push(id);
                         corewise::yield_now();
