@@ -18,13 +18,9 @@
 //! The map of the crate is `docs/architecture.md` in the repository;
 //! each module's documentation says why it is built the way it is.
 
-// `core` is also the name of the Rust core library: this crate always says
-// `std::` for the library, so `crate::core` is unambiguous.
-mod core;
 mod error;
-mod idle;
-mod inbox;
 pub mod policy;
+mod sched;
 mod shim;
 pub mod sync;
 
@@ -37,23 +33,15 @@ pub mod budget;
 #[cfg(not(loom))]
 mod clock;
 #[cfg(not(loom))]
-mod context;
-#[cfg(not(loom))]
-mod dispatch;
-#[cfg(not(loom))]
 pub mod fs;
 #[cfg(not(loom))]
 pub mod io;
 #[cfg(not(loom))]
 pub mod net;
 #[cfg(not(loom))]
-mod park;
-#[cfg(not(loom))]
 mod reserve;
 #[cfg(not(loom))]
 mod runtime;
-#[cfg(not(loom))]
-mod spawn;
 #[cfg(not(loom))]
 pub mod thread;
 

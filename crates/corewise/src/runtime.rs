@@ -10,9 +10,9 @@
 
 use crate::arbiter::{ArbiterChoice, ArbiterKind, CoreArbiter, Local};
 use crate::budget::{BudgetWatcher, NeighbourConfig};
-use crate::core::{Core, ThreadContext};
 use crate::error::{BuildError, JoinError, SpawnError};
 use crate::policy::{CoreLoad, CorePolicy, DefaultPolicy, PolicyConfig, ThreadClass, PRIORITIES};
+use crate::sched::{Core, ThreadContext};
 use crate::shim::{AtomicBool, AtomicU64, Ordering};
 use crate::thread::{Builder as ThreadBuilder, JoinHandle};
 use std::time::{Duration, Instant};
@@ -45,15 +45,15 @@ pub(crate) struct Shared {
     /// there may be: the limit on live threads.
     pub(crate) contexts: std::sync::atomic::AtomicUsize,
     pub(crate) max_threads: usize,
-    /// Contexts with no thread that no core keeps (see `crate::park`).
+    /// Contexts with no thread that no core keeps (see `crate::sched::park`).
     pub(crate) spares: std::sync::Mutex<Vec<&'static ThreadContext>>,
     /// Live threads that are in no slot: parked, or waiting for a slot.
     pub(crate) detached: std::sync::atomic::AtomicUsize,
     /// Threads placed while no candidate core ran: any running core takes
     /// them.
-    pub(crate) homeless: crate::inbox::Inbox<ThreadContext>,
+    pub(crate) homeless: crate::sched::inbox::Inbox<ThreadContext>,
     /// Spawners waiting for the thread limit.
-    pub(crate) limit_wait: crate::park::LimitWait,
+    pub(crate) limit_wait: crate::sched::park::LimitWait,
 }
 
 /// The default limit on live user threads: one per 16 KiB of physical
@@ -224,7 +224,7 @@ impl Builder {
     /// Starts the kernel threads and waits until they hold their cores.
     pub fn build(self) -> Result<Runtime, BuildError> {
         crate::clock::init();
-        crate::park::init();
+        crate::sched::park::init();
         crate::thread::install_panic_hook();
         if self.max_threads == Some(0) {
             return Err(BuildError::Invalid("max_threads must be at least 1".into()));
@@ -320,12 +320,12 @@ impl Builder {
             window,
             budget: watcher.handle().clone(),
             max_override: std::sync::atomic::AtomicUsize::new(usize::MAX),
-            contexts: std::sync::atomic::AtomicUsize::new(n * crate::core::SLOTS),
+            contexts: std::sync::atomic::AtomicUsize::new(n * crate::sched::occupancy::SLOTS),
             max_threads: self.max_threads.unwrap_or_else(default_max_threads),
             spares: std::sync::Mutex::new(Vec::new()),
             detached: std::sync::atomic::AtomicUsize::new(0),
-            homeless: crate::inbox::Inbox::new_open(),
-            limit_wait: crate::park::LimitWait::default(),
+            homeless: crate::sched::inbox::Inbox::new_open(),
+            limit_wait: crate::sched::park::LimitWait::default(),
         }));
         for core in shared.cores.iter() {
             core.link(shared);
@@ -613,7 +613,7 @@ impl Drop for Runtime {
         for c in shared.cores.iter() {
             c.gate.wake();
         }
-        let inside = crate::thread::current_slot()
+        let inside = crate::sched::current::current_slot()
             .map(|s| std::ptr::eq(s.core().runtime(), shared))
             .unwrap_or(false);
         if inside {
@@ -626,7 +626,7 @@ impl Drop for Runtime {
         }
         // Every kernel thread is gone and no thread is left: the pooled
         // spare contexts' stacks are unmapped too.
-        crate::park::drop_spares(shared, None);
+        crate::sched::park::drop_spares(shared, None);
     }
 }
 
@@ -635,10 +635,10 @@ fn kernel_thread(
     k: usize,
     started: std::sync::mpsc::Sender<Result<(), BuildError>>,
 ) {
-    crate::context::ensure_signal_stack();
+    crate::sched::coroutine::ensure_signal_stack();
     let core = &shared.cores[k];
     // Every slot gets its stack now: creating a thread never maps memory.
-    for slot in (0..crate::core::SLOTS).map(|i| core.slot(i)) {
+    for slot in (0..crate::sched::occupancy::SLOTS).map(|i| core.slot(i)) {
         // SAFETY: this kernel thread owns the core; nothing runs yet.
         if let Err(e) = unsafe { slot.context(shared.stack_size) } {
             let _ = started.send(Err(BuildError::Os(e)));
@@ -661,20 +661,20 @@ fn kernel_thread(
             }
         };
         core.cpu.store(cpu, Ordering::Relaxed);
-        crate::park::reopen(core);
+        crate::sched::park::reopen(core);
         core.active.store(true, Ordering::SeqCst);
         shared.active_mask.fetch_or(1 << k, Ordering::AcqRel);
         shared.policy.core_added(k);
-        crate::dispatch::run(core);
+        crate::sched::dispatch::run(core);
         // `dispatch::run` took the core out of the active set before it
         // moved the threads away.
         shared.arbiter.core_released(k);
     }
     core.io.stop();
-    for slot in (0..crate::core::SLOTS).map(|i| core.slot(i)) {
+    for slot in (0..crate::sched::occupancy::SLOTS).map(|i| core.slot(i)) {
         // SAFETY: the dispatcher has returned and the core has no threads.
         unsafe { slot.drop_context() };
     }
     // Spare contexts this core kept: their stacks go too.
-    crate::park::drop_spares(shared, Some(core));
+    crate::sched::park::drop_spares(shared, Some(core));
 }

@@ -8,40 +8,20 @@
 //! consumed late), so callers re-check their condition in a loop, exactly as
 //! with a condition variable.
 //!
-//! The running thread's slot is found through a thread-local that the
-//! dispatcher sets before each switch; it is read through a function that is
-//! never inlined, so its address is computed anew after every switch (a user
-//! thread may resume on another kernel thread once cores are released).
+//! The engine behind it is the crate-private `sched` module; this module is
+//! the public front only.
 
-use crate::context::switch_out;
-use crate::core::{ThreadContext, BLOCKED};
 use crate::error::{JoinError, SpawnError};
 use crate::policy::ThreadClass;
 use crate::runtime::Runtime;
+use crate::sched::coroutine::switch_out;
+use crate::sched::current::current_slot;
+use crate::sched::spawn::{spawn_job, SpawnOptions};
+use crate::sched::{ThreadContext, BLOCKED};
 use crate::shim::Ordering;
-use crate::spawn::{spawn_job, SpawnOptions};
 use crate::sync::packet::Packet;
-use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-thread_local! {
-    static CURRENT: Cell<*const ThreadContext> = const { Cell::new(std::ptr::null()) };
-}
-
-/// The slot of the running user thread, if the caller is one.
-#[inline(never)]
-pub(crate) fn current_slot() -> Option<&'static ThreadContext> {
-    let p = CURRENT.with(|c| c.get());
-    // SAFETY: the dispatcher stores only pointers to slots of leaked
-    // ('static) cores, and null when no user thread runs.
-    unsafe { p.as_ref() }
-}
-
-#[inline(never)]
-pub(crate) fn set_current(slot: *const ThreadContext) {
-    CURRENT.with(|c| c.set(slot));
-}
 
 /// Identifies a user thread, for [`signal`].
 ///
@@ -429,8 +409,8 @@ pub fn signal(thread: ThreadId) {
     // a newer thread of the slot is a spurious wakeup, which is allowed.
     if slot.wakeup().signal() {
         // The thread had left its slot: the signaller that clears the mark
-        // places it again (see `crate::park`).
-        crate::park::unpark(slot);
+        // places it again (see `crate::sched::park`).
+        crate::sched::park::unpark(slot);
         return;
     }
     if slot.generation().load(Ordering::Relaxed) != thread.generation {
@@ -459,22 +439,6 @@ pub fn sleep(d: Duration) {
     while Instant::now() < deadline {
         block_ticks(slot, ticks);
     }
-}
-
-/// Runs in the slot's coroutine after the thread's function returned (it
-/// catches its own panics, see `spawn_joinable`): frees the slot.
-pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
-    let core = slot.core();
-    let class = slot.class();
-    slot.set_name(None);
-    // The generation is bumped by the next spawner (see `spawn_job`), which
-    // writes this line anyway: a write here would cost this core a line
-    // upgrade per thread.
-    slot.wakeup().reset();
-    let shared = core.runtime();
-    shared.policy.thread_exited(class, core.index);
-    core.mask.release(slot.index());
-    shared.limit_wait.notify();
 }
 
 /// Installs, once per process, a panic hook that names the user thread: a

@@ -14,7 +14,7 @@
 //! page was hit and prints which user thread overflowed before aborting, as
 //! std does for OS threads; faults elsewhere go to the previous handler.
 
-use crate::core::ThreadContext;
+use crate::sched::ThreadContext;
 use corosensei::stack::{DefaultStack, Stack};
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -59,7 +59,7 @@ impl Context {
                 // spawner has published.
                 // SAFETY: this is the slot's own coroutine.
                 if unsafe { slot.invocation.run_published() } {
-                    crate::thread::exit_slot_thread(slot);
+                    crate::sched::current::exit_slot_thread(slot);
                 }
                 cmd = yielder.suspend(());
             }

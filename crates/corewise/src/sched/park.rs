@@ -14,7 +14,7 @@
 //!   the next sweep has been blocked for at least one sweep period, and
 //!   leaves its slot. So does every blocked thread when the core is about
 //!   to sleep in the kernel, and when threads wait for a slot here. Leaving
-//!   is one compare-and-swap that sets [`PARKED`](crate::core::PARKED) in
+//!   is one compare-and-swap that sets [`PARKED`](crate::sched::wakeup::PARKED) in
 //!   the thread's signal word if no signal came since it last ran; then a
 //!   spare context takes the slot (every slot always holds a context, so
 //!   creation keeps writing into the slot's line and nothing else).
@@ -22,7 +22,7 @@
 //!   signaller sees the mark in the old value, and the one that clears it
 //!   places the thread: power of two choices among the cores its class may
 //!   use (so threads rebalance on every wake-up), then a push into that
-//!   core's inbox (see [`crate::inbox`]) and a wake of the core. The core
+//!   core's inbox (see [`crate::sched::inbox`]) and a wake of the core. The core
 //!   moves it into a free slot on its next pass.
 //! - **When every slot is busy.** Threads taken from the inbox wait in a
 //!   core-private FIFO ([`CoreSched`]); the dispatcher first parks blocked
@@ -44,11 +44,12 @@
 //! Pinned threads (`Builder::core`) and `Exclusive` threads never leave
 //! their slot for load: their core is part of their contract.
 
+use super::placement::{place, place_in};
 use crate::clock;
-use crate::core::{Core, ThreadContext, BLOCKED};
 use crate::error::SpawnError;
-use crate::policy::{CoreMask, CoreView};
+use crate::policy::CoreMask;
 use crate::runtime::Shared;
+use crate::sched::{Core, ThreadContext, BLOCKED};
 use crate::shim::Ordering;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -239,75 +240,6 @@ pub(crate) fn signal_context(ctx: &'static ThreadContext) {
 pub(crate) fn unpark(ctx: &'static ThreadContext) {
     if ctx.invocation.signals.claim_unpark() {
         place(ctx.core().runtime(), ctx, None);
-    }
-}
-
-/// Places a runnable context that is in no slot: power of two choices among
-/// the cores its class may use (all active cores but `exclude`), then the
-/// chosen core's inbox. If every inbox is closed (cores changing hands), the
-/// runtime's shared inbox, which every running core drains.
-pub(crate) fn place(shared: &'static Shared, ctx: &'static ThreadContext, exclude: Option<usize>) {
-    let mut active = shared.active_mask.load(Ordering::Acquire);
-    if let Some(x) = exclude {
-        active &= !(1u64 << x);
-    }
-    let counts = |c: usize| shared.cores.get(c).map_or(u32::MAX, |k| k.mask.count());
-    let view = CoreView {
-        active: CoreMask(active),
-        counts: &counts,
-    };
-    let allowed = shared.policy.cores_for(ctx.class(), &view).0 & active;
-    place_in(
-        shared,
-        ctx,
-        CoreMask(if allowed != 0 { allowed } else { active }),
-    );
-}
-
-/// [`place`] among `candidates` (which the caller computed).
-/// The caller has counted the thread in `Shared::detached`.
-pub(crate) fn place_in(shared: &'static Shared, ctx: &'static ThreadContext, candidates: CoreMask) {
-    let cores = &shared.cores;
-    let n = candidates.len();
-    let first = match n {
-        0 => None,
-        1 => Some(candidates.0.trailing_zeros() as usize),
-        _ => {
-            let r = crate::spawn::next_random();
-            let ia = crate::spawn::below(r as u32, n);
-            let mut ib = crate::spawn::below((r >> 32) as u32, n - 1);
-            if ib >= ia {
-                ib += 1;
-            }
-            match (candidates.nth(ia), candidates.nth(ib)) {
-                (Some(a), Some(b)) => {
-                    if cores[a].load() <= cores[b].load() {
-                        Some(a)
-                    } else {
-                        Some(b)
-                    }
-                }
-                (a, b) => a.or(b),
-            }
-        }
-    };
-    let order = first
-        .into_iter()
-        .chain(candidates.iter().filter(|&c| Some(c) != first));
-    for c in order {
-        let core = &cores[c];
-        core.queued.fetch_add(1, Ordering::Relaxed);
-        if core.inbox.push(ctx) {
-            core.gate.wake_after_rmw();
-            return;
-        }
-        core.queued.fetch_sub(1, Ordering::Relaxed);
-    }
-    // No candidate runs now: any core that runs takes it.
-    let pushed = shared.homeless.push(ctx);
-    debug_assert!(pushed, "the shared inbox is never closed");
-    for core in cores.iter() {
-        core.gate.wake_after_rmw();
     }
 }
 
