@@ -39,6 +39,12 @@ pub(crate) struct ThreadContext {
     context: UnsafeCell<Option<Context>>,
     /// Set by the slot's coroutine when it starts; valid while it lives.
     pub(crate) yielder: Cell<*const crate::sched::coroutine::SlotYielder>,
+    /// The stack pointer the thread had when it last switched out.
+    pub(crate) stack_pointer: Cell<usize>,
+    /// A thread has run to its end on this stack since its pages were last
+    /// given back: the next thread that parks here gives back the pages
+    /// below its stack pointer.
+    pub(crate) stack_used: Cell<bool>,
 }
 
 // SAFETY: the `Cell`/`UnsafeCell` fields are touched only by the kernel
@@ -101,6 +107,8 @@ impl ThreadContext {
             local: CachePadded::new(LocalWake::new()),
             context: UnsafeCell::new(None),
             yielder: Cell::new(std::ptr::null()),
+            stack_pointer: Cell::new(0),
+            stack_used: Cell::new(false),
         }
     }
 
@@ -169,6 +177,24 @@ impl ThreadContext {
         this: &'static Self,
     ) -> std::io::Result<&'static mut Context> {
         Ok(slot.insert(Context::new(stack_size, this)?))
+    }
+
+    /// Gives back the stack's pages below the stack pointer the thread
+    /// recorded when it last switched out.
+    ///
+    /// # Safety
+    /// Only the owning core's kernel thread may call this, while the thread
+    /// is suspended after a switch out (not a fresh context).
+    pub(crate) unsafe fn give_back_stack(&self) {
+        // SAFETY: per the contract, no other reference exists.
+        if let Some(c) = unsafe { (*self.context.get()).as_ref() } {
+            let sp = self.stack_pointer.get();
+            if sp != 0 {
+                // SAFETY: the coroutine is suspended and `sp` is from its
+                // last switch out (contract).
+                unsafe { c.give_back_below(sp) };
+            }
+        }
     }
 
     /// Drops the slot's context (its stack), at runtime shutdown.

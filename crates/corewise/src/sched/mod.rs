@@ -8,7 +8,8 @@
 //! - [`wakeup`]: a slot's signal count and the dispatcher's private half.
 //! - [`slot`]: a slot's first cache line (function, class, generation, signals).
 //! - [`context`]: a user thread's context, which exists apart from any slot.
-//! - [`coroutine`]: the stack and the switch into and out of a thread.
+//! - [`coroutine`]: the switch into and out of a thread; overflow naming.
+//! - [`stack`]: stacks carved from large mappings, guard pages, give-back.
 //! - [`core`]: one core's slots, gate, inbox, statistics.
 //! - [`idle`]: how an idle core sleeps and how a waker wakes it.
 //! - [`inbox`]: the lock-free stack of threads handed to a core.
@@ -41,6 +42,8 @@ pub(crate) mod placement;
 pub(crate) mod slot;
 #[cfg(not(loom))]
 pub(crate) mod spawn;
+#[cfg(not(loom))]
+pub(crate) mod stack;
 
 #[cfg(all(test, loom))]
 mod models;

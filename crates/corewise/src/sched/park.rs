@@ -171,6 +171,55 @@ fn keep_spare(
     shared.limit_wait.notify();
 }
 
+/// Spares beyond the cores' own: the remains of a burst. Taken newest first
+/// (their stacks are warm); the oldest are given back their stack pages
+/// once more than [`DIRTY_SPARES`] may hold some, so a burst of a million
+/// threads that ran deep and ended does not keep a million used stacks,
+/// while contexts that cycle through the top of the pool never pay for an
+/// `madvise`.
+#[derive(Default)]
+pub(crate) struct SparePool {
+    list: Vec<&'static ThreadContext>,
+    /// `list[..clean_below]` hold no pages of earlier threads.
+    clean_below: usize,
+}
+
+/// Spares in the pool that may keep an earlier thread's stack pages.
+const DIRTY_SPARES: usize = 1024;
+
+impl SparePool {
+    /// The newest spare.
+    pub(crate) fn pop(&mut self) -> Option<&'static ThreadContext> {
+        let c = self.list.pop();
+        self.clean_below = self.clean_below.min(self.list.len());
+        c
+    }
+
+    /// Adds a spare; gives back the stacks of the oldest dirty ones.
+    pub(crate) fn push(&mut self, ctx: &'static ThreadContext) {
+        self.list.push(ctx);
+        if self.list.len() - self.clean_below > DIRTY_SPARES {
+            let upto = self.list.len() - DIRTY_SPARES / 2;
+            for c in &self.list[self.clean_below..upto] {
+                if c.stack_used.replace(false) {
+                    // SAFETY: a context in the pool runs nowhere: its
+                    // coroutine is suspended in its slot loop, where it
+                    // recorded its stack pointer; the pool's lock orders
+                    // this after its last owner's writes.
+                    unsafe { c.give_back_stack() };
+                }
+            }
+            self.clean_below = upto;
+        }
+    }
+
+    /// Empties the pool.
+    pub(crate) fn take_all(&mut self) -> Vec<&'static ThreadContext> {
+        self.clean_below = 0;
+        std::mem::take(&mut self.list)
+    }
+}
+
 /// Spawners waiting for the thread limit (`spawn_wait`): woken when a
 /// context becomes spare or a thread exits.
 #[derive(Default)]
@@ -319,7 +368,7 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
     let Some(spare) = spare_for(core, s) else {
         return false;
     };
-    if !ctx.wakeup().try_park() {
+    if !try_park(ctx) {
         // A signal came since it last ran: it is runnable, it stays.
         s.spares.push(spare);
         return false;
@@ -331,6 +380,23 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
     }
     detach(core, i, spare);
     true
+}
+
+/// Dispatcher of the thread's core, for a blocked thread in a slot: marks
+/// it parked unless a signal came since it last ran (see
+/// [`Wakeup::try_park`](crate::sched::wakeup::Wakeup::try_park)). First, if
+/// an earlier thread ran to its end on this stack, gives back the stack's
+/// pages below the thread's stack pointer: whatever the earlier thread left
+/// there is dead, and a parked thread should hold only its own frames. Done
+/// before the mark, while no other core can resume the thread.
+fn try_park(ctx: &'static ThreadContext) -> bool {
+    if ctx.stack_used.replace(false) {
+        // SAFETY: we are the dispatcher of the context's core and the thread
+        // is suspended in its slot (blocked); the stack pointer was recorded
+        // by its last switch out.
+        unsafe { ctx.give_back_stack() };
+    }
+    ctx.wakeup().try_park()
 }
 
 /// Fires the timers due at `now`; returns the earliest one left.
@@ -388,7 +454,7 @@ pub(crate) fn make_room(core: &'static Core, last: Option<usize>, now: u64) {
         let Some(deadline) = ctx.wakeup().due_or_deadline(now) else {
             continue;
         };
-        if !ctx.wakeup().try_park() {
+        if !try_park(ctx) {
             continue;
         }
         if deadline != BLOCKED {
@@ -528,7 +594,7 @@ pub(crate) fn evict_all(core: &'static Core) -> bool {
             continue;
         };
         let w = ctx.wakeup();
-        let parked = ctx.movable() && w.due_or_deadline(now) == Some(BLOCKED) && w.try_park();
+        let parked = ctx.movable() && w.due_or_deadline(now) == Some(BLOCKED) && try_park(ctx);
         if !parked {
             // Runnable, sleeping (no timer here any more: wake it early) or
             // bound to this core: it runs elsewhere now.
@@ -584,7 +650,11 @@ pub(crate) fn drop_spares(shared: &'static Shared, core: Option<&'static Core>) 
         // SAFETY: called by the core's kernel thread after its dispatcher
         // returned for good; no other reference exists.
         Some(c) => std::mem::take(&mut unsafe { c.sched() }.spares),
-        None => std::mem::take(&mut *shared.spares.lock().unwrap_or_else(|p| p.into_inner())),
+        None => shared
+            .spares
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take_all(),
     };
     for ctx in spares {
         // SAFETY: a spare holds no thread and nothing runs it: its
