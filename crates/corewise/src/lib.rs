@@ -37,6 +37,8 @@ pub mod fs;
 #[cfg(not(loom))]
 pub mod io;
 #[cfg(not(loom))]
+pub mod local;
+#[cfg(not(loom))]
 pub mod net;
 #[cfg(not(loom))]
 mod reserve;
@@ -61,6 +63,8 @@ pub use budget::{
 };
 #[cfg(not(loom))]
 pub use io::IoBackend;
+#[cfg(not(loom))]
+pub use local::LocalKey;
 #[cfg(not(loom))]
 pub use runtime::{Builder, CoreStats, RunError, Runtime, DEFAULT_IDLE_SPIN, DEFAULT_STACK_SIZE};
 #[cfg(not(loom))]

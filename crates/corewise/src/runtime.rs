@@ -199,18 +199,37 @@ impl Builder {
         self
     }
 
-    /// Take cores from the `corewise-arbiter` daemon listening on `socket`
-    /// (if it cannot be reached at start, one warning is logged and the
-    /// in-process arbiter is used).
+    /// Take cores from the `corewise-arbiter` daemon listening on `socket`.
+    /// If it cannot be reached, [`build`](Self::build) fails with
+    /// [`BuildError::ArbiterUnreachable`]; for a fallback to the in-process
+    /// arbiter use [`arbiter_socket_or_local`](Self::arbiter_socket_or_local).
     ///
-    /// ```no_run
-    /// let rt = corewise::Runtime::builder()
-    ///     .arbiter_socket("/run/corewise-arbiter.sock")
+    /// ```
+    /// let err = corewise::Runtime::builder()
+    ///     .arbiter_socket("/nonexistent/corewise-arbiter.sock")
     ///     .build()
+    ///     .err()
     ///     .unwrap();
+    /// assert!(matches!(err, corewise::BuildError::ArbiterUnreachable { .. }));
     /// ```
     pub fn arbiter_socket(self, socket: impl Into<std::path::PathBuf>) -> Self {
         self.arbiter(ArbiterChoice::Daemon(socket.into()))
+    }
+
+    /// Take cores from the daemon listening on `socket` if it can be
+    /// reached at start; otherwise log one warning (through `tracing`) and
+    /// use the in-process arbiter ([`Runtime::arbiter_kind`] tells which).
+    ///
+    /// ```
+    /// use corewise::ArbiterKind;
+    /// let rt = corewise::Runtime::builder()
+    ///     .arbiter_socket_or_local("/nonexistent/corewise-arbiter.sock")
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(rt.arbiter_kind(), ArbiterKind::Local);
+    /// ```
+    pub fn arbiter_socket_or_local(self, socket: impl Into<std::path::PathBuf>) -> Self {
+        self.arbiter(ArbiterChoice::DaemonOrLocal(socket.into()))
     }
 
     /// Priority of the runtime's core requests to the daemon, `0..8`, 0 the
@@ -252,7 +271,7 @@ impl Builder {
         // With the daemon, the affinity is the daemon's doing (a process in
         // its unmanaged set sees only the unmanaged CPUs): one kernel thread
         // per online CPU (or per CPU asked for), whichever the daemon grants.
-        let arbiter = crate::arbiter::choose(&self.arbiter, self.priority);
+        let arbiter = crate::arbiter::choose(&self.arbiter, self.priority)?;
         if arbiter.is_some() {
             cpus = match &self.cpus {
                 Some(req) => req.clone(),

@@ -225,6 +225,8 @@ impl Builder {
 fn detached<F: FnOnce() + Send + 'static>(f: F) -> impl FnOnce() + Send + 'static {
     move || {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // A destructor's panic was reported by the panic hook; nobody joins.
+        let _ = crate::local::exit_current();
     }
 }
 
@@ -240,7 +242,14 @@ where
     let packet = Arc::new(Packet::new());
     let theirs = Arc::clone(&packet);
     let id = spawn_job(shared, opts, move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let mut r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // The thread's `thread_local!` values go before `join` returns; a
+        // destructor's panic is the thread's if it had none of its own.
+        if let Some(p) = crate::local::exit_current() {
+            if r.is_ok() {
+                r = Err(p);
+            }
+        }
         theirs.complete(r);
     })?;
     Ok(JoinHandle { packet, id })

@@ -39,6 +39,10 @@ pub(crate) struct ThreadContext {
     context: UnsafeCell<Option<Context>>,
     /// Set by the slot's coroutine when it starts; valid while it lives.
     pub(crate) yielder: Cell<*const crate::sched::coroutine::SlotYielder>,
+    /// The thread's `corewise::thread_local!` values (see `crate::local`),
+    /// null until it first uses one and again after its exit; touched only
+    /// by the thread itself, so it moves with the context.
+    locals: Cell<*mut crate::local::Table>,
 }
 
 // SAFETY: the `Cell`/`UnsafeCell` fields are touched only by the kernel
@@ -101,7 +105,14 @@ impl ThreadContext {
             local: CachePadded::new(LocalWake::new()),
             context: UnsafeCell::new(None),
             yielder: Cell::new(std::ptr::null()),
+            locals: Cell::new(std::ptr::null_mut()),
         }
+    }
+
+    /// The running thread's per-thread storage table (see `crate::local`).
+    #[inline]
+    pub(crate) fn locals(&self) -> &Cell<*mut crate::local::Table> {
+        &self.locals
     }
 
     /// The slot's wakeup state.
