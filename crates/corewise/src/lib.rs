@@ -45,6 +45,8 @@ mod reserve;
 #[cfg(not(loom))]
 mod runtime;
 #[cfg(not(loom))]
+mod scope;
+#[cfg(not(loom))]
 pub mod thread;
 
 pub use error::{BuildError, JoinError, PanicPayload, SpawnError, Timeout};
@@ -66,7 +68,11 @@ pub use io::IoBackend;
 #[cfg(not(loom))]
 pub use local::LocalKey;
 #[cfg(not(loom))]
-pub use runtime::{Builder, CoreStats, RunError, Runtime, DEFAULT_IDLE_SPIN, DEFAULT_STACK_SIZE};
+pub use runtime::{
+    run, Builder, CoreStats, RunError, Runtime, DEFAULT_IDLE_SPIN, DEFAULT_STACK_SIZE,
+};
+#[cfg(not(loom))]
+pub use scope::{scope, Scope, ScopedJoinHandle};
 #[cfg(not(loom))]
 pub use thread::{
     block, block_until, current, current_core, signal, sleep, spawn, spawn_wait, spawn_with,

@@ -65,6 +65,36 @@ fn default_max_threads() -> usize {
     ((bytes / (16 * 1024)) as usize).max(65_536)
 }
 
+/// The entry point: builds a runtime with default settings, runs `f` as a
+/// user thread in it and returns `f`'s result, once `f` and every thread
+/// it left running have ended. Inside `f`, [`spawn`](crate::spawn),
+/// [`corewise::net`](crate::net), [`corewise::sync`](crate::sync) and the
+/// rest work as on any user thread. A panic in `f` comes back as
+/// [`RunError::Join`]; `f` may borrow from the caller.
+///
+/// ```
+/// fn main() -> Result<(), corewise::RunError> {
+///     let greeting = String::from("hello");
+///     let n = corewise::run(|| {
+///         let h = corewise::spawn(|| 2 + 2).unwrap();
+///         greeting.len() + h.join().unwrap()
+///     })?;
+///     assert_eq!(n, 9);
+///     Ok(())
+/// }
+/// # main().unwrap();
+/// ```
+///
+/// For other settings use [`Builder::run`]; to keep the runtime for
+/// several calls, [`Runtime::new`] and [`Runtime::block_on`].
+pub fn run<F, T>(f: F) -> Result<T, RunError>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    Builder::default().run(f)
+}
+
 /// Configures and starts a [`Runtime`].
 ///
 /// ```
@@ -76,6 +106,7 @@ fn default_max_threads() -> usize {
 ///     .unwrap();
 /// assert!(rt.cores() >= 1);
 /// ```
+#[must_use = "a Builder does nothing until `build` or `run`"]
 pub struct Builder {
     cpus: Option<Vec<usize>>,
     stack_size: usize,
@@ -238,6 +269,25 @@ impl Builder {
     pub fn priority(mut self, level: usize) -> Self {
         self.priority = level;
         self
+    }
+
+    /// Builds the runtime, runs `f` in a user thread of it and returns the
+    /// result once `f` and every thread still running have ended (the
+    /// runtime is dropped before `run` returns). See [`run`].
+    ///
+    /// ```
+    /// let v = corewise::Runtime::builder()
+    ///     .max_cores(1)
+    ///     .run(|| corewise::spawn(|| 40).unwrap().join().unwrap() + 2)
+    ///     .unwrap();
+    /// assert_eq!(v, 42);
+    /// ```
+    pub fn run<F, T>(self, f: F) -> Result<T, RunError>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        self.build()?.block_on(f)
     }
 
     /// Starts the kernel threads and waits until they hold their cores.
@@ -507,21 +557,28 @@ impl Runtime {
         ThreadBuilder::new().class(class).spawn_in(self, f)
     }
 
-    /// Runs `f` in a user thread and waits for its result (from an OS thread).
+    /// Runs `f` in a user thread and waits for its result. `f` may borrow
+    /// from the caller (it has ended when `block_on` returns). Called from
+    /// an OS thread, it parks that thread; from a user thread, it blocks
+    /// only that thread. At the thread limit it waits for a thread to end.
     ///
     /// ```
     /// let rt = corewise::Runtime::new().unwrap();
     /// assert_eq!(rt.block_on(|| corewise::current().is_some()).unwrap(), true);
+    /// let words = vec!["a", "bc"];
+    /// assert_eq!(rt.block_on(|| words.concat()).unwrap(), "abc");
     /// ```
     pub fn block_on<F, T>(&self, f: F) -> Result<T, RunError>
     where
-        F: FnOnce() -> T + Send + 'static,
-        T: Send + 'static,
+        F: FnOnce() -> T + Send,
+        T: Send,
     {
-        Ok(ThreadBuilder::new()
-            .wait_at_limit(true)
-            .spawn_in(self, f)?
-            .join()?)
+        self.scope(|s| {
+            Ok(ThreadBuilder::new()
+                .wait_at_limit(true)
+                .spawn_scoped(s, f)?
+                .join()?)
+        })
     }
 
     /// Number of cores (kernel threads) the runtime may use.
@@ -590,9 +647,14 @@ impl Runtime {
     }
 }
 
-/// A user thread could not be created or panicked.
+/// A runtime could not be built, or a user thread could not be created or
+/// panicked.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunError {
+    /// The runtime could not be built ([`run`], [`Builder::run`]).
+    #[error("cannot start the corewise runtime: {0}")]
+    Build(#[from] BuildError),
     /// Creation failed.
     #[error(transparent)]
     Spawn(#[from] SpawnError),

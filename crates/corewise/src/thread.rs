@@ -23,6 +23,8 @@ use crate::sync::packet::Packet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use crate::scope::{scope, Scope, ScopedJoinHandle};
+
 /// Identifies a user thread, for [`signal`].
 ///
 /// ```
@@ -133,6 +135,7 @@ impl<T> std::fmt::Debug for JoinHandle<T> {
 /// assert_eq!(h.join().unwrap(), Some(0));
 /// ```
 #[derive(Debug, Clone, Default)]
+#[must_use = "a thread Builder does nothing until one of its spawn methods"]
 pub struct Builder {
     opts: SpawnOptions,
 }
@@ -176,6 +179,10 @@ impl Builder {
     /// slot: now the same as [`wait_at_limit`](Self::wait_at_limit).
     pub fn wait_for_slot(self, wait: bool) -> Self {
         self.wait_at_limit(wait)
+    }
+
+    pub(crate) fn into_options(self) -> SpawnOptions {
+        self.opts
     }
 
     /// Creates the thread in the runtime of the calling user thread.
