@@ -69,7 +69,8 @@ pub use io::IoBackend;
 pub use local::LocalKey;
 #[cfg(not(loom))]
 pub use runtime::{
-    run, Builder, CoreStats, RunError, Runtime, DEFAULT_IDLE_SPIN, DEFAULT_STACK_SIZE,
+    run, runtime_stats, Builder, CoreStats, RunError, Runtime, RuntimeStats, DEFAULT_IDLE_SPIN,
+    DEFAULT_STACK_SIZE,
 };
 #[cfg(not(loom))]
 pub use scope::{scope, Scope, ScopedJoinHandle};

@@ -54,6 +54,38 @@ pub(crate) struct Shared {
     pub(crate) homeless: crate::sched::inbox::Inbox<ThreadContext>,
     /// Spawners waiting for the thread limit.
     pub(crate) limit_wait: crate::sched::park::LimitWait,
+    /// Figures for `Runtime::stats` (see [`Figures`]).
+    figures: Figures,
+}
+
+/// The figures `Runtime::stats` reports beyond the cores' own counters:
+/// the last window's utilization and load factor of each core (`f64`
+/// bits, written by the core manager), the cores last asked for, and how
+/// often a core was taken or given back.
+struct Figures {
+    utilization: Box<[AtomicU64]>,
+    load_factor: Box<[AtomicU64]>,
+    requested: std::sync::atomic::AtomicUsize,
+    cores_added: AtomicU64,
+    cores_released: AtomicU64,
+}
+
+impl Figures {
+    fn new(n: usize) -> Self {
+        let zeros = || (0..n).map(|_| AtomicU64::new(0)).collect();
+        Self {
+            utilization: zeros(),
+            load_factor: zeros(),
+            requested: std::sync::atomic::AtomicUsize::new(0),
+            cores_added: AtomicU64::new(0),
+            cores_released: AtomicU64::new(0),
+        }
+    }
+
+    fn set_load(&self, core: usize, utilization: f64, load_factor: f64) {
+        self.utilization[core].store(utilization.to_bits(), Ordering::Relaxed);
+        self.load_factor[core].store(load_factor.to_bits(), Ordering::Relaxed);
+    }
 }
 
 /// The default limit on live user threads: one per 16 KiB of physical
@@ -395,6 +427,7 @@ impl Builder {
             detached: std::sync::atomic::AtomicUsize::new(0),
             homeless: crate::sched::inbox::Inbox::new_open(),
             limit_wait: crate::sched::park::LimitWait::default(),
+            figures: Figures::new(n),
         }));
         for core in shared.cores.iter() {
             core.link(shared);
@@ -455,6 +488,7 @@ fn request_cores(shared: &'static Shared) {
     let mut per = [0u32; PRIORITIES];
     per[0] = total as u32;
     let before = shared.arbiter.granted();
+    shared.figures.requested.store(total, Ordering::Relaxed);
     shared.arbiter.set_requested_cores(per);
     if shared.arbiter.granted() != before {
         // A core asleep would not notice that it must go.
@@ -496,16 +530,19 @@ fn manage_cores(shared: &'static Shared, watcher: BudgetWatcher) {
             let (t0, idle0, load0) = last[k];
             last[k] = now;
             if active & (1 << k) == 0 {
+                shared.figures.set_load(k, 0.0, 0.0);
                 continue;
             }
             let dt = now.0.wrapping_sub(t0).max(1) as f64;
             let idle = now.1.wrapping_sub(idle0) as f64;
             let load = now.2.wrapping_sub(load0) as f64;
-            loads.push(CoreLoad {
+            let l = CoreLoad {
                 core: k,
                 utilization: (1.0 - idle / dt).clamp(0.0, 1.0),
                 load_factor: (load / dt).max(0.0),
-            });
+            };
+            shared.figures.set_load(k, l.utilization, l.load_factor);
+            loads.push(l);
         }
         shared.policy.estimate(&loads);
         request_cores(shared);
@@ -625,26 +662,115 @@ impl Runtime {
         self.shared.active_mask.load(Ordering::Acquire).count_ones() as usize
     }
 
-    /// Statistics of each core.
+    /// Statistics of each core (the `cores` of [`stats`](Self::stats)).
     pub fn core_stats(&self) -> Vec<CoreStats> {
-        self.shared
-            .cores
-            .iter()
-            .map(|c| CoreStats {
-                core: c.index,
-                cpu: c.cpu.load(Ordering::Relaxed),
-                active: c.active.load(Ordering::Relaxed),
-                threads: c.mask.count(),
-                dispatches: c.stats.dispatches.load(Ordering::Relaxed),
-                sleeps: c.stats.sleeps.load(Ordering::Relaxed),
-                sleeping: c.gate.is_sleeping(),
-            })
-            .collect()
+        core_stats(self.shared)
+    }
+
+    /// A snapshot of the runtime's figures: per core, its threads,
+    /// utilization, load factor and counters; the cores asked for, granted
+    /// and held, and how often a core was taken or given back. The counters
+    /// are read one after another, not atomically together.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// rt.block_on(|| corewise::yield_now()).unwrap();
+    /// let s = rt.stats();
+    /// assert_eq!(s.cores.len(), rt.cores());
+    /// assert!(s.active_cores >= 1 && s.cores_added >= 1);
+    /// assert!(s.cores.iter().map(|c| c.dispatches).sum::<u64>() >= 1);
+    /// for c in &s.cores {
+    ///     println!("core {} on CPU {}: {} threads, {:.0} % busy", c.core, c.cpu, c.threads, c.utilization * 100.0);
+    /// }
+    /// ```
+    pub fn stats(&self) -> RuntimeStats {
+        stats_of(self.shared)
     }
 
     pub(crate) fn shared(&self) -> &'static Shared {
         self.shared
     }
+}
+
+/// The figures of the runtime the calling user thread runs in (`None` on
+/// an OS thread): [`Runtime::stats`] for code that has no `&Runtime`.
+///
+/// ```
+/// assert!(corewise::runtime_stats().is_none());
+/// let cores = corewise::run(|| corewise::runtime_stats().unwrap().cores.len()).unwrap();
+/// assert!(cores >= 1);
+/// ```
+pub fn runtime_stats() -> Option<RuntimeStats> {
+    crate::sched::current::current_slot().map(|s| stats_of(s.core().runtime()))
+}
+
+fn core_stats(shared: &Shared) -> Vec<CoreStats> {
+    let f = &shared.figures;
+    let bits = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));
+    shared
+        .cores
+        .iter()
+        .map(|c| CoreStats {
+            core: c.index,
+            cpu: c.cpu.load(Ordering::Relaxed),
+            active: c.active.load(Ordering::Relaxed),
+            threads: c.mask.count(),
+            queued: c.queued.load(Ordering::Relaxed),
+            utilization: bits(&f.utilization[c.index]),
+            load_factor: bits(&f.load_factor[c.index]),
+            dispatches: c.stats.dispatches.load(Ordering::Relaxed),
+            sleeps: c.stats.sleeps.load(Ordering::Relaxed),
+            sleeping: c.gate.is_sleeping(),
+        })
+        .collect()
+}
+
+fn stats_of(shared: &Shared) -> RuntimeStats {
+    let cores = core_stats(shared);
+    let queued: usize = cores.iter().map(|c| c.queued as usize).sum();
+    let f = &shared.figures;
+    RuntimeStats {
+        requested_cores: f.requested.load(Ordering::Relaxed),
+        granted_cores: shared.arbiter.granted(),
+        active_cores: shared.active_mask.load(Ordering::Acquire).count_ones() as usize,
+        cores_added: f.cores_added.load(Ordering::Relaxed),
+        cores_released: f.cores_released.load(Ordering::Relaxed),
+        parked: shared
+            .detached
+            .load(Ordering::Relaxed)
+            .saturating_sub(queued),
+        arbiter: shared.arbiter.kind(),
+        window: shared.window,
+        cores,
+    }
+}
+
+/// A snapshot of a runtime's figures ([`Runtime::stats`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RuntimeStats {
+    /// Each core of the runtime, held or not, by index.
+    pub cores: Vec<CoreStats>,
+    /// Cores the runtime last asked its arbiter for (the policy's estimate
+    /// within the CPU budget, the neighbour cap and `set_max_cores`).
+    pub requested_cores: usize,
+    /// Cores the arbiter grants now.
+    pub granted_cores: usize,
+    /// Cores whose kernel thread runs the dispatcher now (follows
+    /// `granted_cores` within a moment).
+    pub active_cores: usize,
+    /// Times a core was taken since start (its kernel thread began to
+    /// dispatch); the cores at start count.
+    pub cores_added: u64,
+    /// Times a core was given back since start.
+    pub cores_released: u64,
+    /// Live threads in no core's slots or queues: blocked long enough to
+    /// have left their slot.
+    pub parked: usize,
+    /// Where the cores come from.
+    pub arbiter: ArbiterKind,
+    /// The estimation window that `utilization` and `load_factor` cover.
+    pub window: Duration,
 }
 
 /// A runtime could not be built, or a user thread could not be created or
@@ -664,7 +790,8 @@ pub enum RunError {
 }
 
 /// A snapshot of one core's counters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct CoreStats {
     /// Core index within the runtime.
     pub core: usize,
@@ -672,8 +799,17 @@ pub struct CoreStats {
     pub cpu: usize,
     /// Whether the runtime holds this core now.
     pub active: bool,
-    /// User threads on the core now.
+    /// User threads in the core's slots now (running, runnable or blocked
+    /// for less than a sweep period).
     pub threads: u32,
+    /// Threads handed to the core that wait for a free slot there.
+    pub queued: u32,
+    /// Share of the last estimation window the core spent running threads
+    /// (0..=1; 0 for a core not held).
+    pub utilization: f64,
+    /// Average runnable threads over the last window (Arachne's load
+    /// factor; above 1 means threads waited for the core).
+    pub load_factor: f64,
     /// User-thread runs started by its dispatcher.
     pub dispatches: u64,
     /// Times its kernel thread went to sleep for lack of work.
@@ -745,11 +881,16 @@ fn kernel_thread(
         crate::sched::park::reopen(core);
         core.active.store(true, Ordering::SeqCst);
         shared.active_mask.fetch_or(1 << k, Ordering::AcqRel);
+        shared.figures.cores_added.fetch_add(1, Ordering::Relaxed);
         shared.policy.core_added(k);
         crate::sched::dispatch::run(core);
         // `dispatch::run` took the core out of the active set before it
         // moved the threads away.
         shared.arbiter.core_released(k);
+        shared
+            .figures
+            .cores_released
+            .fetch_add(1, Ordering::Relaxed);
     }
     core.io.stop();
     for slot in (0..crate::sched::occupancy::SLOTS).map(|i| core.slot(i)) {
