@@ -8,6 +8,20 @@
 //! consumed late), so callers re-check their condition in a loop, exactly as
 //! with a condition variable.
 //!
+//! Thread-local storage: `std::thread_local!` inside a user thread is per
+//! *kernel* thread. Every user thread that runs on the same core sees the
+//! same value, and a user thread can move to another core whenever it
+//! blocks or yields (it is placed again by load when woken, and moved when
+//! its core is released), so the value it sees can change between two
+//! lines of one function, and a reference obtained before a switch must not
+//! be used after it (std's `with` closure does not allow that anyway, but
+//! raw pointers to it would dangle on another core). Use
+//! [`corewise::thread_local!`](crate::thread_local) for values that belong
+//! to the user thread; keep `std::thread_local!` for per-core caches that
+//! tolerate the switch.
+//!
+//! Scoped threads are [`scope`] / [`Scope`], as in `std::thread`.
+//!
 //! The engine behind it is the crate-private `sched` module; this module is
 //! the public front only.
 
