@@ -71,13 +71,16 @@ fn with_table<R>(f: impl FnOnce(&Cell<*mut Table>) -> R) -> Result<R, AccessErro
 pub(crate) fn run_destructors(cell: &Cell<*mut Table>) -> Option<Box<dyn Any + Send>> {
     let mut first_panic = None;
     for _ in 0..DESTRUCTOR_ROUNDS {
-        let t = cell.replace(std::ptr::null_mut());
+        // Read before writing: a thread that never used a key leaves its
+        // context's line as it was.
+        let t = cell.get();
         if t.is_null() {
             return first_panic;
         }
+        cell.set(std::ptr::null_mut());
         // SAFETY: a non-null pointer in the cell came from `Box::into_raw`
-        // in `LocalKey::initialize`, and the replace above took it out, so
-        // nothing else reaches the table now.
+        // in `LocalKey::initialize`, and it was just taken out of the cell,
+        // so nothing else reaches the table now.
         let table = unsafe { Box::from_raw(t) };
         for value in table.values.into_iter().flatten() {
             let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
