@@ -54,6 +54,7 @@ pub enum BuildError {
     /// [`ArbiterChoice::Daemon`](crate::ArbiterChoice::Daemon)) cannot be
     /// reached. Start `corewise-arbiter`, fix the path, or ask for a
     /// fallback with `Builder::arbiter_socket_or_local`.
+    #[cfg(not(loom))]
     #[error("core arbiter daemon at {} unreachable ({source}); start corewise-arbiter there, or use Builder::arbiter_socket_or_local to fall back to the in-process arbiter", socket.display())]
     ArbiterUnreachable {
         /// The socket asked for.
