@@ -36,13 +36,13 @@ pub(crate) struct ThreadContext {
     /// state (written on every wakeup), the execution context, the
     /// yielder.
     local: CachePadded<LocalWake>,
-    context: UnsafeCell<Option<Context>>,
-    /// Set by the slot's coroutine when it starts; valid while it lives.
-    pub(crate) yielder: Cell<*const crate::sched::coroutine::SlotYielder>,
     /// The thread's `corewise::thread_local!` values (see `crate::local`),
     /// null until it first uses one and again after its exit; touched only
     /// by the thread itself, so it moves with the context.
     locals: Cell<*mut crate::local::Table>,
+    context: UnsafeCell<Option<Context>>,
+    /// Set by the slot's coroutine when it starts; valid while it lives.
+    pub(crate) yielder: Cell<*const crate::sched::coroutine::SlotYielder>,
 }
 
 // SAFETY: the `Cell`/`UnsafeCell` fields are touched only by the kernel
@@ -103,9 +103,9 @@ impl ThreadContext {
             name_len: AtomicUsize::new(0),
             link: AtomicPtr::new(std::ptr::null_mut()),
             local: CachePadded::new(LocalWake::new()),
+            locals: Cell::new(std::ptr::null_mut()),
             context: UnsafeCell::new(None),
             yielder: Cell::new(std::ptr::null()),
-            locals: Cell::new(std::ptr::null_mut()),
         }
     }
 
