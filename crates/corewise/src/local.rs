@@ -20,6 +20,12 @@
 //! the pointer is reset, so the next thread to use the context starts with
 //! none. Outside a user thread the table hangs off a `std` thread-local of
 //! the calling OS thread instead and is dropped when that thread exits.
+//!
+//! Values need not be `Send` (an `Rc` is fine): only their own user thread
+//! reaches them, and it may resume on another kernel thread, exactly as the
+//! values on its stack do. A type tied to the *kernel* thread (one that
+//! caches the OS thread id, say) is as unsuited here as on a user thread's
+//! stack.
 
 use crate::sched::current::current_slot;
 use std::any::Any;
