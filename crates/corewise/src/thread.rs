@@ -8,6 +8,20 @@
 //! consumed late), so callers re-check their condition in a loop, exactly as
 //! with a condition variable.
 //!
+//! Thread-local storage: `std::thread_local!` inside a user thread is per
+//! *kernel* thread. Every user thread that runs on the same core sees the
+//! same value, and a user thread can move to another core whenever it
+//! blocks or yields (it is placed again by load when woken, and moved when
+//! its core is released), so the value it sees can change between two
+//! lines of one function, and a reference obtained before a switch must not
+//! be used after it (std's `with` closure does not allow that anyway, but
+//! raw pointers to it would dangle on another core). Use
+//! [`corewise::thread_local!`](crate::thread_local) for values that belong
+//! to the user thread; keep `std::thread_local!` for per-core caches that
+//! tolerate the switch.
+//!
+//! Scoped threads are [`scope`] / [`Scope`], as in `std::thread`.
+//!
 //! The engine behind it is the crate-private `sched` module; this module is
 //! the public front only.
 
@@ -22,6 +36,8 @@ use crate::shim::Ordering;
 use crate::sync::packet::Packet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use crate::scope::{scope, Scope, ScopedJoinHandle};
 
 /// Identifies a user thread, for [`signal`].
 ///
@@ -133,6 +149,7 @@ impl<T> std::fmt::Debug for JoinHandle<T> {
 /// assert_eq!(h.join().unwrap(), Some(0));
 /// ```
 #[derive(Debug, Clone, Default)]
+#[must_use = "a thread Builder does nothing until one of its spawn methods"]
 pub struct Builder {
     opts: SpawnOptions,
 }
@@ -176,6 +193,10 @@ impl Builder {
     /// slot: now the same as [`wait_at_limit`](Self::wait_at_limit).
     pub fn wait_for_slot(self, wait: bool) -> Self {
         self.wait_at_limit(wait)
+    }
+
+    pub(crate) fn into_options(self) -> SpawnOptions {
+        self.opts
     }
 
     /// Creates the thread in the runtime of the calling user thread.
@@ -225,6 +246,8 @@ impl Builder {
 fn detached<F: FnOnce() + Send + 'static>(f: F) -> impl FnOnce() + Send + 'static {
     move || {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // A destructor's panic was reported by the panic hook; nobody joins.
+        let _ = crate::local::exit_current();
     }
 }
 
@@ -240,7 +263,14 @@ where
     let packet = Arc::new(Packet::new());
     let theirs = Arc::clone(&packet);
     let id = spawn_job(shared, opts, move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let mut r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // The thread's `thread_local!` values go before `join` returns; a
+        // destructor's panic is the thread's if it had none of its own.
+        if let Some(p) = crate::local::exit_current() {
+            if r.is_ok() {
+                r = Err(p);
+            }
+        }
         theirs.complete(r);
     })?;
     Ok(JoinHandle { packet, id })

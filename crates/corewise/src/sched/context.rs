@@ -36,6 +36,10 @@ pub(crate) struct ThreadContext {
     /// state (written on every wakeup), the execution context, the
     /// yielder.
     local: CachePadded<LocalWake>,
+    /// The thread's `corewise::thread_local!` values (see `crate::local`),
+    /// null until it first uses one and again after its exit; touched only
+    /// by the thread itself, so it moves with the context.
+    locals: Cell<*mut crate::local::Table>,
     context: UnsafeCell<Option<Context>>,
     /// Set by the slot's coroutine when it starts; valid while it lives.
     pub(crate) yielder: Cell<*const crate::sched::coroutine::SlotYielder>,
@@ -105,11 +109,18 @@ impl ThreadContext {
             name_len: AtomicUsize::new(0),
             link: AtomicPtr::new(std::ptr::null_mut()),
             local: CachePadded::new(LocalWake::new()),
+            locals: Cell::new(std::ptr::null_mut()),
             context: UnsafeCell::new(None),
             yielder: Cell::new(std::ptr::null()),
             stack_pointer: Cell::new(0),
             stack_used: Cell::new(false),
         }
+    }
+
+    /// The running thread's per-thread storage table (see `crate::local`).
+    #[inline]
+    pub(crate) fn locals(&self) -> &Cell<*mut crate::local::Table> {
+        &self.locals
     }
 
     /// The slot's wakeup state.

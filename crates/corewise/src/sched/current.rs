@@ -30,6 +30,10 @@ pub(crate) fn set_current(slot: *const ThreadContext) {
 /// Runs in the slot's coroutine after the thread's function returned (it
 /// catches its own panics, see `spawn_joinable`): frees the slot.
 pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
+    // The spawn wrappers dropped the thread's `thread_local!` values
+    // already (before its result was published); this only guarantees
+    // that none can reach the context's next thread.
+    let _ = crate::local::run_destructors(slot.locals());
     let core = slot.core();
     let class = slot.class();
     slot.set_name(None);
