@@ -169,9 +169,8 @@ impl PoolStack {
                 index,
             });
         }
-        let per_chunk = (CHUNK_BYTES / stride).max(1);
         let (chunk, index) = match pool.chunks.last_mut() {
-            Some((c, used)) if *used < per_chunk => {
+            Some((c, used)) if *used < CHUNKS[*c].len.load(Ordering::Relaxed) / stride => {
                 *used += 1;
                 (*c, *used - 1)
             }
@@ -183,7 +182,16 @@ impl PoolStack {
                     )));
                 }
                 let c = g.chunks_used;
-                map_chunk(c, per_chunk * stride, stride, per_chunk)?;
+                // A process limited in address space (`ulimit -v`) may not
+                // get a whole chunk: take what it can, down to one stack.
+                let mut per_chunk = (CHUNK_BYTES / stride).max(1);
+                loop {
+                    match map_chunk(c, per_chunk * stride, stride, per_chunk) {
+                        Ok(()) => break,
+                        Err(_) if per_chunk > 1 => per_chunk = (per_chunk / 8).max(1),
+                        Err(e) => return Err(e),
+                    }
+                }
                 g.chunks_used += 1;
                 pool.chunks.push((c, 1));
                 (c, 0)
@@ -266,8 +274,8 @@ fn map_chunk(c: usize, len: usize, stride: usize, stacks: usize) -> std::io::Res
         return Err(std::io::Error::new(
             e.kind(),
             format!(
-                "cannot map {} MiB of address space for user-thread stacks: {e}",
-                len >> 20
+                "cannot map {} KiB of address space for user-thread stacks: {e}",
+                len >> 10
             ),
         ));
     }
