@@ -598,15 +598,8 @@ mod tests {
             return;
         };
         let mut f = AffinityFence::new(&all);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let h = std::thread::spawn(move || {
-            tx.send(rustix::thread::gettid().as_raw_nonzero().get() as u32)
-                .unwrap();
-            go_rx.recv().unwrap();
-            rustix::thread::sched_getcpu() as u32
-        });
-        let tid = rx.recv().unwrap();
+        let (tid, go_tx, h) =
+            crate::daemon::task::spawn_waiting_thread(|| rustix::thread::sched_getcpu() as u32);
         f.confine(tid, core).unwrap();
         assert_eq!(f.members(core), vec![tid]);
         go_tx.send(()).unwrap();

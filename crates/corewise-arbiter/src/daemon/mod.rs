@@ -6,6 +6,7 @@
 //! SIGINT/SIGTERM are ordinary events and teardown runs on the main path.
 
 pub mod state;
+pub mod task;
 
 use std::collections::BTreeMap;
 use std::io::{self, IoSlice, Read, Write};
