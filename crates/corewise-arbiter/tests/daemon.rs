@@ -49,6 +49,8 @@ fn say(line: String) {
 fn child_main(socket: PathBuf) {
     let mut client: Option<client::Client> = None;
     let mut next_thread = 0u32;
+    // Thread sockets whose kernel thread has exited (the tid-reuse attack).
+    let mut leaked: Vec<client::CoreThread> = Vec::new();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -100,6 +102,35 @@ fn child_main(socket: PathBuf) {
                 let c = client.clone().unwrap();
                 let stubborn = *mode == "stubborn";
                 std::thread::spawn(move || kernel_thread(c, idx, stubborn));
+            }
+            ["thread-leak", how] => {
+                // Attach a kernel thread (that takes a core first if `how`
+                // is "hold"), then let it exit while its socket stays open
+                // in the process.
+                let c = client.clone().unwrap();
+                let hold = *how == "hold";
+                let me = std::thread::spawn(move || {
+                    let mut me = c.thread().expect("attach thread");
+                    if hold {
+                        me.block_until_core_available().expect("grant");
+                    }
+                    me
+                })
+                .join()
+                .unwrap();
+                say(format!("leaked {}", me.tid()));
+                leaked.push(me);
+            }
+            ["drop-leaked"] => {
+                drop(leaked.pop());
+                say("dropped".into());
+            }
+            ["block-leaked"] => {
+                let mut me = leaked.pop().unwrap();
+                std::thread::spawn(move || match me.block_until_core_available() {
+                    Ok(core) => say(format!("leaked-block granted {core}")),
+                    Err(e) => say(format!("leaked-block refused {e}")),
+                });
             }
             _ => say(format!("unknown command {line}")),
         }
@@ -1159,4 +1190,105 @@ fn an_empty_v1_cgroup_root_fails_with_a_clear_reason() {
         CgroupDir(Path::new(CPUSET).join(format!("corewise-test-empty-{}", std::process::id())));
     std::fs::create_dir(&dir.0).unwrap();
     assert_daemon_refuses(&dir.0, "cgroup-v1", "cpuset.cpus is empty");
+}
+
+const NS_LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
+
+/// Starts `sleep 600` with pid `pid` (through `ns_last_pid`; other processes
+/// on the machine may take the number first, so it retries).
+fn spawn_with_pid(pid: u32) -> Option<KillOnDrop> {
+    for _ in 0..200 {
+        std::fs::write(NS_LAST_PID, (pid - 1).to_string()).ok()?;
+        let child = KillOnDrop(Command::new("sleep").arg("600").spawn().unwrap());
+        if child.0.id() == pid {
+            return Some(child);
+        }
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            // Someone else has it now; it may stay a while.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    None
+}
+
+fn cpuset_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cpuset"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Has `a` attach a kernel thread that exits (`how`: see `thread-leak`),
+/// then starts root's `sleep` with the thread's id; returns the id, the
+/// victim and the victim's cpuset.
+fn leak_and_reuse(a: &mut App, how: &str) -> (u32, KillOnDrop, String) {
+    a.cmd(&format!("thread-leak {how}"));
+    let tid: u32 = a.expect("leaked")[0].parse().unwrap();
+    let task = format!("/proc/{}/task/{tid}", a.pid());
+    wait_until("leaked thread gone", || !Path::new(&task).exists());
+    let victim = spawn_with_pid(tid).expect("could not get the thread id reused");
+    let home = cpuset_of(tid);
+    assert!(!home.is_empty() && !home.contains("corewise"), "{home}");
+    (tid, victim, home)
+}
+
+#[test]
+fn a_reused_thread_id_never_moves_another_process() {
+    if !can_run() || !Path::new(NS_LAST_PID).exists() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    // A kernel thread attaches and exits; its socket stays open. Root's
+    // process gets the thread's id.
+    let (tid, victim, home) = leak_and_reuse(&mut a, "idle");
+
+    // The application asks for a core and blocks on the dead thread's
+    // socket: the daemon must not move the victim, and drops that socket.
+    a.request(level(0, 1));
+    a.cmd("block-leaked");
+    let outcome = a.expect("leaked-block");
+    assert_eq!(cpuset_of(tid), home, "the victim's cpuset must not change");
+    assert!(!sb.core_tasks(1).contains(&tid));
+    assert_eq!(outcome[0], "refused", "{outcome:?}");
+    assert_eq!(status_of(&sb, a.pid()).unwrap().granted, Vec::<u32>::new());
+
+    // The application's live threads are served as before.
+    let t2 = a.thread("coop");
+    let (g, _, cpu) = a.granted();
+    assert_eq!(g, t2);
+    assert_holds_core1(&sb, t2, cpu);
+    assert_eq!(cpuset_of(tid), home, "the victim's cpuset must not change");
+    drop(victim);
+    drop(a);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+#[test]
+fn a_reused_thread_id_is_not_moved_when_its_core_is_given_back() {
+    if !can_run() || !Path::new(NS_LAST_PID).exists() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    // A kernel thread takes the core, then exits holding it.
+    a.request(level(0, 1));
+    let (tid, victim, home) = leak_and_reuse(&mut a, "hold");
+
+    // Closing the socket gives the core back, which moves the holder to the
+    // unmanaged set - but not the task that has its id now.
+    a.cmd("drop-leaked");
+    a.expect("dropped");
+    assert_core1_free(&sb);
+    assert_eq!(cpuset_of(tid), home, "the victim's cpuset must not change");
+    assert!(!sb.unmanaged_tasks().contains(&tid));
+    drop(victim);
+    drop(a);
+    assert!(d.stop());
+    assert_cleaned(&sb);
 }
