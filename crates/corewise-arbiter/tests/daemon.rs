@@ -1218,6 +1218,19 @@ fn cpuset_of(pid: u32) -> String {
         .to_string()
 }
 
+/// A sandbox, a daemon and a connected application, where ids can be reused
+/// on demand.
+fn reuse_setup() -> Option<(Sandbox, Daemon, App)> {
+    if !can_run() || !Path::new(NS_LAST_PID).exists() {
+        return None;
+    }
+    let sb = Sandbox::new();
+    let d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    Some((sb, d, a))
+}
+
 /// Has `a` attach a kernel thread that exits (`how`: see `thread-leak`),
 /// then starts root's `sleep` with the thread's id; returns the id, the
 /// victim and the victim's cpuset.
@@ -1234,13 +1247,9 @@ fn leak_and_reuse(a: &mut App, how: &str) -> (u32, KillOnDrop, String) {
 
 #[test]
 fn a_reused_thread_id_never_moves_another_process() {
-    if !can_run() || !Path::new(NS_LAST_PID).exists() {
+    let Some((sb, mut d, mut a)) = reuse_setup() else {
         return;
-    }
-    let sb = Sandbox::new();
-    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
-    let mut a = App::spawn(&sb);
-    a.connect();
+    };
     // A kernel thread attaches and exits; its socket stays open. Root's
     // process gets the thread's id.
     let (tid, victim, home) = leak_and_reuse(&mut a, "idle");
@@ -1269,13 +1278,9 @@ fn a_reused_thread_id_never_moves_another_process() {
 
 #[test]
 fn a_reused_thread_id_is_not_moved_when_its_core_is_given_back() {
-    if !can_run() || !Path::new(NS_LAST_PID).exists() {
+    let Some((sb, mut d, mut a)) = reuse_setup() else {
         return;
-    }
-    let sb = Sandbox::new();
-    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
-    let mut a = App::spawn(&sb);
-    a.connect();
+    };
     // A kernel thread takes the core, then exits holding it.
     a.request(level(0, 1));
     let (tid, victim, home) = leak_and_reuse(&mut a, "hold");
