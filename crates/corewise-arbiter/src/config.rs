@@ -113,17 +113,18 @@ impl Default for Limits {
 
 /// Who may connect to the daemon's socket (the `[socket]` section).
 ///
-/// The default is owner root, group `corewise` when that group exists (else
-/// root's group 0), mode `0o660`: only root and the members of `corewise`
-/// may use the arbiter until the administrator decides otherwise (the
-/// per-user limits still apply to everyone who may connect).
+/// The default is owner root (the daemon's user), group `corewise` when that
+/// group exists (else the daemon's group, root's), mode `0o660`: only root
+/// and the members of `corewise` may use the arbiter until the administrator
+/// decides otherwise (the per-user limits still apply to everyone who may
+/// connect).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SocketConfig {
-    /// Owner: a user name or numeric uid (default root).
+    /// Owner: a user name or numeric uid (default: the daemon's user, root).
     pub owner: Option<String>,
     /// Group: a group name or numeric gid (default `corewise` if it exists,
-    /// else 0).
+    /// else the daemon's group).
     pub group: Option<String>,
     /// Permission bits, e.g. `0o660` (default) or `0o666` (every local user).
     pub mode: Option<u32>,
@@ -157,7 +158,7 @@ impl SocketConfig {
     /// ```
     pub fn resolve(&self) -> Result<SocketAccess, ConfigError> {
         let uid = match &self.owner {
-            None => 0,
+            None => rustix::process::geteuid().as_raw(),
             Some(o) => match o.parse() {
                 Ok(n) => n,
                 Err(_) => user_id(o).ok_or_else(|| {
@@ -166,7 +167,8 @@ impl SocketConfig {
             },
         };
         let gid = match &self.group {
-            None => group_id(DEFAULT_SOCKET_GROUP).unwrap_or(0),
+            None => group_id(DEFAULT_SOCKET_GROUP)
+                .unwrap_or_else(|| rustix::process::getegid().as_raw()),
             Some(g) => match g.parse() {
                 Ok(n) => n,
                 Err(_) => group_id(g).ok_or_else(|| {
@@ -358,9 +360,11 @@ mod tests {
     #[test]
     fn socket_defaults_are_not_world_writable() {
         let a = Config::default().socket.resolve().unwrap();
-        assert_eq!((a.uid, a.mode), (0, DEFAULT_SOCKET_MODE));
+        let me = rustix::process::geteuid().as_raw();
+        assert_eq!((a.uid, a.mode), (me, DEFAULT_SOCKET_MODE));
         assert_eq!(a.mode & 0o007, 0);
-        assert_eq!(a.gid, group_id(DEFAULT_SOCKET_GROUP).unwrap_or(0));
+        let group = rustix::process::getegid().as_raw();
+        assert_eq!(a.gid, group_id(DEFAULT_SOCKET_GROUP).unwrap_or(group));
     }
 
     #[test]

@@ -59,6 +59,14 @@ enum Cmd {
         /// Run under SCHED_FIFO at this priority (1-99) for low grant latency.
         #[arg(long)]
         rt_priority: Option<u32>,
+        /// Drop a client that leaves a frame (or, on a new connection, its
+        /// first message) incomplete this long, in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        frame_timeout_ms: u64,
+        /// With --backend auto: when no cpuset hierarchy is usable, run with
+        /// the weaker affinity-only backend instead of refusing to start.
+        #[arg(long)]
+        allow_affinity_fallback: bool,
         /// Busy-poll this many microseconds after asking for a release (0: never).
         #[arg(long, default_value_t = 200)]
         release_spin_us: u64,
@@ -91,6 +99,8 @@ fn main() -> ExitCode {
             rt_priority,
             release_spin_us,
             warm_window_us,
+            frame_timeout_ms,
+            allow_affinity_fallback,
         } => {
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -132,7 +142,8 @@ fn main() -> ExitCode {
                 rt_priority,
                 release_spin: Duration::from_micros(release_spin_us),
                 warm_window: Duration::from_micros(warm_window_us),
-                ..Options::default()
+                frame_timeout: Duration::from_millis(frame_timeout_ms.max(1)),
+                affinity_fallback: allow_affinity_fallback,
             };
             match daemon::run(opts) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -836,7 +836,8 @@ fn limits_from_config_file() {
     let cfg = sb.dir.join("limits.toml");
     std::fs::write(
         &cfg,
-        "[defaults]\nmax_cores = 8\n\n[users.\"65534\"]\nmax_cores = 1\nmax_priority = 5\n",
+        "[defaults]\nmax_cores = 8\n\n[users.\"65534\"]\nmax_cores = 1\nmax_priority = 5\n\n\
+         [socket]\nmode = 0o666\n",
     )
     .unwrap();
     // The unprivileged client must reach the socket.
@@ -1296,4 +1297,259 @@ fn a_reused_thread_id_is_not_moved_when_its_core_is_given_back() {
     drop(a);
     assert!(d.stop());
     assert_cleaned(&sb);
+}
+
+// ------------------------------------------------ raw clients of the daemon
+
+use corewise_arbiter::protocol::{decode_response, encode_request, Request, Response};
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+
+/// A sandbox when the tests can run here.
+fn sandbox() -> Option<Sandbox> {
+    can_run().then(Sandbox::new)
+}
+
+/// Asks one core for `a` and checks that its thread `tid` got core 1.
+fn grant_core1(a: &mut App, sb: &Sandbox, tid: u32) {
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    assert_holds_core1(sb, tid, cpu);
+}
+
+/// Stops the daemon and checks it exited cleanly and removed its sets.
+fn stop_clean(sb: &Sandbox, d: &mut Daemon) {
+    assert!(d.stop(), "daemon must exit cleanly");
+    assert_cleaned(sb);
+}
+
+/// A connection of the test process itself, speaking the protocol directly.
+struct Raw {
+    s: UnixStream,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    fn connect(sb: &Sandbox) -> Self {
+        let s = UnixStream::connect(sb.socket()).expect("connect");
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        Self { s, buf: Vec::new() }
+    }
+    fn send(&mut self, r: &Request) {
+        self.s.write_all(&encode_request(r)).unwrap();
+    }
+    /// The next reply, or `None` once the daemon closed the connection.
+    fn recv(&mut self) -> Option<Response> {
+        loop {
+            if let Some((m, used)) = decode_response(&self.buf).unwrap() {
+                self.buf.drain(..used);
+                return Some(m);
+            }
+            let mut chunk = [0u8; 4096];
+            match self.s.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("no reply from the daemon: {e}"),
+            }
+        }
+    }
+    /// Sends `r` and returns the daemon's refusal, checking that it names
+    /// `why` and that the connection is closed after it.
+    fn refused(&mut self, r: Option<&Request>, why: &str) {
+        if let Some(r) = r {
+            self.send(r);
+        }
+        match self.recv() {
+            Some(Response::Error { message }) => {
+                assert!(message.contains(why), "{message:?} should say {why:?}")
+            }
+            other => panic!("expected a refusal ({why}), got {other:?}"),
+        }
+        assert_eq!(self.recv(), None, "closed after the refusal");
+    }
+    /// Registers an application; returns the connection and its token.
+    fn hello(sb: &Sandbox) -> (Self, u64) {
+        let mut c = Self::connect(sb);
+        c.send(&Request::HelloApp);
+        match c.recv() {
+            Some(Response::Welcome { app_token }) => (c, app_token),
+            other => panic!("expected a welcome, got {other:?}"),
+        }
+    }
+    /// Attaches kernel thread `tid` of this process to application `token`.
+    fn attach(sb: &Sandbox, token: u64, tid: u32) -> Self {
+        let mut c = Self::connect(sb);
+        c.send(&Request::AttachThread {
+            app_token: token,
+            tid,
+        });
+        c
+    }
+}
+
+#[test]
+fn a_client_that_reads_late_gets_every_reply() {
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let (mut app, _) = Raw::hello(&sb);
+    // More replies than its socket holds (the daemon writes each on its
+    // own), fewer than the daemon's bound on what it keeps for a client.
+    const N: usize = 2000;
+    // Sent in small bursts, as a client pipelining requests would.
+    let burst = encode_request(&Request::SetRequestedCores { counts: [0; 8] }).repeat(10);
+    for _ in 0..N / 10 {
+        app.s.write_all(&burst).unwrap();
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    // Others are served meanwhile.
+    for _ in 0..3 {
+        client::status(sb.socket()).unwrap();
+    }
+    // Reads only after a while: the daemon must keep the rest meanwhile,
+    // without waiting for this client and without dropping it.
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..N {
+        match app.recv() {
+            Some(Response::RequestAck { .. }) => {}
+            other => panic!("reply {i} of {N}: {other:?}"),
+        }
+    }
+    drop(app);
+    stop_clean(&sb, &mut d);
+}
+
+#[test]
+fn a_client_that_never_reads_is_dropped_alone() {
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let tid = a.thread("coop");
+    let (flood, _) = Raw::hello(&sb);
+    let mut w = flood.s.try_clone().unwrap();
+    let flooder = std::thread::spawn(move || {
+        let burst = encode_request(&Request::SetRequestedCores { counts: [0; 8] }).repeat(64);
+        let mut sent = 0usize;
+        while w.write_all(&burst).is_ok() {
+            sent += 64;
+        }
+        sent
+    });
+    // Meanwhile the other application's grants and releases go on.
+    for _ in 0..20 {
+        grant_core1(&mut a, &sb, tid);
+        a.request([0; 8]);
+        a.expect("releasing");
+    }
+    // The flooder is disconnected once its unread replies pass the bound.
+    let sent = flooder.join().unwrap();
+    assert!(
+        sent * 39 > corewise_arbiter::daemon::MAX_OUTPUT,
+        "dropped after {sent} requests"
+    );
+    drop(flood);
+    grant_core1(&mut a, &sb, tid);
+    drop(a);
+    stop_clean(&sb, &mut d);
+}
+
+#[test]
+fn per_user_caps_refuse_connections_applications_and_threads() {
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let cfg = sb.dir.join("caps.toml");
+    std::fs::write(
+        &cfg,
+        "[users.root]\nmax_connections = 6\nmax_apps = 2\nmax_threads = 2\n\n[socket]\nmode = 0o640\n",
+    )
+    .unwrap();
+    let mut d = Daemon::start(&sb, &["--config", cfg.to_str().unwrap()]);
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(sb.socket()).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o640, "socket mode from the config");
+    assert_eq!(meta.uid(), 0);
+
+    let (_c1, token) = Raw::hello(&sb);
+    let (c2, _) = Raw::hello(&sb);
+    Raw::connect(&sb).refused(Some(&Request::HelloApp), "max_apps");
+    // The client library reports a refusal with its reason.
+    match client::Client::connect(sb.socket()) {
+        Err(client::ClientError::Refused(why)) => assert!(why.contains("max_apps"), "{why}"),
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+
+    // Threads of this process: the test's own and two parked helpers.
+    let me = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let stop_rx = std::sync::Arc::new(std::sync::Mutex::new(stop_rx));
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let helpers: Vec<_> = (0..2)
+        .map(|_| {
+            let (tx, rx) = (tid_tx.clone(), stop_rx.clone());
+            std::thread::spawn(move || {
+                tx.send(rustix::thread::gettid().as_raw_nonzero().get() as u32)
+                    .unwrap();
+                let _ = rx.lock().unwrap().recv();
+            })
+        })
+        .collect();
+    let tids: Vec<u32> = (0..2).map(|_| tid_rx.recv().unwrap()).collect();
+    let mut t1 = Raw::attach(&sb, token, me);
+    assert_eq!(t1.recv(), Some(Response::Attached));
+    let mut t2 = Raw::attach(&sb, token, tids[0]);
+    assert_eq!(t2.recv(), Some(Response::Attached));
+    Raw::attach(&sb, token, tids[1]).refused(None, "max_threads");
+
+    // Open: c1, c2, t1, t2. Two more connections fit, the next does not.
+    let i1 = Raw::connect(&sb);
+    let i2 = Raw::connect(&sb);
+    Raw::connect(&sb).refused(None, "max_connections");
+
+    // Freed slots can be used again.
+    drop((i1, i2, c2));
+    wait_until("a freed application slot", || {
+        let mut c = Raw::connect(&sb);
+        c.send(&Request::HelloApp);
+        matches!(c.recv(), Some(Response::Welcome { .. }))
+    });
+    drop(stop_tx);
+    for h in helpers {
+        h.join().unwrap();
+    }
+    drop((t1, t2));
+    stop_clean(&sb, &mut d);
+}
+
+#[test]
+fn incomplete_frames_time_out_and_refusals_say_why() {
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let mut d = Daemon::start(&sb, &["--frame-timeout-ms", "300"]);
+    // Another protocol version: an error frame naming it, then the end.
+    let mut v = Raw::connect(&sb);
+    v.s.write_all(&[b'C', b'W', 99, 1, 0, 0]).unwrap();
+    v.refused(None, "version 99");
+    // Half a frame, then silence.
+    let mut half = Raw::connect(&sb);
+    half.s
+        .write_all(&encode_request(&Request::HelloApp)[..3])
+        .unwrap();
+    half.refused(None, "timed out");
+    // A connection that never says anything.
+    Raw::connect(&sb).refused(None, "timed out");
+    // A registered application may stay silent as long as it likes.
+    let (mut app, _) = Raw::hello(&sb);
+    std::thread::sleep(Duration::from_millis(600));
+    app.send(&Request::SetRequestedCores { counts: [0; 8] });
+    assert!(matches!(app.recv(), Some(Response::RequestAck { .. })));
+    drop(app);
+    stop_clean(&sb, &mut d);
 }
