@@ -49,19 +49,24 @@ pub struct Demand {
 pub fn targets(demands: &[Demand], cores: u32) -> Vec<u32> {
     let mut given = vec![0u32; demands.len()];
     let mut remaining = cores;
-    // What each user may still get (users are few; a sorted list will do).
-    let mut users: Vec<(u32, u32)> = Vec::new();
-    for d in demands {
-        match users.binary_search_by_key(&d.user, |u| u.0) {
-            Ok(i) => users[i].1 = users[i].1.min(d.user_cap),
-            Err(i) => users.insert(i, (d.user, d.user_cap)),
-        }
-    }
+    // What each user may still get.
+    let mut index: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
+    let mut left: Vec<u32> = Vec::new();
     let user_of: Vec<usize> = demands
         .iter()
-        .map(|d| users.binary_search_by_key(&d.user, |u| u.0).unwrap_or(0))
+        .map(|d| {
+            let i = *index.entry(d.user).or_insert_with(|| {
+                left.push(d.user_cap);
+                left.len() - 1
+            });
+            left[i] = left[i].min(d.user_cap);
+            i
+        })
         .collect();
     for level in 0..PRIORITY_LEVELS {
+        if remaining == 0 {
+            break;
+        }
         // What each app still wants at this level (cumulative requests so far
         // minus what it already got, bounded by its cap).
         let mut want: Vec<u32> = demands
@@ -76,7 +81,7 @@ pub fn targets(demands: &[Demand], cores: u32) -> Vec<u32> {
             .collect();
         while remaining > 0 {
             let mut active: Vec<usize> = (0..demands.len())
-                .filter(|&i| want[i] > 0 && users[user_of[i]].1 > 0)
+                .filter(|&i| want[i] > 0 && left[user_of[i]] > 0)
                 .collect();
             if active.is_empty() {
                 break;
@@ -88,11 +93,11 @@ pub fn targets(demands: &[Demand], cores: u32) -> Vec<u32> {
                 if remaining == 0 {
                     break;
                 }
-                let left = &mut users[user_of[i]].1;
-                if *left == 0 {
+                let user_left = &mut left[user_of[i]];
+                if *user_left == 0 {
                     continue;
                 }
-                *left -= 1;
+                *user_left -= 1;
                 want[i] -= 1;
                 given[i] += 1;
                 remaining -= 1;

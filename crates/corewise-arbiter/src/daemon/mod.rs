@@ -8,7 +8,7 @@
 pub mod state;
 pub mod task;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, IoSlice, Read};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -17,6 +17,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use rustix::buffer::spare_capacity;
+use rustix::event::epoll::{self, EventData, EventFlags};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use thiserror::Error;
@@ -478,6 +480,8 @@ struct Conn {
     /// message (a new connection), a partial frame, or taking its last
     /// reply (a closing connection).
     deadline: Option<Instant>,
+    /// What the epoll set watches on it now.
+    interest: EventFlags,
 }
 
 impl Conn {
@@ -505,20 +509,68 @@ impl Conn {
         }));
         let _ = self.write_out();
     }
+
+    /// What to watch for: requests unless closing, room to write while
+    /// output waits.
+    fn wanted(&self) -> EventFlags {
+        let mut f = EventFlags::empty();
+        if !self.closing {
+            f |= EventFlags::IN;
+        }
+        if !self.wbuf.is_empty() {
+            f |= EventFlags::OUT;
+        }
+        f
+    }
 }
 
-/// Connections and what each user holds of them.
+/// The connections, indexed so that a wake-up costs what is ready, not what
+/// is open: an epoll set tells which are ready, and the deadlines are kept
+/// sorted.
 struct Conns {
     map: BTreeMap<ConnId, Conn>,
     per_uid: BTreeMap<u32, u32>,
+    deadlines: BTreeSet<(Instant, ConnId)>,
+    epoll: OwnedFd,
     next_id: ConnId,
 }
 
 impl Conns {
+    fn new() -> Result<Self, DaemonError> {
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)
+            .map_err(|e| io_op("epoll_create")(e.into()))?;
+        Ok(Self {
+            map: BTreeMap::new(),
+            per_uid: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            epoll,
+            next_id: 1,
+        })
+    }
+
+    fn insert(&mut self, c: Conn) -> Option<ConnId> {
+        let id = self.next_id;
+        let interest = c.wanted();
+        if epoll::add(&self.epoll, &c.stream, EventData::new_u64(id), interest).is_err() {
+            return None;
+        }
+        self.next_id += 1;
+        *self.per_uid.entry(c.uid).or_default() += 1;
+        if let Some(d) = c.deadline {
+            self.deadlines.insert((d, id));
+        }
+        self.map.insert(id, Conn { interest, ..c });
+        Some(id)
+    }
+
     fn remove(&mut self, id: ConnId) -> bool {
         let Some(c) = self.map.remove(&id) else {
             return false;
         };
+        // Closing the socket takes it out of the epoll set.
+        if let Some(d) = c.deadline {
+            self.deadlines.remove(&(d, id));
+        }
         if let Some(n) = self.per_uid.get_mut(&c.uid) {
             *n -= 1;
             if *n == 0 {
@@ -526,6 +578,35 @@ impl Conns {
             }
         }
         true
+    }
+
+    fn set_deadline(&mut self, id: ConnId, d: Option<Instant>) {
+        let Some(c) = self.map.get_mut(&id) else {
+            return;
+        };
+        if c.deadline == d {
+            return;
+        }
+        if let Some(old) = c.deadline {
+            self.deadlines.remove(&(old, id));
+        }
+        if let Some(new) = d {
+            self.deadlines.insert((new, id));
+        }
+        c.deadline = d;
+    }
+
+    /// Brings the epoll interest of `id` in line with its state.
+    fn sync_interest(&mut self, id: ConnId) {
+        let Some(c) = self.map.get_mut(&id) else {
+            return;
+        };
+        let want = c.wanted();
+        if want != c.interest
+            && epoll::modify(&self.epoll, &c.stream, EventData::new_u64(id), want).is_ok()
+        {
+            c.interest = want;
+        }
     }
 }
 
@@ -539,11 +620,8 @@ fn serve(
     sig: &OwnedFd,
     frame_timeout: Duration,
 ) -> Result<(), DaemonError> {
-    let mut conns = Conns {
-        map: BTreeMap::new(),
-        per_uid: BTreeMap::new(),
-        next_id: 1,
-    };
+    let mut conns = Conns::new()?;
+    let mut events: Vec<epoll::Event> = Vec::with_capacity(256);
     // After EMFILE and the like the listener stays readable: it is left out
     // of the poll for a moment instead of the loop sleeping or spinning.
     let mut accept_paused_until: Option<Instant> = None;
@@ -559,7 +637,7 @@ fn serve(
                 state.next_deadline(),
                 state.warm_deadline(),
                 accept_paused_until,
-                conns.map.values().filter_map(|c| c.deadline).min(),
+                conns.deadlines.first().map(|d| d.0),
             ])
         };
         let timeout = wake_at.map(|d| {
@@ -569,46 +647,56 @@ fn serve(
                 tv_nsec: i64::from(left.subsec_nanos()),
             }
         });
-        let ids: Vec<ConnId> = conns.map.keys().copied().collect();
-        let mut readable: Vec<ConnId> = Vec::new();
-        let mut writable: Vec<ConnId> = Vec::new();
-        let (sig_ready, accept_ready) = {
-            let mut fds = Vec::with_capacity(2 + conns.map.len());
-            fds.push(PollFd::new(sig, PollFlags::IN));
+        // ppoll for its nanosecond timeout; the connections are behind the
+        // epoll descriptor, read without waiting when it is ready.
+        let (sig_ready, accept_ready, conns_ready) = {
             let listen_for = if accept_paused_until.is_some() {
                 PollFlags::empty()
             } else {
                 PollFlags::IN
             };
-            fds.push(PollFd::new(listener, listen_for));
-            for c in conns.map.values() {
-                let mut flags = PollFlags::empty();
-                if !c.closing {
-                    flags |= PollFlags::IN;
-                }
-                if !c.wbuf.is_empty() {
-                    flags |= PollFlags::OUT;
-                }
-                fds.push(PollFd::new(&c.stream, flags));
-            }
+            let mut fds = [
+                PollFd::new(sig, PollFlags::IN),
+                PollFd::new(listener, listen_for),
+                PollFd::new(&conns.epoll, PollFlags::IN),
+            ];
             match rustix::event::poll(&mut fds, timeout.as_ref()) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(io_op("poll")(e.into())),
             }
-            for (i, id) in ids.iter().enumerate() {
-                let r = fds[i + 2].revents();
-                if r.intersects(PollFlags::OUT) {
-                    writable.push(*id);
-                }
-                if r.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR) {
-                    readable.push(*id);
-                }
-            }
-            (!fds[0].revents().is_empty(), !fds[1].revents().is_empty())
+            (
+                !fds[0].revents().is_empty(),
+                !fds[1].revents().is_empty(),
+                !fds[2].revents().is_empty(),
+            )
         };
         if sig_ready {
             tracing::info!("stop requested (signal), shutting down");
             return Ok(());
+        }
+        let mut readable: Vec<ConnId> = Vec::new();
+        let mut writable: Vec<ConnId> = Vec::new();
+        if conns_ready {
+            events.clear();
+            let zero = rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            match epoll::wait(&conns.epoll, spare_capacity(&mut events), Some(&zero)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(io_op("epoll_wait")(e.into())),
+            }
+            for ev in &events {
+                // Copied out: the kernel's struct is packed.
+                let (flags, data) = (ev.flags, ev.data);
+                let id = data.u64();
+                if flags.intersects(EventFlags::OUT) {
+                    writable.push(id);
+                }
+                if flags.intersects(EventFlags::IN | EventFlags::HUP | EventFlags::ERR) {
+                    readable.push(id);
+                }
+            }
         }
         let now = Instant::now();
         if accept_ready && accept(listener, &mut conns, state, now + frame_timeout) {
@@ -620,7 +708,7 @@ fn serve(
             };
             match c.write_out() {
                 Ok(()) if c.closing && c.wbuf.is_empty() => state.to_close.push(id),
-                Ok(()) => {}
+                Ok(()) => conns.sync_interest(id),
                 Err(_) => state.to_close.push(id),
             }
         }
@@ -638,16 +726,24 @@ fn serve(
                 }
             }
             let registered = state.is_app(id) || state.is_thread(id);
-            if let Some(c) = conns.map.get_mut(&id) {
+            if let Some(c) = conns.map.get(&id) {
                 if !c.rbuf.is_empty() {
-                    c.deadline.get_or_insert(now + frame_timeout);
+                    let d = c.deadline.unwrap_or(now + frame_timeout);
+                    conns.set_deadline(id, Some(d));
                 } else if registered {
-                    c.deadline = None;
+                    conns.set_deadline(id, None);
                 }
             }
         }
-        for (&id, c) in conns.map.iter_mut() {
-            if c.deadline.is_some_and(|d| d <= now) {
+        let late: Vec<ConnId> = conns
+            .deadlines
+            .iter()
+            .take_while(|d| d.0 <= now)
+            .map(|d| d.1)
+            .collect();
+        for id in late {
+            conns.set_deadline(id, None);
+            if let Some(c) = conns.map.get_mut(&id) {
                 tracing::warn!(
                     conn = id,
                     pid = c.pid,
@@ -702,6 +798,7 @@ fn accept(
             uid,
             closing: false,
             deadline: Some(first_message_by),
+            interest: EventFlags::empty(),
         };
         let max = state.limits_for(uid).max_connections;
         let open = conns.per_uid.get(&uid).copied().unwrap_or(0);
@@ -717,10 +814,9 @@ fn accept(
             ));
             continue;
         }
-        *conns.per_uid.entry(uid).or_default() += 1;
-        let id = conns.next_id;
-        conns.next_id += 1;
-        conns.map.insert(id, c);
+        if conns.insert(c).is_none() {
+            tracing::warn!(uid, "could not watch a new connection; dropping it");
+        }
     }
 }
 
@@ -735,6 +831,7 @@ fn flush(conns: &mut Conns, state: &mut State, frame_timeout: Duration) {
                 touched.push(id);
             }
         }
+        touched.sort_unstable();
         touched.dedup();
         for id in touched.drain(..) {
             let Some(c) = conns.map.get_mut(&id) else {
@@ -756,10 +853,12 @@ fn flush(conns: &mut Conns, state: &mut State, frame_timeout: Duration) {
                     state.to_close.push(id);
                 }
                 Ok(()) if c.closing && c.wbuf.is_empty() => state.to_close.push(id),
-                Ok(()) if c.closing => {
-                    c.deadline.get_or_insert(Instant::now() + frame_timeout);
+                Ok(()) => {
+                    if c.closing && c.deadline.is_none() {
+                        conns.set_deadline(id, Some(Instant::now() + frame_timeout));
+                    }
+                    conns.sync_interest(id);
                 }
-                Ok(()) => {}
             }
         }
         let close = std::mem::take(&mut state.to_close);

@@ -675,8 +675,11 @@ impl State {
             .collect();
         let target = targets(&demands, self.managed.len() as u32);
 
-        // Releases.
+        // Releases (only applications holding cores can give any back).
         for (i, &id) in app_ids.iter().enumerate() {
+            if self.apps.get(&id).is_none_or(|a| a.held.is_empty()) {
+                continue;
+            }
             let held = self.held_by(id);
             let releasing = held.iter().filter(|h| h.2).count() as u32;
             let keep = held.len() as u32 - releasing;
@@ -733,7 +736,14 @@ impl State {
                 .position(|&n| n > 0)
                 .unwrap_or(PRIORITY_LEVELS)
         };
-        let mut order: Vec<usize> = (0..app_ids.len()).collect();
+        // Only applications below their target with a thread waiting.
+        let mut order: Vec<usize> = (0..app_ids.len())
+            .filter(|&i| {
+                self.apps
+                    .get(&app_ids[i])
+                    .is_some_and(|a| (a.held.len() as u32) < target[i] && !a.waiting.is_empty())
+            })
+            .collect();
         order.sort_by_key(|&i| {
             (
                 self.apps.get(&app_ids[i]).map_or(PRIORITY_LEVELS, level_of),
