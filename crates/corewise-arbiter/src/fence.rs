@@ -13,6 +13,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -159,6 +160,35 @@ pub fn rmdir_retry(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Takes an exclusive `flock` on the cgroup root directory itself (cgroupfs
+/// holds no regular files to lock), so that a second daemon on the same root
+/// refuses to start instead of adopting and then deleting the first one's
+/// sets. The lock goes with the descriptor, also when the daemon is killed.
+fn lock_root(root: &Path) -> Result<OwnedFd, FenceError> {
+    use rustix::fs::{flock, open, FlockOperation, Mode, OFlags};
+    let fd = open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| FenceError::Io {
+        op: "open",
+        path: root.to_path_buf(),
+        source: e.into(),
+    })?;
+    match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(fd),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(FenceError::Unavailable(format!(
+            "another corewise-arbiter daemon manages {} (it holds the lock on it)",
+            root.display()
+        ))),
+        Err(e) => Err(FenceError::Sys {
+            op: "flock cgroup root",
+            source: e,
+        }),
+    }
+}
+
 struct CoreSet {
     core: CoreId,
     dir: PathBuf,
@@ -176,6 +206,8 @@ pub struct CgroupFence {
     unmanaged_threads_path: PathBuf,
     cores: Vec<CoreSet>,
     current_unmanaged: String,
+    /// The root's lock, held while this daemon manages it.
+    _lock: OwnedFd,
 }
 
 impl CgroupFence {
@@ -199,6 +231,7 @@ impl CgroupFence {
                 check.display()
             )));
         }
+        let lock = lock_root(&root)?;
         if version == CgroupVersion::V2 {
             // Checked before anything is created: without the controller the
             // daemon would turn the root threaded and then fail.
@@ -247,7 +280,7 @@ impl CgroupFence {
                 )));
             }
         }
-        let created = Self::build(version, &root, all, managed);
+        let created = Self::build(version, &root, all, managed, lock);
         if created.is_err() {
             // Leave the root as it was: tasks back, sets removed.
             let dirs = std::iter::once(root.join(UNMANAGED_DIR))
@@ -271,6 +304,7 @@ impl CgroupFence {
         root: &Path,
         all: &CpuList,
         managed: &[CoreId],
+        lock: OwnedFd,
     ) -> Result<Self, FenceError> {
         let root = root.to_path_buf();
         let unmanaged = root.join(UNMANAGED_DIR);
@@ -361,6 +395,7 @@ impl CgroupFence {
             unmanaged_threads_path,
             cores,
             current_unmanaged: all_text,
+            _lock: lock,
         })
     }
 

@@ -1,5 +1,6 @@
 //! `corewise-arbiter`: run the core arbiter daemon, or query it.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -81,6 +82,9 @@ enum Cmd {
         /// Daemon socket.
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
+        /// Machine-readable output (one JSON object).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -104,8 +108,10 @@ fn main() -> ExitCode {
         } => {
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            // Colour only for a terminal: a journal or a log file gets none.
             let sub = tracing_subscriber::fmt()
                 .with_env_filter(filter)
+                .with_ansi(std::io::stderr().is_terminal())
                 .with_writer(std::io::stderr);
             if json_logs {
                 sub.json().init();
@@ -153,9 +159,13 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Status { socket } => match corewise_arbiter::client::status(&socket) {
+        Cmd::Status { socket, json } => match corewise_arbiter::client::status(&socket) {
             Ok(entries) => {
-                print!("{}", corewise_arbiter::status::format_table(&entries));
+                if json {
+                    print!("{}", corewise_arbiter::status::format_json(&entries));
+                } else {
+                    print!("{}", corewise_arbiter::status::format_table(&entries));
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

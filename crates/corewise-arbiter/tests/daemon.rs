@@ -166,6 +166,12 @@ fn child_main(socket: PathBuf) {
                     flood.len()
                 ));
             }
+            ["evil-name"] => {
+                // A process name made of terminal escape sequences (the
+                // leader's name: this runs on a test thread).
+                std::fs::write("/proc/self/comm", "\x1b[2J\x1b[31mevil").unwrap();
+                say("named".into());
+            }
             ["drop-leaked"] => {
                 drop(leaked.pop());
                 say("dropped".into());
@@ -1282,17 +1288,21 @@ fn cpuset_of(pid: u32) -> String {
         .to_string()
 }
 
-/// A sandbox, a daemon and a connected application, where ids can be reused
-/// on demand.
-fn reuse_setup() -> Option<(Sandbox, Daemon, App)> {
-    if !can_run() || !Path::new(NS_LAST_PID).exists() {
-        return None;
-    }
-    let sb = Sandbox::new();
+/// A sandbox, a daemon (no forced reclaims) and a connected application.
+fn app_setup() -> Option<(Sandbox, Daemon, App)> {
+    let sb = sandbox()?;
     let d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
     let mut a = App::spawn(&sb);
     a.connect();
     Some((sb, d, a))
+}
+
+/// [`app_setup`] where thread ids can be reused on demand.
+fn reuse_setup() -> Option<(Sandbox, Daemon, App)> {
+    if !Path::new(NS_LAST_PID).exists() {
+        return None;
+    }
+    app_setup()
 }
 
 /// Has `a` attach a kernel thread that exits (`how`: see `thread-leak`),
@@ -1487,12 +1497,9 @@ fn a_client_that_reads_late_gets_every_reply() {
 
 #[test]
 fn a_client_that_never_reads_is_dropped_alone() {
-    let Some(sb) = sandbox() else {
+    let Some((sb, mut d, mut a)) = app_setup() else {
         return;
     };
-    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
-    let mut a = App::spawn(&sb);
-    a.connect();
     let tid = a.thread("coop");
     let (flood, _) = Raw::hello(&sb);
     let mut w = flood.s.try_clone().unwrap();
@@ -1782,4 +1789,128 @@ fn bench_grant_under_a_flood_of_3000_applications() {
             );
         }
     }
+}
+
+fn arbiter(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn status_is_escaped_available_as_json_and_logs_are_plain() {
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.cmd("evil-name");
+    a.expect("named");
+    a.connect();
+    let sock = sb.socket().display().to_string();
+    let out = arbiter(&["status", "--socket", &sock]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains('\x1b'), "raw escape in {text:?}");
+    assert!(text.contains("\\u{1b}[2J"), "{text:?}");
+
+    let out = arbiter(&["status", "--json", "--socket", &sock]);
+    assert!(out.status.success());
+    assert!(!out.stdout.contains(&0x1b));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let apps = v["applications"].as_array().unwrap();
+    let me = apps
+        .iter()
+        .find(|e| e["pid"] == a.pid())
+        .unwrap_or_else(|| panic!("no row for the client in {v}"));
+    assert_eq!(me["name"], "\x1b[2J\x1b[31mevil");
+    assert_eq!(me["uid"], 0);
+    assert_eq!(me["granted"], serde_json::json!([]));
+    assert_eq!(me["requested"], serde_json::json!([0, 0, 0, 0, 0, 0, 0, 0]));
+
+    // Logs written to a file carry no colour codes (nor the raw name).
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert!(log.contains("application registered"));
+    assert!(!log.contains('\x1b'), "escape codes in the log");
+    drop(a);
+    stop_clean(&sb, &mut d);
+}
+
+#[test]
+fn a_second_daemon_on_the_same_root_refuses_to_start() {
+    let Some((sb, mut d, mut a)) = app_setup() else {
+        return;
+    };
+    let tid = a.thread("coop");
+    grant_core1(&mut a, &sb, tid);
+    let other = sb.dir.join("second.sock").display().to_string();
+    let root = sb.cg.display().to_string();
+    for backend in ["auto", "cgroup-v1"] {
+        let out = arbiter(&[
+            "run",
+            "--socket",
+            &other,
+            "--cpus",
+            "0-1",
+            "--cgroup-root",
+            &root,
+            "--backend",
+            backend,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{backend}: {err}");
+        assert!(
+            err.contains("another corewise-arbiter daemon manages"),
+            "{err}"
+        );
+        assert!(!Path::new(&other).exists());
+    }
+    // The first daemon's sets and grant are untouched.
+    assert_holds_core1(&sb, tid, 1);
+    a.request([0; 8]);
+    a.expect("releasing");
+    assert_core1_free(&sb);
+    drop(a);
+    stop_clean(&sb, &mut d);
+}
+
+#[test]
+fn an_unusable_cgroup_root_is_refused_unless_the_fallback_is_asked_for() {
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let sock = sb.socket().display().to_string();
+    let missing = sb.dir.join("no-such-cgroup").display().to_string();
+    let args = [
+        "run",
+        "--socket",
+        &sock,
+        "--cpus",
+        "0-1",
+        "--cgroup-root",
+        &missing,
+    ];
+    let out = arbiter(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no usable cpuset hierarchy"), "{err}");
+    assert!(err.contains("--allow-affinity-fallback"), "{err}");
+    assert!(!sb.socket().exists());
+    // Asked for: it runs, with the affinity backend.
+    let child = Command::new(env!("CARGO_BIN_EXE_corewise-arbiter"))
+        .args(args)
+        .arg("--allow-affinity-fallback")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut d = Daemon {
+        child: Some(child),
+        log: sb.dir.join("unused.log"),
+    };
+    wait_until("fallback daemon answers", || {
+        client::status(sb.socket()).is_ok()
+    });
+    assert!(d.stop());
+    assert!(sb.subdirs().is_empty());
 }
