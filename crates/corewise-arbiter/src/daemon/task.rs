@@ -58,6 +58,12 @@ impl TaskIdent {
         Self::open(pid, tid, &format!("/proc/{pid}/task/{tid}/stat"))
     }
 
+    /// Kernel thread `tid` of whichever process it belongs to now (for
+    /// callers that know only the tid; [`Self::pid`] is then `tid`).
+    pub fn task(tid: u32) -> io::Result<Self> {
+        Self::open(tid, tid, &format!("/proc/{tid}/task/{tid}/stat"))
+    }
+
     /// Process `pid` (its thread group).
     pub fn process(pid: u32) -> io::Result<Self> {
         Self::open(pid, pid, &format!("/proc/{pid}/stat"))
