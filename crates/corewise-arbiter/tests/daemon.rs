@@ -1687,33 +1687,27 @@ fn summary(v: &mut [Duration]) -> [Duration; 3] {
     [v[v.len() / 2], v[v.len() * 9 / 10], v[v.len() - 1]]
 }
 
-/// Times `rounds` grants to an application of root (this process: one
-/// kernel thread that takes the core and gives it back when asked) while
-/// user 65534 floods the daemon with `apps` applications and `threads`
-/// kernel threads all wanting the core (`caps`: its limits). Returns the
-/// flood's size and the request (acknowledged) and grant times.
-fn grants_under_a_flood(
-    caps: &str,
-    apps: usize,
-    threads: usize,
-    rounds: usize,
-) -> ([usize; 2], [Duration; 3], [Duration; 3]) {
-    let sb = sandbox().expect("needs root and a cgroup v1 cpuset hierarchy");
-    let cfg = open_config(&sb, caps);
-    // Under SCHED_FIFO as the systemd unit runs it: on a loaded 2-CPU
-    // machine a SCHED_OTHER daemon waits for a time slice.
-    let mut d = Daemon::start(
-        &sb,
+/// Starts a daemon for a benchmark: under SCHED_FIFO as the systemd unit
+/// runs it (on a loaded 2-CPU machine a SCHED_OTHER daemon waits for a time
+/// slice), with `cfg` as its config file.
+fn bench_daemon(sb: &Sandbox, cfg: &str) -> Daemon {
+    Daemon::start(
+        sb,
         &[
             "--reclaim-timeout-ms",
             "20000",
             "--config",
-            &cfg,
+            cfg,
             "--rt-priority",
             "10",
         ],
-    );
-    let (_f, [apps, _, attached, _]) = flood(&sb, apps, threads);
+    )
+}
+
+/// Times `rounds` grants to an application of root (this process: one
+/// kernel thread that takes the core and gives it back when asked); returns
+/// the request (acknowledged) and grant times.
+fn time_grants(sb: &Sandbox, rounds: usize) -> ([Duration; 3], [Duration; 3]) {
     let app = client::Client::connect(sb.socket()).unwrap();
     let c = app.clone();
     let (fd_tx, fd_rx) = std::sync::mpsc::channel();
@@ -1740,8 +1734,8 @@ fn grants_under_a_flood(
     let (mut acks, mut grants) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let t0 = Instant::now();
-        // Acknowledged once the request is applied (a release asked of the
-        // flood's holder); granted once that thread let go.
+        // Acknowledged once the request is applied (a release asked of
+        // another holder, if any); granted once the core is ours.
         app.set_requested_cores(level(0, 1)).unwrap();
         acks.push(t0.elapsed());
         spin_until("granted", &|| app.owned_cores() == vec![1]);
@@ -1751,9 +1745,69 @@ fn grants_under_a_flood(
     }
     rustix::net::shutdown(&interrupt, rustix::net::Shutdown::Both).unwrap();
     t.join().unwrap();
-    drop(app);
+    (summary(&mut acks), summary(&mut grants))
+}
+
+/// [`time_grants`] while user 65534 floods the daemon with `apps`
+/// applications and `threads` kernel threads all wanting the core (`caps`:
+/// its limits). Also returns how many of them registered.
+fn grants_under_a_flood(
+    caps: &str,
+    apps: usize,
+    threads: usize,
+    rounds: usize,
+) -> ([usize; 2], [Duration; 3], [Duration; 3]) {
+    let sb = sandbox().expect("needs root and a cgroup v1 cpuset hierarchy");
+    let cfg = open_config(&sb, caps);
+    let mut d = bench_daemon(&sb, &cfg);
+    let (_f, [apps, _, attached, _]) = flood(&sb, apps, threads);
+    let (ack, grant) = time_grants(&sb, rounds);
     stop_clean(&sb, &mut d);
-    ([apps, attached], summary(&mut acks), summary(&mut grants))
+    ([apps, attached], ack, grant)
+}
+
+/// Benchmark (run with `--ignored`, release mode): grants to root's
+/// application alone, then beside a client that sends requests and never
+/// reads the replies (reconnecting each time the daemon drops it). Prints
+/// both; fails if the slow reader adds more than 0.5 ms to the median.
+#[test]
+#[ignore]
+fn bench_grant_beside_a_client_that_never_reads() {
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let cfg = open_config(&sb, "");
+    let mut d = bench_daemon(&sb, &cfg);
+    let (_, alone) = time_grants(&sb, 200);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (stop2, sock) = (stop.clone(), sb.socket());
+    let slow = std::thread::spawn(move || {
+        let burst = encode_request(&Request::SetRequestedCores { counts: [0; 8] }).repeat(64);
+        let mut drops = 0;
+        while !stop2.load(Ordering::Relaxed) {
+            let mut s = UnixStream::connect(&sock).unwrap();
+            s.write_all(&encode_request(&Request::HelloApp)).unwrap();
+            while !stop2.load(Ordering::Relaxed) && s.write_all(&burst).is_ok() {}
+            drops += 1;
+        }
+        drops
+    });
+    let (_, beside) = time_grants(&sb, 200);
+    stop.store(true, Ordering::Relaxed);
+    let drops = slow.join().unwrap();
+    eprintln!(
+        "core granted alone: median {:?} p90 {:?} max {:?}; beside a client that never reads \
+         (dropped {drops} times): median {:?} p90 {:?} max {:?}",
+        alone[0], alone[1], alone[2], beside[0], beside[1], beside[2]
+    );
+    assert!(drops > 0, "the slow reader was never dropped");
+    assert!(
+        beside[0] < alone[0] + Duration::from_micros(500),
+        "median {:?} beside vs {:?} alone",
+        beside[0],
+        alone[0]
+    );
+    stop_clean(&sb, &mut d);
 }
 
 /// Benchmark (run with `--ignored`, in release mode for meaningful
