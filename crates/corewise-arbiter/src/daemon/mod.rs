@@ -929,8 +929,9 @@ fn handle_request(
     let fresh = !state.is_app(id) && !state.is_thread(id) && !c.closing;
     match req {
         Request::HelloApp if fresh => {
+            let peer = task::peer_pidfd(c.stream.as_fd());
             let app = state
-                .add_app(id, c.pid, c.uid)
+                .add_app(id, c.pid, c.uid, peer)
                 .map_err(|e| Some(e.to_string()))?;
             let bytes = encode_response(&Response::Welcome {
                 app_token: app.token(),

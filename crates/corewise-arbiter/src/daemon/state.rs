@@ -270,8 +270,16 @@ impl State {
         l
     }
 
-    /// Registers an application on connection `conn`.
-    pub fn add_app(&mut self, conn: ConnId, pid: u32, uid: u32) -> Result<&App, Reject> {
+    /// Registers an application on connection `conn`, whose peer
+    /// credentials say `pid` and `uid`; `peer` is a pidfd of the connecting
+    /// process where the kernel gives one (see [`super::task::peer_pidfd`]).
+    pub fn add_app(
+        &mut self,
+        conn: ConnId,
+        pid: u32,
+        uid: u32,
+        peer: Option<std::os::fd::OwnedFd>,
+    ) -> Result<&App, Reject> {
         let limits = self.limits_for(uid);
         let used = self.usage.get(&uid).map_or(0, |u| u.apps);
         if used >= limits.max_apps {
@@ -281,6 +289,13 @@ impl State {
             });
         }
         let process = TaskIdent::process(pid).map_err(|_| Reject::ProcessGone(pid))?;
+        // The process that connected may have exited, its socket kept by
+        // another, and its pid be someone else's now: `process` would then
+        // name that someone. Alive after the open, it is the one that
+        // connected.
+        if peer.as_ref().is_some_and(|p| !super::task::pidfd_alive(p)) {
+            return Err(Reject::ProcessGone(pid));
+        }
         let shm = SharedPageWriter::create()?;
         self.next_token = self
             .next_token

@@ -13,7 +13,70 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
+
+use rustix::event::{PollFd, PollFlags};
+
+/// A pidfd for the process that connected the socket (`SO_PEERPIDFD`,
+/// Linux 6.5), or `None` where the kernel (or the architecture's constant)
+/// does not have it. The pidfd names the connecting process itself, so it
+/// tells whether the pid from the peer credentials still means that process.
+pub fn peer_pidfd(sock: BorrowedFd<'_>) -> Option<OwnedFd> {
+    // The asm-generic value (x86, arm, riscv, ...); mips, sparc, parisc and
+    // alpha number it differently.
+    #[cfg(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64"
+    ))]
+    {
+        const SO_PEERPIDFD: libc::c_int = 77;
+        let mut fd: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` and `len` are valid for writes of the sizes given and
+        // `len` says how much the kernel may write to `fd`.
+        let r = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERPIDFD,
+                (&mut fd as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r == 0 && fd >= 0 {
+            // SAFETY: the kernel just created this descriptor for us; nothing
+            // else owns it.
+            return Some(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+    let _ = sock;
+    None
+}
+
+/// Whether the process behind `pidfd` has not exited (a pidfd polls
+/// readable once it has).
+///
+/// ```
+/// use corewise_arbiter::daemon::task::pidfd_alive;
+/// let me = rustix::process::pidfd_open(
+///     rustix::process::getpid(),
+///     rustix::process::PidfdFlags::empty(),
+/// )?;
+/// assert!(pidfd_alive(&me));
+/// # Ok::<(), rustix::io::Errno>(())
+/// ```
+pub fn pidfd_alive(pidfd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    let now = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(0))
+}
 
 /// A task (kernel thread, or a process through its leader) as it was when
 /// it was first seen.
@@ -144,6 +207,24 @@ mod tests {
         while ident.alive() {
             assert!(std::time::Instant::now() < deadline, "thread never went");
             std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn the_peer_of_a_socket_is_known_by_pidfd_on_linux_6_5() {
+        let release = rustix::system::uname()
+            .release()
+            .to_string_lossy()
+            .into_owned();
+        let mut v = release
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|n| n.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        use std::os::fd::AsFd;
+        match peer_pidfd(a.as_fd()) {
+            Some(p) => assert!(pidfd_alive(&p), "this process is alive"),
+            None => assert!((major, minor) < (6, 5), "no SO_PEERPIDFD on {release}"),
         }
     }
 
