@@ -1968,3 +1968,140 @@ fn an_unusable_cgroup_root_is_refused_unless_the_fallback_is_asked_for() {
     assert!(d.stop());
     assert!(sb.subdirs().is_empty());
 }
+
+/// Connects two sockets to the daemon from a forked child that hands them
+/// to this process (SCM_RIGHTS) and exits at once; returns them and the
+/// child's pid, which is free for reuse when this returns.
+fn sockets_of_a_dead_process(sb: &Sandbox) -> (UnixStream, UnixStream, u32) {
+    use std::os::fd::OwnedFd;
+    use std::os::unix::ffi::OsStrExt;
+    let (parent_end, child_end) = UnixStream::pair().unwrap();
+    // Everything the child needs is prepared here: after fork it only makes
+    // system calls.
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let path = sb.socket();
+    let bytes = path.as_os_str().as_bytes();
+    assert!(bytes.len() < addr.sun_path.len());
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let child_fd = std::os::fd::AsRawFd::as_raw_fd(&child_end);
+    // SAFETY: the child calls only async-signal-safe functions (socket,
+    // connect, sendmsg, _exit) on memory prepared before the fork.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: as above; every pointer refers to this stack frame or to
+        // `addr`, both valid in the child.
+        unsafe {
+            let mut fds = [-1i32; 2];
+            for fd in fds.iter_mut() {
+                *fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                if libc::connect(*fd, (&addr as *const libc::sockaddr_un).cast(), len) != 0 {
+                    libc::_exit(1);
+                }
+            }
+            let mut byte = 0u8;
+            let mut iov = libc::iovec {
+                iov_base: (&mut byte as *mut u8).cast(),
+                iov_len: 1,
+            };
+            let mut cbuf = [0u64; 8];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(8) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(8) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<i32>(), 2);
+            let ok = libc::sendmsg(child_fd, &msg, 0) == 1;
+            libc::_exit(if ok { 0 } else { 2 });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` is valid for writes.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child failed: {status}"
+    );
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut anc = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    rustix::net::recvmsg(
+        &parent_end,
+        &mut [std::io::IoSliceMut::new(&mut byte)],
+        &mut anc,
+        rustix::net::RecvFlags::CMSG_CLOEXEC,
+    )
+    .unwrap();
+    let mut got: Vec<OwnedFd> = Vec::new();
+    for m in anc.drain() {
+        if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = m {
+            got.extend(fds);
+        }
+    }
+    assert_eq!(got.len(), 2);
+    let mut it = got.into_iter().map(UnixStream::from);
+    let (a, b) = (it.next().unwrap(), it.next().unwrap());
+    for s in [&a, &b] {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+    }
+    (a, b, pid as u32)
+}
+
+#[test]
+fn a_socket_kept_after_its_process_exited_cannot_register_the_pids_next_owner() {
+    if !Path::new(NS_LAST_PID).exists() {
+        return;
+    }
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let (s1, s2, pid) = sockets_of_a_dead_process(&sb);
+    // Root's process gets the dead connector's pid.
+    let victim = spawn_with_pid(pid).expect("could not get the pid reused");
+    let home = cpuset_of(pid);
+    assert!(!home.is_empty() && !home.contains("corewise"), "{home}");
+    let mut app = Raw {
+        s: s1,
+        buf: Vec::new(),
+    };
+    app.send(&Request::HelloApp);
+    let reply = app.recv();
+    if let Some(Response::Welcome { app_token }) = reply {
+        // Registered under the victim's pid: the rest of the attack (its
+        // main thread attached, a core asked for and taken) shows why not.
+        let mut t = Raw {
+            s: s2,
+            buf: Vec::new(),
+        };
+        t.send(&Request::AttachThread {
+            app_token,
+            tid: pid,
+        });
+        let _ = t.recv();
+        app.send(&Request::SetRequestedCores {
+            counts: level(0, 1),
+        });
+        let _ = app.recv();
+        t.send(&Request::BlockUntilCoreAvailable);
+        let _ = t.recv();
+        assert_eq!(cpuset_of(pid), home, "the victim's cpuset must not change");
+        panic!("registered an application for a process that had exited");
+    }
+    match reply {
+        Some(Response::Error { message }) => assert!(message.contains("gone"), "{message}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(cpuset_of(pid), home, "the victim's cpuset must not change");
+    drop(victim);
+    stop_clean(&sb, &mut d);
+}
