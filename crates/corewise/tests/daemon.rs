@@ -181,7 +181,13 @@ fn start_daemon(sb: &Sandbox) -> DaemonHandle {
         backend: Backend::CgroupV1,
         cgroup_root: Some(sb.cg.clone()),
         unmanaged: 1,
-        socket_mode: 0o600,
+        config: corewise_arbiter::config::Config {
+            socket: corewise_arbiter::config::SocketConfig {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
         ..Options::default()
     })
     .expect("start the core arbiter")
