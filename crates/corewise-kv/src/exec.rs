@@ -305,25 +305,31 @@ pub fn execute_spilling(
             }
         }
         Request::Quit => return Flow::Close,
-        Request::TooLarge { key, noreply } => {
-            store.delete(key, None);
-            if !noreply {
-                write_error(ProtoError::TooLarge, out);
+        Request::TooLarge {
+            key,
+            noreply,
+            base64,
+        } => {
+            if let Some(k) = meta_key(key, base64, scratch, out) {
+                store.delete(k, None);
+                if !noreply {
+                    write_error(ProtoError::TooLarge, out);
+                }
             }
         }
         Request::MetaNoop => line(out, b"MN"),
         Request::MetaGet { key, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
                 meta_get(shared, key, k, &flags, out);
             }
         }
         Request::MetaSet { key, data, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
                 meta_set(shared, key, k, data, &flags, out);
             }
         }
         Request::MetaDelete { key, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
                 let r = store.delete(k, flags.compare_cas);
                 let code: &[u8] = match r {
                     DeleteOutcome::Deleted => b"HD",
@@ -338,12 +344,12 @@ pub fn execute_spilling(
             }
         }
         Request::MetaArith { key, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
                 meta_arith(shared, key, k, &flags, out);
             }
         }
         Request::MetaDebug { key, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
                 match store.inspect(k) {
                     Some((ttl, la, cas, fetched, size)) => {
                         out.extend_from_slice(b"ME ");
@@ -371,11 +377,11 @@ pub fn execute_spilling(
 /// error and returns `None` when it does not decode.
 fn meta_key<'k>(
     key: &'k [u8],
-    flags: &MetaFlags<'_>,
+    base64: bool,
     scratch: &'k mut Vec<u8>,
     out: &mut Vec<u8>,
 ) -> Option<&'k [u8]> {
-    if !flags.base64 {
+    if !base64 {
         return Some(key);
     }
     match decode_base64(key, scratch) {

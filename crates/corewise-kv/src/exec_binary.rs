@@ -132,6 +132,30 @@ pub fn write_too_large(h: &Header, out: &mut Vec<u8>) {
     write_error(h, status::E2BIG, out);
 }
 
+/// Answers a request whose body is over the item limit (the decoder's
+/// [`TooLarge`](crate::protocol::binary::BinDecoded::TooLarge)): "Too
+/// large.", and for `set`/`setq` the key's old value is removed, as
+/// memcached does (a failed set must not leave stale data behind).
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::Shared, exec_binary::too_large};
+/// use corewise_kv::protocol::binary::Header;
+/// use corewise_kv::store::{Deadline, SetMode};
+/// let shared = Shared::new(Config::default());
+/// shared.store.store(SetMode::Set, b"k", 0, Deadline::Never, b"old", None);
+/// let h = Header { magic: 0x80, opcode: 0x01, key_len: 1, extras_len: 8, body_len: 1 << 21, opaque: 0, cas: 0 };
+/// let mut out = Vec::new();
+/// too_large(&shared, &h, b"k", &mut out);
+/// assert_eq!(&out[6..8], &[0x00, 0x03]); // status: too large
+/// assert!(!shared.store.get(b"k", None, |_, _| {}));
+/// ```
+pub fn too_large(shared: &Shared, h: &Header, key: &[u8], out: &mut Vec<u8>) {
+    if matches!(h.opcode, op::SET | op::SETQ) {
+        shared.store.delete(key, None);
+    }
+    write_error(h, status::E2BIG, out);
+}
+
 /// Appends the response to a header whose extras and key overrun its body.
 pub fn write_malformed(h: &Header, out: &mut Vec<u8>) {
     write_error(h, status::EINVAL, out);
@@ -357,8 +381,8 @@ fn store_value(
     out: &mut Vec<u8>,
 ) {
     let h = &f.header;
-    if f.value.len() > shared.config.item_max {
-        write_error(h, status::E2BIG, out);
+    if crate::store::item_size(f.key.len(), flags, f.value.len()) > shared.config.item_max {
+        too_large(shared, h, f.key, out);
         return;
     }
     let compare = (h.cas != 0).then_some(h.cas);
@@ -472,7 +496,7 @@ mod tests {
                         break;
                     }
                 }
-                BinDecoded::TooLarge(h) => write_too_large(&h, &mut out),
+                BinDecoded::TooLarge(h, k) => too_large(shared, &h, k, &mut out),
                 BinDecoded::Malformed(h) => write_malformed(&h, &mut out),
                 BinDecoded::Incomplete if n > 0 => {}
                 other => panic!("{other:?} at {pos}"),

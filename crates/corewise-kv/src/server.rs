@@ -36,7 +36,7 @@
 
 use crate::config::Mode;
 use crate::exec::{execute_spilling, write_error, Flow, Shared, SPILL_AT};
-use crate::exec_binary::{execute_binary, write_malformed, write_too_large};
+use crate::exec_binary::{execute_binary, too_large, write_malformed};
 use crate::protocol::binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC};
 use crate::protocol::{Decoded, Decoder, Limits, MAX_LINE};
 use corewise::net::{TcpListener, TcpStream};
@@ -226,8 +226,8 @@ impl Connection {
             let flow = match d {
                 BinDecoded::Incomplete => Flow::Continue,
                 BinDecoded::Frame(f) => execute_binary(&self.shared, &f, &mut self.wbuf),
-                BinDecoded::TooLarge(h) => {
-                    write_too_large(&h, &mut self.wbuf);
+                BinDecoded::TooLarge(h, key) => {
+                    too_large(&self.shared, &h, key, &mut self.wbuf);
                     Flow::Continue
                 }
                 BinDecoded::Malformed(h) => {

@@ -25,7 +25,7 @@ pub use hash::{hash_key, FxBuild, FxHasher};
 pub use shard::{Item, Miss, Shard, ShardCounters, ITEM_OVERHEAD};
 
 use corewise::sync::SpinLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// How a storage request treats an existing item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +203,8 @@ pub struct Store {
     limit: AtomicU64,
     /// The item size limit (`-I`), as [`item_size`] counts an item.
     item_max: AtomicU64,
+    /// The server second of the last sweep of every shard's LRU tail.
+    swept_at: AtomicU32,
     /// Request counters.
     pub ops: OpCounters,
 }
@@ -235,6 +237,7 @@ impl Store {
             flush_at: AtomicU64::new(0),
             limit: AtomicU64::new(limit as u64),
             item_max: AtomicU64::new(u64::MAX),
+            swept_at: AtomicU32::new(0),
             ops: OpCounters::default(),
         }
     }
@@ -272,6 +275,29 @@ impl Store {
     fn shard(&self, key: &[u8]) -> &SpinLock<Shard> {
         let i = (hash_key(key) >> 40) & self.mask;
         &self.shards[i as usize]
+    }
+
+    /// Once per server second, frees the expired items at the LRU tail of
+    /// every shard. Each insert reclaims its own shard's tail; this makes
+    /// the memory of expired items in shards that see no insert reusable
+    /// too, as memcached's one LRU per slab class (and its LRU maintainer)
+    /// makes every expired item's memory reusable by any new item.
+    fn sweep_tails(&self, now: u32) {
+        if self.shards.len() == 1 {
+            return;
+        }
+        let last = self.swept_at.load(Ordering::Relaxed);
+        if last >= now
+            || self
+                .swept_at
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        for sh in self.shards.iter() {
+            sh.lock().reclaim_tail(now);
+        }
     }
 
     fn new_cas(&self) -> u64 {
@@ -386,6 +412,7 @@ impl Store {
     ) -> StoreOutcome {
         let (now, floor) = self.now_floor();
         bump(&self.ops.cmd_set);
+        self.sweep_tails(now);
         let mut shard = self.shard(key).lock();
         let existing = shard.lookup(key, now, floor, false).ok();
         if let Some(c) = compare {

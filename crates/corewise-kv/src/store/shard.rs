@@ -277,7 +277,7 @@ impl Shard {
     /// Frees expired items among the last [`TAIL_SEARCH`] of the LRU, as
     /// memcached does on every allocation: the memory of expired items is
     /// reused before the shard grows, not held until it is full.
-    fn reclaim_tail(&mut self, now: u32) {
+    pub fn reclaim_tail(&mut self, now: u32) {
         let mut at = self.tail;
         for _ in 0..TAIL_SEARCH {
             let Some(it) = self.item(at) else {

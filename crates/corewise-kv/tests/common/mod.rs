@@ -200,3 +200,18 @@ impl Client {
             .unwrap_or_else(|| panic!("no stat {name}"))
     }
 }
+
+/// A binary-protocol request: opcode, extras, key, value, opaque (CAS 0).
+pub fn frame(op: u8, extras: &[u8], key: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
+    let mut v = vec![0x80, op];
+    v.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    v.push(extras.len() as u8);
+    v.extend_from_slice(&[0, 0, 0]);
+    v.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
+    v.extend_from_slice(&opaque.to_be_bytes());
+    v.extend_from_slice(&[0; 8]);
+    v.extend_from_slice(extras);
+    v.extend_from_slice(key);
+    v.extend_from_slice(value);
+    v
+}
