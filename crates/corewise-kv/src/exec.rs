@@ -8,7 +8,9 @@
 
 use crate::config::Config;
 use crate::protocol::{decode_base64, GetKind, MetaFlags, MetaMode, ProtoError, Request, StoreCmd};
-use crate::store::{ArithOutcome, DeleteOutcome, SetMode, Store, StoreOutcome};
+use crate::store::{
+    exptime_at, ArithOutcome, Deadline, DeleteOutcome, MetaStore, SetMode, Store, StoreOutcome,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -330,7 +332,12 @@ pub fn execute_spilling(
         }
         Request::MetaDelete { key, flags } => {
             if let Some(k) = meta_key(key, flags.base64, scratch, out) {
-                let r = store.delete(k, flags.compare_cas);
+                let r = if flags.invalidate {
+                    let ttl = flags.ttl.map(|t| store.clock().deadline(t));
+                    store.invalidate(k, flags.compare_cas, ttl)
+                } else {
+                    store.delete(k, flags.compare_cas)
+                };
                 let code: &[u8] = match r {
                     DeleteOutcome::Deleted => b"HD",
                     DeleteOutcome::NotFound => b"NF",
@@ -416,17 +423,7 @@ fn meta_ret(
     let _ = shared;
     for c in flags.returned() {
         match (c, facts) {
-            (b'O', _) => {
-                out.extend_from_slice(b" O");
-                out.extend_from_slice(flags.opaque.unwrap_or_default());
-            }
-            (b'k', _) => {
-                out.extend_from_slice(b" k");
-                out.extend_from_slice(key);
-                if flags.base64 {
-                    out.extend_from_slice(b" b");
-                }
-            }
+            (b'O' | b'k', _) => echo(c, key, flags, out),
             (b'c', Some(f)) => {
                 out.extend_from_slice(b" c");
                 num(out, f.cas);
@@ -461,54 +458,104 @@ fn meta_get(
     out: &mut Vec<u8>,
 ) {
     let store = &shared.store;
-    let touch = flags.ttl.map(|t| store.clock().deadline(t));
-    let mut facts = None;
-    let mut value_at = None;
-    let hit = store.get(key, touch, |it, before| {
-        facts = Some(Facts {
-            cas: it.cas,
-            flags: it.flags,
-            size: it.value.len(),
-            ttl: store.clock().ttl_left(it.exptime),
-            hit: before.fetched,
-            idle: before.idle,
-        });
+    let clock = store.clock();
+    let hit = store.meta_get(key, flags.vivify.is_some(), !flags.no_bump, |it, view| {
+        let mut head = Vec::with_capacity(64);
         if flags.value {
-            // Stage the value at the end of `out`; the header goes in
-            // front of it below.
-            value_at = Some(out.len());
+            head.extend_from_slice(b"VA ");
+            num(&mut head, it.value.len() as u64);
+        } else {
+            head.extend_from_slice(b"HD");
+        }
+        // memcached walks the flags in request order: a `t` before `T` or
+        // `N` reports the expiry the item had before they change it.
+        let mut win = false;
+        for (c, _) in flags.tokens() {
+            match c {
+                b'T' => {
+                    if let Some(t) = flags.ttl {
+                        it.exptime = exptime_at(clock.deadline(t), view.now);
+                    }
+                }
+                b'N' if view.created => {
+                    if let Some(t) = flags.vivify {
+                        it.exptime = exptime_at(clock.deadline(t), view.now);
+                    }
+                    win = true;
+                }
+                b'R' => {
+                    let limit = match flags.recache.map(|r| clock.deadline(r)) {
+                        Some(Deadline::At(t)) => t,
+                        _ => 0,
+                    };
+                    if !it.token_sent && !view.created && it.exptime != 0 && it.exptime < limit {
+                        win = true;
+                    }
+                }
+                b's' => {
+                    head.extend_from_slice(b" s");
+                    num(&mut head, it.value.len() as u64);
+                }
+                b't' => {
+                    head.extend_from_slice(b" t");
+                    inum(&mut head, clock.ttl_left(it.exptime));
+                }
+                b'c' => {
+                    head.extend_from_slice(b" c");
+                    num(&mut head, it.cas);
+                }
+                b'f' => {
+                    head.extend_from_slice(b" f");
+                    num(&mut head, u64::from(it.flags));
+                }
+                b'l' => {
+                    head.extend_from_slice(b" l");
+                    num(&mut head, u64::from(view.before.idle));
+                }
+                b'h' => head.extend_from_slice(if view.before.fetched { b" h1" } else { b" h0" }),
+                b'O' | b'k' => echo(c, wire_key, flags, &mut head),
+                _ => {}
+            }
+        }
+        // A token already handed out: `Z`; stale: `X`, and the first
+        // reader of a stale item wins the token to refresh it.
+        if it.token_sent {
+            head.extend_from_slice(b" Z");
+        }
+        if it.stale {
+            head.extend_from_slice(b" X");
+            win |= !it.token_sent;
+        }
+        if win {
+            head.extend_from_slice(b" W");
+            it.token_sent = true;
+        }
+        head.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&head);
+        if flags.value {
             out.extend_from_slice(&it.value);
+            out.extend_from_slice(b"\r\n");
         }
     });
-    if !hit {
-        if let Some(ttl) = flags.vivify {
-            // Auto-vivify: create an empty item so later readers see a
-            // hit; this reader is told it missed.
-            let _ = store.store(SetMode::Add, key, 0, store.clock().deadline(ttl), b"", None);
-        }
-        if !flags.quiet {
-            out.extend_from_slice(b"EN");
-            meta_ret(shared, wire_key, flags, None, out);
-            out.extend_from_slice(b"\r\n");
-        }
-        return;
+    if !hit && !flags.quiet {
+        out.extend_from_slice(b"EN");
+        meta_ret(shared, wire_key, flags, None, out);
+        out.extend_from_slice(b"\r\n");
     }
-    let mut head = Vec::with_capacity(64);
-    match (value_at, &facts) {
-        (Some(_), Some(f)) => {
-            head.extend_from_slice(b"VA ");
-            num(&mut head, f.size as u64);
+}
+
+/// Appends an echoed flag: `O` (the opaque) or `k` (the key as the client
+/// sent it, and ` b` after it when that was base64).
+fn echo(c: u8, wire_key: &[u8], flags: &MetaFlags<'_>, out: &mut Vec<u8>) {
+    if c == b'O' {
+        out.extend_from_slice(b" O");
+        out.extend_from_slice(flags.opaque.unwrap_or_default());
+    } else {
+        out.extend_from_slice(b" k");
+        out.extend_from_slice(wire_key);
+        if flags.base64 {
+            out.extend_from_slice(b" b");
         }
-        _ => head.extend_from_slice(b"HD"),
-    }
-    meta_ret(shared, wire_key, flags, facts.as_ref(), &mut head);
-    head.extend_from_slice(b"\r\n");
-    match value_at {
-        Some(at) => {
-            out.splice(at..at, head);
-            out.extend_from_slice(b"\r\n");
-        }
-        None => out.extend_from_slice(&head),
     }
 }
 
@@ -540,7 +587,10 @@ fn meta_set(
         deadline,
         data,
         flags.compare_cas,
-        flags.new_cas,
+        MetaStore {
+            new_cas: flags.new_cas,
+            invalidate: flags.invalidate,
+        },
     );
     let (code, cas): (&[u8], u64) = match r {
         StoreOutcome::Stored(c) => (b"HD", c),
@@ -556,15 +606,18 @@ fn meta_set(
         return;
     }
     out.extend_from_slice(code);
-    let facts = Facts {
-        cas,
-        flags: flags.client_flags.unwrap_or(0),
-        size: data.len(),
-        ttl: flags.ttl.unwrap_or(-1),
-        hit: false,
-        idle: 0,
-    };
-    meta_ret(shared, wire_key, flags, (cas != 0).then_some(&facts), out);
+    // memcached 1.6.18 returns only `O`, `k` and `c` from `ms`; `c` is the
+    // new CAS, or 0 when nothing was stored.
+    for (c, _) in flags.tokens() {
+        match c {
+            b'O' | b'k' => echo(c, wire_key, flags, out),
+            b'c' => {
+                out.extend_from_slice(b" c");
+                num(out, cas);
+            }
+            _ => {}
+        }
+    }
     out.extend_from_slice(b"\r\n");
 }
 

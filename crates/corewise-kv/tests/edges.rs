@@ -6,92 +6,16 @@
 
 mod common;
 
-use common::{frame, Server};
+use common::{check_both, exchange, frame, Memcached, Server};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// Sends `req` then `mn` (meta no-op) and returns everything before the
-/// `MN` reply: the replies to `req`, in order.
-fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(req).unwrap();
-    s.write_all(b"mn\r\n").unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 65536];
-    while !got.ends_with(b"MN\r\n") {
-        let n = s.read(&mut buf).expect("read");
-        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&buf[..n]);
-    }
-    got.truncate(got.len() - 4);
-    got
-}
-
-/// Real memcached on a free port, when installed; killed on drop.
-struct Memcached(Child, u16);
-
-impl Memcached {
-    fn start() -> Option<Memcached> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let child = Command::new("memcached")
-            .args([
-                "-p",
-                &port.to_string(),
-                "-l",
-                "127.0.0.1",
-                "-U",
-                "0",
-                "-u",
-                "root",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let mc = Memcached(child, port);
-        let until = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < until {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(mc);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use std::net::TcpStream;
+use std::time::Duration;
 
 /// Checks corewise-kv (and memcached, when installed) against `want`.
 fn check(s: &Server, mc: &Option<Memcached>, req: &[u8], want: &[u8]) {
-    let got = exchange(s.port, req);
-    assert_eq!(
-        String::from_utf8_lossy(&got),
-        String::from_utf8_lossy(want),
-        "corewise-kv on {:?}",
-        String::from_utf8_lossy(&req[..req.len().min(200)])
-    );
-    if let Some(m) = mc {
-        let theirs = exchange(m.1, req);
-        assert_eq!(
-            String::from_utf8_lossy(&theirs),
-            String::from_utf8_lossy(want),
-            "memcached on {:?}",
-            String::from_utf8_lossy(&req[..req.len().min(200)])
-        );
-    }
+    check_both(s, mc, req, &String::from_utf8_lossy(want), |r| {
+        String::from_utf8_lossy(r).into_owned()
+    });
 }
 
 /// A command line and a data block of `n` bytes `a`.

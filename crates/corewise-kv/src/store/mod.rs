@@ -91,6 +91,43 @@ pub struct Before {
     pub idle: u32,
 }
 
+/// What a meta get saw, besides the item (see [`Store::meta_get`]).
+#[derive(Debug, Clone, Copy)]
+pub struct MetaView {
+    /// The item as it was before this read.
+    pub before: Before,
+    /// The item was created by this read (`mg ... N`).
+    pub created: bool,
+    /// Server seconds now.
+    pub now: u32,
+}
+
+/// Options of a meta set beyond the classic ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetaStore {
+    /// `E`: the CAS the item gets instead of a new one.
+    pub new_cas: Option<u64>,
+    /// `I` with `C`: a compare CAS older than the item's stores the value
+    /// anyway, as stale, keeping the old expiry and win token.
+    pub invalidate: bool,
+}
+
+/// The expiry field a deadline gives an item at server second `now`.
+///
+/// ```
+/// use corewise_kv::store::{exptime_at, Deadline};
+/// assert_eq!(exptime_at(Deadline::Never, 5), 0);
+/// assert_eq!(exptime_at(Deadline::At(9), 5), 9);
+/// assert_eq!(exptime_at(Deadline::Past, 5), 5);
+/// ```
+pub fn exptime_at(deadline: Deadline, now: u32) -> u32 {
+    match deadline {
+        Deadline::Never => 0,
+        Deadline::At(t) => t,
+        Deadline::Past => now,
+    }
+}
+
 /// Totals over the store, for `stats`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StoreStats {
@@ -369,6 +406,113 @@ impl Store {
         }
     }
 
+    /// A meta get (`mg`): like [`get`](Self::get), but `f` may change the
+    /// item (expiry, win token) in place, `vivify` creates an empty item on
+    /// a miss (`N`; `f` is then told it `created` it), and `bump` false
+    /// leaves the item's fetched mark and last access alone (`u`).
+    /// Returns false on a miss that was not vivified.
+    ///
+    /// ```
+    /// use corewise_kv::store::Store;
+    /// let s = Store::new(1 << 20, 1);
+    /// let mut first = None;
+    /// assert!(s.meta_get(b"k", true, true, |it, v| { first = Some(v.created); it.token_sent = true; }));
+    /// assert_eq!(first, Some(true));
+    /// assert!(s.meta_get(b"k", true, true, |it, v| assert!(!v.created && it.token_sent)));
+    /// ```
+    pub fn meta_get(
+        &self,
+        key: &[u8],
+        vivify: bool,
+        bump_item: bool,
+        f: impl FnOnce(&mut Item, MetaView),
+    ) -> bool {
+        let (now, floor) = self.now_floor();
+        bump(&self.ops.cmd_get);
+        let mut shard = self.shard(key).lock();
+        let mut miss = None;
+        let mut created = false;
+        if let Err(m) = shard.lookup(key, now, floor, bump_item) {
+            miss = Some(m);
+            if vivify {
+                let item = Item::new(key, Vec::new(), 0, 0, self.new_cas(), now);
+                created = shard.insert(item, now);
+            }
+        }
+        let found = if created || miss.is_none() {
+            shard.lookup(key, now, floor, bump_item).ok()
+        } else {
+            None
+        };
+        let Some(it) = found else {
+            drop(shard);
+            bump(&self.ops.get_misses);
+            match miss {
+                Some(Miss::Expired) => bump(&self.ops.get_expired),
+                Some(Miss::Flushed) => bump(&self.ops.get_flushed),
+                _ => {}
+            }
+            return false;
+        };
+        let before = Before {
+            fetched: it.fetched,
+            idle: now.saturating_sub(it.last_access),
+        };
+        if bump_item {
+            it.fetched = true;
+            it.last_access = now;
+        }
+        f(
+            it,
+            MetaView {
+                before,
+                created,
+                now,
+            },
+        );
+        drop(shard);
+        bump(&self.ops.get_hits);
+        true
+    }
+
+    /// Marks `key` stale instead of deleting it (`md ... I`): a new CAS, the
+    /// win token cleared so the next reader wins, and a new expiry when
+    /// `ttl` is given. `compare` must match the CAS when given.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, DeleteOutcome, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+    /// assert_eq!(s.invalidate(b"k", None, None), DeleteOutcome::Deleted);
+    /// assert!(s.meta_get(b"k", false, true, |it, _| assert!(it.stale)));
+    /// ```
+    pub fn invalidate(
+        &self,
+        key: &[u8],
+        compare: Option<u64>,
+        ttl: Option<Deadline>,
+    ) -> DeleteOutcome {
+        let (now, floor) = self.now_floor();
+        let mut shard = self.shard(key).lock();
+        let Ok(it) = shard.lookup(key, now, floor, false) else {
+            drop(shard);
+            bump(&self.ops.delete_misses);
+            return DeleteOutcome::NotFound;
+        };
+        if compare.is_some_and(|c| c != it.cas) {
+            drop(shard);
+            bump(&self.ops.delete_misses);
+            return DeleteOutcome::Exists;
+        }
+        if let Some(d) = ttl {
+            it.exptime = exptime_at(d, now);
+        }
+        it.stale = true;
+        it.token_sent = false;
+        it.cas = self.new_cas();
+        DeleteOutcome::Deleted
+    }
+
     /// A storage request. `compare` is the CAS a `cas` (or `ms C`) request
     /// carries; `new_cas` an explicit CAS to give the item (`ms E`).
     pub fn store(
@@ -380,7 +524,15 @@ impl Store {
         data: &[u8],
         compare: Option<u64>,
     ) -> StoreOutcome {
-        self.store_with(mode, key, flags, deadline, data, compare, None)
+        self.store_with(
+            mode,
+            key,
+            flags,
+            deadline,
+            data,
+            compare,
+            MetaStore::default(),
+        )
     }
 
     /// Sets the item size limit an append or prepend must respect (a
@@ -398,7 +550,8 @@ impl Store {
         self.item_max.store(n as u64, Ordering::Relaxed);
     }
 
-    /// [`store`](Self::store) with an explicit new CAS value.
+    /// [`store`](Self::store) with the meta set's options (an explicit new
+    /// CAS, invalidation).
     #[allow(clippy::too_many_arguments)]
     pub fn store_with(
         &self,
@@ -408,19 +561,29 @@ impl Store {
         deadline: Deadline,
         data: &[u8],
         compare: Option<u64>,
-        new_cas: Option<u64>,
+        meta: MetaStore,
     ) -> StoreOutcome {
+        let new_cas = meta.new_cas;
         let (now, floor) = self.now_floor();
         bump(&self.ops.cmd_set);
         self.sweep_tails(now);
         let mut shard = self.shard(key).lock();
         let existing = shard.lookup(key, now, floor, false).ok();
+        // `ms ... I C<older>`: stored, but stale, keeping expiry and token.
+        let mut keep = None;
         if let Some(c) = compare {
             match &existing {
                 None => {
                     drop(shard);
                     bump(&self.ops.cas_misses);
                     return StoreOutcome::NotFound;
+                }
+                Some(it)
+                    if meta.invalidate
+                        && c < it.cas
+                        && matches!(mode, SetMode::Set | SetMode::Replace) =>
+                {
+                    keep = Some((it.exptime, it.token_sent));
                 }
                 Some(it) if it.cas != c => {
                     drop(shard);
@@ -469,7 +632,13 @@ impl Store {
                         return StoreOutcome::Stored(cas);
                     }
                 };
-                Item::new(key, data.to_vec(), flags, exptime, cas, now)
+                let mut it = Item::new(key, data.to_vec(), flags, exptime, cas, now);
+                if let Some((exptime, token_sent)) = keep {
+                    it.exptime = exptime;
+                    it.stale = true;
+                    it.token_sent = token_sent;
+                }
+                it
             }
         };
         let stored = shard.insert(item, now);

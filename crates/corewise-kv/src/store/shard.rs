@@ -44,6 +44,12 @@ pub struct Item {
     pub last_access: u32,
     /// Whether it has been read since it was stored.
     pub fetched: bool,
+    /// Marked stale by a meta invalidation (`md ... I`): still served,
+    /// with the `X` flag, until it is stored again.
+    pub stale: bool,
+    /// A meta get has been handed the win token (`W`) for it; later ones
+    /// see `Z` until it is stored again or invalidated.
+    pub token_sent: bool,
     /// Read since it last reached the LRU tail (its second chance).
     active: bool,
     prev: u32,
@@ -61,6 +67,8 @@ impl Item {
             cas,
             last_access: now,
             fetched: false,
+            stale: false,
+            token_sent: false,
             active: false,
             prev: NIL,
             next: NIL,

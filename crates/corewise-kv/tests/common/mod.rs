@@ -215,3 +215,109 @@ pub fn frame(op: u8, extras: &[u8], key: &[u8], value: &[u8], opaque: u32) -> Ve
     v.extend_from_slice(value);
     v
 }
+
+/// Sends `req` then `mn` (meta no-op) and returns everything before the
+/// `MN` reply: the replies to `req`, in order.
+pub fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(req).unwrap();
+    s.write_all(b"mn\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    while !got.ends_with(b"MN\r\n") {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    got.truncate(got.len() - 4);
+    got
+}
+
+/// Real memcached on a free port, when installed; killed on drop.
+pub struct Memcached(Child, pub u16);
+
+impl Memcached {
+    /// Starts it, if `memcached` is on PATH.
+    pub fn start() -> Option<Memcached> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new("memcached")
+            .args([
+                "-p",
+                &port.to_string(),
+                "-l",
+                "127.0.0.1",
+                "-U",
+                "0",
+                "-u",
+                "root",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mc = Memcached(child, port);
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(mc);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `req` against `s` (and memcached, when running) and checks that
+/// each reply, passed through `norm`, is `want`.
+pub fn check_both(
+    s: &Server,
+    mc: &Option<Memcached>,
+    req: &[u8],
+    want: &str,
+    norm: impl Fn(&[u8]) -> String,
+) {
+    let shown = String::from_utf8_lossy(&req[..req.len().min(200)]);
+    assert_eq!(
+        norm(&exchange(s.port, req)),
+        want,
+        "corewise-kv on {shown:?}"
+    );
+    if let Some(m) = mc {
+        assert_eq!(norm(&exchange(m.1, req)), want, "memcached on {shown:?}");
+    }
+}
+
+/// corewise-kv and, when installed, memcached, both on free ports.
+pub struct Pair {
+    /// corewise-kv.
+    pub server: Server,
+    /// memcached, if it could be started.
+    pub memcached: Option<Memcached>,
+}
+
+impl Pair {
+    /// Starts corewise-kv with `flags` and memcached with its defaults.
+    pub fn start(flags: &[&str]) -> Pair {
+        Pair {
+            server: Server::start(flags),
+            memcached: Memcached::start(),
+        }
+    }
+
+    /// [`check_both`] on this pair.
+    pub fn check(&self, req: &[u8], want: &str, norm: impl Fn(&[u8]) -> String) {
+        check_both(&self.server, &self.memcached, req, want, norm);
+    }
+}
