@@ -9,7 +9,8 @@
 use crate::config::Config;
 use crate::protocol::{decode_base64, GetKind, MetaFlags, MetaMode, ProtoError, Request, StoreCmd};
 use crate::store::{
-    exptime_at, ArithOutcome, Deadline, DeleteOutcome, MetaStore, SetMode, Store, StoreOutcome,
+    exptime_at, slabs, ArithOutcome, Deadline, DeleteOutcome, MetaStore, SetMode, Store,
+    StoreOutcome,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -778,34 +779,60 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "corewise_mode", cfg.mode);
         }
         Some(b"items") => {
-            let s = store.stats();
-            if s.curr_items > 0 {
-                stat(out, "items:1:number", s.curr_items);
-                stat(out, "items:1:age", s.oldest_age);
-                stat(out, "items:1:evicted", s.counters.evictions);
-                stat(
-                    out,
-                    "items:1:evicted_unfetched",
-                    s.counters.evicted_unfetched,
-                );
-                stat(
-                    out,
-                    "items:1:expired_unfetched",
-                    s.counters.expired_unfetched,
-                );
-                stat(out, "items:1:reclaimed", s.counters.reclaimed);
+            for (id, c) in store.class_stats().iter().enumerate() {
+                if c.number == 0 {
+                    continue;
+                }
+                let k = &c.counters;
+                for (name, v) in [
+                    ("number", c.number),
+                    ("number_hot", 0),
+                    ("number_warm", c.active),
+                    ("number_cold", c.number - c.active),
+                    ("number_temp", 0),
+                    ("age_hot", 0),
+                    ("age_warm", 0),
+                    ("age", u64::from(c.age)),
+                    ("mem_requested", c.mem_requested),
+                    ("evicted", k.evicted),
+                    ("evicted_nonzero", k.evicted_nonzero),
+                    ("evicted_time", u64::from(k.evicted_time)),
+                    ("outofmemory", k.outofmemory),
+                    ("reclaimed", k.reclaimed),
+                    ("expired_unfetched", k.expired_unfetched),
+                    ("evicted_unfetched", k.evicted_unfetched),
+                ] {
+                    stat(out, &format!("items:{id}:{name}"), v);
+                }
             }
         }
         Some(b"slabs") => {
-            // One "class": items are individually allocated, not slabbed.
-            let s = store.stats();
-            if s.curr_items > 0 {
-                stat(out, "1:chunk_size", cfg.item_max);
-                stat(out, "1:used_chunks", s.curr_items);
-                stat(out, "1:mem_requested", s.bytes);
+            // A view: items are allocated one by one; each class has the
+            // pages its items would fill (see `store::slabs`).
+            let (mut active, mut pages_total) = (0u64, 0u64);
+            for (id, c) in store.class_stats().iter().enumerate() {
+                let pages = c.pages(id);
+                if pages == 0 {
+                    continue;
+                }
+                active += 1;
+                pages_total += pages;
+                let per = slabs::per_page(id) as u64;
+                let size = slabs::chunk_sizes().get(id - 1).copied().unwrap_or(0);
+                for (name, v) in [
+                    ("chunk_size", size as u64),
+                    ("chunks_per_page", per),
+                    ("total_pages", pages),
+                    ("total_chunks", pages * per),
+                    ("used_chunks", c.used_chunks),
+                    ("free_chunks", pages * per - c.used_chunks),
+                    ("free_chunks_end", 0),
+                ] {
+                    stat(out, &format!("{id}:{name}"), v);
+                }
             }
-            stat(out, "active_slabs", u64::from(s.curr_items > 0));
-            stat(out, "total_malloced", s.bytes);
+            stat(out, "active_slabs", active);
+            stat(out, "total_malloced", pages_total * slabs::PAGE_SIZE as u64);
         }
         Some(b"sizes") => stat(out, "sizes_status", "disabled"),
         Some(b"reset") => {

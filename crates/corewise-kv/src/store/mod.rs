@@ -19,6 +19,7 @@
 mod clock;
 mod hash;
 mod shard;
+pub mod slabs;
 
 pub use clock::{Clock, Deadline, MAX_RELATIVE_EXPIRY};
 pub use hash::{hash_key, FxBuild, FxHasher};
@@ -641,11 +642,14 @@ impl Store {
                 it
             }
         };
+        let ntotal = item.ntotal();
         let stored = shard.insert(item, now);
-        drop(shard);
         if !stored {
+            shard.count_out_of_memory(ntotal);
+            drop(shard);
             return StoreOutcome::NoMemory;
         }
+        drop(shard);
         if compare.is_some() {
             bump(&self.ops.cas_hits);
         }
@@ -801,6 +805,17 @@ impl Store {
             s.oldest_age = s.oldest_age.max(g.oldest_age(now));
         }
         s
+    }
+
+    /// Items and counters per slab class (index = class id; see
+    /// [`slabs`]), from a walk over every shard.
+    pub fn class_stats(&self) -> Vec<slabs::ClassStats> {
+        let now = self.clock.now();
+        let mut v = vec![slabs::ClassStats::default(); slabs::MAX_CLASSES + 1];
+        for sh in self.shards.iter() {
+            sh.lock().class_stats(now, &mut v);
+        }
+        v
     }
 
     /// Debug view of one item without touching it (meta `me`): (expiry

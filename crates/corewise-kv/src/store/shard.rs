@@ -14,6 +14,7 @@
 //! list tail without unsafe aliasing; the memory accounting counts both.
 
 use super::hash::FxBuild;
+use super::slabs::{chunks_for, class_of, ClassCounters, ClassStats, MAX_CLASSES};
 use std::collections::HashMap;
 
 const NIL: u32 = u32::MAX;
@@ -79,6 +80,21 @@ impl Item {
     pub fn size(&self) -> usize {
         2 * self.key.len() + self.value.len() + ITEM_OVERHEAD
     }
+
+    /// Its size as memcached counts it ([`super::item_size`]).
+    pub fn ntotal(&self) -> usize {
+        super::item_size(self.key.len(), self.flags, self.value.len())
+    }
+
+    /// Its slab class.
+    pub fn class(&self) -> usize {
+        class_of(self.ntotal())
+    }
+
+    /// Read since it last reached the LRU tail.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
 }
 
 /// Per-shard counters (summed by [`super::Store::stats`]).
@@ -108,6 +124,8 @@ pub struct Shard {
     limit: usize,
     /// Counters of this shard.
     pub counters: ShardCounters,
+    /// Counters per slab class (index = class id).
+    pub class_counters: Vec<ClassCounters>,
 }
 
 /// Why an item was not found.
@@ -133,6 +151,7 @@ impl Shard {
             used: 0,
             limit,
             counters: ShardCounters::default(),
+            class_counters: vec![ClassCounters::default(); MAX_CLASSES + 1],
         }
     }
 
@@ -181,10 +200,7 @@ impl Shard {
         if expired || flushed {
             if let Some(it) = self.unlink(i) {
                 if expired {
-                    self.counters.reclaimed += 1;
-                    if !it.fetched {
-                        self.counters.expired_unfetched += 1;
-                    }
+                    self.count_reclaimed(&it);
                 }
             }
             return Err(if expired {
@@ -294,10 +310,7 @@ impl Shard {
             let (prev, expired) = (it.prev, it.exptime != 0 && it.exptime <= now);
             if expired {
                 if let Some(it) = self.unlink(at) {
-                    self.counters.reclaimed += 1;
-                    if !it.fetched {
-                        self.counters.expired_unfetched += 1;
-                    }
+                    self.count_reclaimed(&it);
                 }
             }
             at = prev;
@@ -323,14 +336,55 @@ impl Shard {
             return false;
         };
         if it.exptime != 0 && it.exptime <= now {
-            self.counters.reclaimed += 1;
+            self.count_reclaimed(&it);
         } else {
             self.counters.evictions += 1;
             if !it.fetched {
                 self.counters.evicted_unfetched += 1;
             }
+            if let Some(c) = self.class_counters.get_mut(it.class()) {
+                c.evicted += 1;
+                c.evicted_nonzero += u64::from(it.exptime != 0);
+                c.evicted_time = now.saturating_sub(it.last_access);
+                c.evicted_unfetched += u64::from(!it.fetched);
+            }
         }
         true
+    }
+
+    /// Counts an expired item whose memory was reclaimed.
+    fn count_reclaimed(&mut self, it: &Item) {
+        self.counters.reclaimed += 1;
+        self.counters.expired_unfetched += u64::from(!it.fetched);
+        if let Some(c) = self.class_counters.get_mut(it.class()) {
+            c.reclaimed += 1;
+            c.expired_unfetched += u64::from(!it.fetched);
+        }
+    }
+
+    /// Counts a store refused for want of memory (in its item's class).
+    pub fn count_out_of_memory(&mut self, ntotal: usize) {
+        if let Some(c) = self.class_counters.get_mut(class_of(ntotal)) {
+            c.outofmemory += 1;
+        }
+    }
+
+    /// Adds this shard's items and counters into `stats` (index = class
+    /// id), with item ages as of `now`.
+    pub fn class_stats(&self, now: u32, stats: &mut [ClassStats]) {
+        for it in self.iter_lru() {
+            let n = it.ntotal();
+            if let Some(s) = stats.get_mut(class_of(n)) {
+                s.number += 1;
+                s.active += u64::from(it.active);
+                s.age = s.age.max(now.saturating_sub(it.last_access));
+                s.mem_requested += n as u64;
+                s.used_chunks += chunks_for(n) as u64;
+            }
+        }
+        for (s, c) in stats.iter_mut().zip(&self.class_counters) {
+            s.counters.add(c);
+        }
     }
 
     fn item(&self, i: u32) -> Option<&Item> {
