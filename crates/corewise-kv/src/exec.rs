@@ -6,13 +6,14 @@
 //! each other. Replies are appended to the connection's output buffer; the
 //! server writes that buffer once per batch of pipelined requests.
 
+use crate::admin::{Detail, DetailOp};
 use crate::config::Config;
 use crate::protocol::{decode_base64, GetKind, MetaFlags, MetaMode, ProtoError, Request, StoreCmd};
 use crate::store::{
     exptime_at, slabs, ArithOutcome, Deadline, DeleteOutcome, MetaStore, SetMode, Store,
     StoreOutcome,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// The version string `version` and `stats` report.
@@ -44,6 +45,10 @@ pub struct Shared {
     pub conns: ConnCounters,
     /// Verbosity level set by `verbosity`.
     pub verbosity: AtomicU64,
+    /// The LRU crawler is on (`lru_crawler enable|disable`).
+    pub crawler_enabled: AtomicBool,
+    /// `stats detail` prefix statistics.
+    pub detail: Detail,
     started: Instant,
 }
 
@@ -59,6 +64,8 @@ impl Shared {
             config,
             conns: ConnCounters::default(),
             verbosity: AtomicU64::new(verbose),
+            crawler_enabled: AtomicBool::new(true),
+            detail: Detail::default(),
             started: Instant::now(),
         }
     }
@@ -179,7 +186,7 @@ pub fn execute_spilling(
                 .then(|| store.clock().deadline(exptime));
             let with_cas = matches!(kind, GetKind::Gets | GetKind::Gats);
             for key in keys.iter() {
-                store.get(key, touch, |it, _| {
+                let hit = store.get(key, touch, |it, _| {
                     out.extend_from_slice(b"VALUE ");
                     out.extend_from_slice(key);
                     out.push(b' ');
@@ -194,6 +201,7 @@ pub fn execute_spilling(
                     out.extend_from_slice(&it.value);
                     out.extend_from_slice(b"\r\n");
                 });
+                shared.detail.record(key, DetailOp::Get(hit));
                 if out.len() > SPILL_AT && spill(out).is_err() {
                     return Flow::Close;
                 }
@@ -217,6 +225,7 @@ pub fn execute_spilling(
                 StoreCmd::Prepend => (SetMode::Prepend, None),
                 StoreCmd::Cas => (SetMode::Set, Some(cas)),
             };
+            shared.detail.record(key, DetailOp::Set);
             let r = store.store(
                 mode,
                 key,
@@ -239,6 +248,7 @@ pub fn execute_spilling(
             }
         }
         Request::Delete { key, noreply } => {
+            shared.detail.record(key, DetailOp::Delete);
             let r = store.delete(key, None);
             if !noreply {
                 line(
@@ -289,6 +299,7 @@ pub fn execute_spilling(
             }
         }
         Request::Stats { group } => stats(shared, group, out),
+        Request::Admin { cmd, args } => return crate::admin::execute(shared, cmd, args, out),
         Request::Version => {
             out.extend_from_slice(b"VERSION ");
             line(out, VERSION.as_bytes());
@@ -369,7 +380,9 @@ pub fn execute_spilling(
                         out.extend_from_slice(b" cas=");
                         num(out, cas);
                         out.extend_from_slice(if fetched { b" fetch=yes" } else { b" fetch=no" });
-                        out.extend_from_slice(b" cls=1 size=");
+                        out.extend_from_slice(b" cls=");
+                        num(out, slabs::class_of(size) as u64);
+                        out.extend_from_slice(b" size=");
                         num(out, size as u64);
                         out.extend_from_slice(b"\r\n");
                     }
@@ -711,7 +724,16 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
     let store = &shared.store;
     let cfg = &shared.config;
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut words = group
+        .unwrap_or_default()
+        .split(|&b| b == b' ')
+        .filter(|w| !w.is_empty());
+    let (group, arg) = (words.next(), words.next());
     match group {
+        Some(b"detail") => {
+            shared.detail.command(arg, out);
+            return;
+        }
         None => {
             let s = store.stats();
             let o = &store.ops;
@@ -837,6 +859,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
         Some(b"sizes") => stat(out, "sizes_status", "disabled"),
         Some(b"reset") => {
             store.ops.reset();
+            shared.detail.clear();
             for c in [
                 &shared.conns.total_connections,
                 &shared.conns.rejected_connections,

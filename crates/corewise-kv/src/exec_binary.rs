@@ -13,6 +13,7 @@
 //!
 //! [`Store`]: crate::store::Store
 
+use crate::admin::DetailOp;
 use crate::exec::{stats, Flow, Shared, VERSION};
 use crate::protocol::binary::{Frame, Header, RESPONSE_MAGIC};
 use crate::protocol::KEY_MAX;
@@ -237,6 +238,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
                     value,
                 );
             });
+            shared.detail.record(f.key, DetailOp::Get(hit));
             if !hit && !quiet {
                 if with_key {
                     respond(out, h, status::KEY_ENOENT, 0, &[], f.key, &[]);
@@ -285,6 +287,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
                 return Flow::Continue;
             }
             let compare = (h.cas != 0).then_some(h.cas);
+            shared.detail.record(f.key, DetailOp::Delete);
             match store.delete(f.key, compare) {
                 DeleteOutcome::Deleted => {
                     if h.opcode == op::DELETE {
@@ -381,6 +384,7 @@ fn store_value(
     out: &mut Vec<u8>,
 ) {
     let h = &f.header;
+    shared.detail.record(f.key, DetailOp::Set);
     if crate::store::item_size(f.key.len(), flags, f.value.len()) > shared.config.item_max {
         too_large(shared, h, f.key, out);
         return;
@@ -415,6 +419,24 @@ fn store_value(
 /// found". The statistics are those of the text `stats` command.
 fn stat_responses(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) {
     let h = &f.header;
+    // `detail on|off|dump`: memcached answers the dump as one statistic
+    // named `detail` and the switches with the terminator alone.
+    if let Some(arg) = f.key.strip_prefix(b"detail") {
+        match arg {
+            b" on" | b" off" => shared.detail.command(arg.get(1..), &mut Vec::new()),
+            b" dump" => {
+                let mut dump = Vec::new();
+                shared.detail.dump(&mut dump);
+                respond(out, h, status::OK, 0, &[], b"detail", &dump);
+            }
+            _ => {
+                write_error(h, status::KEY_ENOENT, out);
+                return;
+            }
+        }
+        respond(out, h, status::OK, 0, &[], &[], &[]);
+        return;
+    }
     let mut text = Vec::new();
     stats(shared, (!f.key.is_empty()).then_some(f.key), &mut text);
     for line in text.split(|&b| b == b'\n') {

@@ -5,11 +5,12 @@
 //! pure, fuzzable parser), [`store`] holds the items (sharded, LRU, memory
 //! limit, expiry, CAS), [`exec`] runs a request against the store and
 //! writes memcached's reply ([`exec_binary`] for the binary protocol), [`config`] reads memcached's command-line
-//! flags, and [`server`] moves bytes between sockets and the rest, either
+//! flags, [`admin`] runs memcached's operator commands, and [`server`] moves bytes between sockets and the rest, either
 //! with one user thread per connection or with a dispatch thread that
 //! creates a short-lived user thread per ready connection (Arachne's
 //! memcached port).
 
+pub mod admin;
 pub mod config;
 pub mod exec;
 pub mod exec_binary;

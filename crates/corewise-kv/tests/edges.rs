@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{check_both, exchange, frame, Memcached, Server};
+use common::{bin_exchange, check_both, exchange, frame, Memcached, Server};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -246,37 +246,6 @@ impl ReplaceFirst for Vec<u8> {
         v.extend_from_slice(to);
         v.extend_from_slice(&self[at + from.len()..]);
         v
-    }
-}
-
-/// Sends binary `frames` then a noop; returns (opcode, status, opaque,
-/// value) of every response before the noop's.
-fn bin_exchange(port: u16, frames: &[Vec<u8>]) -> Vec<(u8, u16, u32, Vec<u8>)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    for f in frames {
-        s.write_all(f).unwrap();
-    }
-    s.write_all(&frame(0x0a, &[], &[], &[], u32::MAX)).unwrap();
-    let mut out = Vec::new();
-    loop {
-        let mut h = [0u8; 24];
-        s.read_exact(&mut h).expect("response header");
-        let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
-        let mut b = vec![0; body];
-        s.read_exact(&mut b).expect("response body");
-        let skip = usize::from(h[4]) + usize::from(u16::from_be_bytes([h[2], h[3]]));
-        let opaque = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
-        if h[1] == 0x0a && opaque == u32::MAX {
-            return out;
-        }
-        b.truncate(skip + 16);
-        out.push((
-            h[1],
-            u16::from_be_bytes([h[6], h[7]]),
-            opaque,
-            b[skip..].to_vec(),
-        ));
     }
 }
 

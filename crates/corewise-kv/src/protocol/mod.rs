@@ -180,10 +180,19 @@ pub enum Request<'a> {
         /// No reply wanted.
         noreply: bool,
     },
-    /// stats, with an optional group name.
+    /// stats, with an optional group name and its arguments.
     Stats {
-        /// The group (`settings`, `items`, `slabs`, ...).
+        /// The rest of the line: the group (`settings`, `items`, `slabs`,
+        /// `detail on`, ...).
         group: Option<&'a [u8]>,
+    },
+    /// An operator command: `shutdown`, `lru_crawler`, `slabs`, `lru`
+    /// (see [`crate::admin`]).
+    Admin {
+        /// The command word.
+        cmd: &'a [u8],
+        /// The rest of the line.
+        args: &'a [u8],
     },
     /// version.
     Version,

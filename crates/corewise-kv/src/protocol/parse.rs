@@ -276,13 +276,17 @@ impl Decoder {
             b"touch" => touch(toks),
             b"flush_all" => flush_all(toks),
             b"stats" => {
-                let t = toks.collect_all();
-                match t.as_slice() {
-                    [] => Ok(Request::Stats { group: None }),
-                    [g] => Ok(Request::Stats { group: Some(g) }),
-                    _ => Err(ProtoError::Unknown),
-                }
+                let rest = toks.rest();
+                let end = rest.iter().rposition(|&b| b != b' ').map_or(0, |e| e + 1);
+                let group = &rest[..end];
+                Ok(Request::Stats {
+                    group: (!group.is_empty()).then_some(group),
+                })
             }
+            b"shutdown" | b"lru_crawler" | b"slabs" | b"lru" => Ok(Request::Admin {
+                cmd,
+                args: toks.rest(),
+            }),
             // memcached ignores arguments of version and quit.
             b"version" => Ok(Request::Version),
             b"quit" => Ok(Request::Quit),

@@ -807,6 +807,30 @@ impl Store {
         s
     }
 
+    /// Frees every expired or flushed item now (`lru_crawler crawl`).
+    pub fn crawl(&self) {
+        let (now, floor) = self.now_floor();
+        for sh in self.shards.iter() {
+            sh.lock().reclaim_all(now, floor);
+        }
+    }
+
+    /// Calls `f` with every live item, shard by shard, least recently
+    /// used first (`lru_crawler metadump`); each shard is locked while its
+    /// items are visited.
+    pub fn for_each_item(&self, mut f: impl FnMut(&Item)) {
+        let (now, floor) = self.now_floor();
+        for sh in self.shards.iter() {
+            let g = sh.lock();
+            let items: Vec<&Item> = g.iter_lru().collect();
+            for it in items.into_iter().rev() {
+                if (it.exptime == 0 || it.exptime > now) && it.cas > floor {
+                    f(it);
+                }
+            }
+        }
+    }
+
     /// Items and counters per slab class (index = class id; see
     /// [`slabs`]), from a walk over every shard.
     pub fn class_stats(&self) -> Vec<slabs::ClassStats> {

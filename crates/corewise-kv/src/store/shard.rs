@@ -362,6 +362,24 @@ impl Shard {
         }
     }
 
+    /// Frees every expired item (counted as reclaimed) and every item a
+    /// flush made invalid.
+    pub fn reclaim_all(&mut self, now: u32, cas_floor: u64) {
+        let mut at = self.tail;
+        while let Some(it) = self.item(at) {
+            let prev = it.prev;
+            let expired = it.exptime != 0 && it.exptime <= now;
+            if expired || it.cas <= cas_floor {
+                if let Some(it) = self.unlink(at) {
+                    if expired {
+                        self.count_reclaimed(&it);
+                    }
+                }
+            }
+            at = prev;
+        }
+    }
+
     /// Counts a store refused for want of memory (in its item's class).
     pub fn count_out_of_memory(&mut self, ntotal: usize) {
         if let Some(c) = self.class_counters.get_mut(class_of(ntotal)) {
