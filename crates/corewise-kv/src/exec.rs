@@ -13,7 +13,10 @@ use crate::store::{
     exptime_at, slabs, ArithOutcome, Deadline, DeleteOutcome, MetaStore, SetMode, Store,
     StoreOutcome,
 };
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use corewise::sync::SpinLock;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The version string `version` and `stats` report.
@@ -34,6 +37,94 @@ pub struct ConnCounters {
     pub bytes_written: AtomicU64,
 }
 
+/// What `stats conns` shows of one open connection.
+#[derive(Debug)]
+pub struct ConnInfo {
+    /// The client's address.
+    pub peer: String,
+    /// Server second of its last request (or of its accept).
+    pub last_cmd: AtomicU32,
+    /// It has sent something.
+    pub spoke: AtomicBool,
+    /// It is running requests now.
+    pub busy: AtomicBool,
+}
+
+/// The open connections by file descriptor, and the listener, for
+/// `stats conns`.
+#[derive(Debug)]
+pub struct ConnTable {
+    conns: SpinLock<BTreeMap<i32, Arc<ConnInfo>>>,
+    listener: SpinLock<Option<(i32, String)>>,
+}
+
+impl Default for ConnTable {
+    fn default() -> Self {
+        Self {
+            conns: SpinLock::new(BTreeMap::new()),
+            listener: SpinLock::new(None),
+        }
+    }
+}
+
+impl ConnTable {
+    /// Records the listening socket.
+    pub fn set_listener(&self, fd: i32, addr: String) {
+        *self.listener.lock() = Some((fd, addr));
+    }
+
+    /// Records an accepted connection; its entry is updated through the
+    /// returned handle.
+    pub fn open(&self, fd: i32, peer: String, now: u32) -> Arc<ConnInfo> {
+        let info = Arc::new(ConnInfo {
+            peer,
+            last_cmd: AtomicU32::new(now),
+            spoke: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
+        });
+        self.conns.lock().insert(fd, Arc::clone(&info));
+        info
+    }
+
+    /// Forgets a closed connection.
+    pub fn close(&self, fd: i32) {
+        self.conns.lock().remove(&fd);
+    }
+
+    /// `stats conns`: the listener, then every connection by descriptor,
+    /// with memcached's fields and state names.
+    fn write(&self, now: u32, uptime: u64, out: &mut Vec<u8>) {
+        let listen = self.listener.lock().clone();
+        if let Some((fd, addr)) = &listen {
+            stat(out, &format!("{fd}:addr"), format!("tcp:{addr}"));
+            stat(out, &format!("{fd}:state"), "conn_listening");
+            stat(out, &format!("{fd}:secs_since_last_cmd"), uptime);
+        }
+        let conns: Vec<(i32, Arc<ConnInfo>)> = self
+            .conns
+            .lock()
+            .iter()
+            .map(|(fd, c)| (*fd, Arc::clone(c)))
+            .collect();
+        for (fd, c) in conns {
+            stat(out, &format!("{fd}:addr"), format!("tcp:{}", c.peer));
+            if let Some((_, addr)) = &listen {
+                stat(out, &format!("{fd}:listen_addr"), format!("tcp:{addr}"));
+            }
+            let state = if c.busy.load(Ordering::Relaxed) {
+                "conn_parse_cmd"
+            } else if c.spoke.load(Ordering::Relaxed) {
+                "conn_read"
+            } else {
+                "conn_new_cmd"
+            };
+            stat(out, &format!("{fd}:state"), state);
+            let idle = now.saturating_sub(c.last_cmd.load(Ordering::Relaxed));
+            stat(out, &format!("{fd}:secs_since_last_cmd"), idle);
+        }
+    }
+}
+
 /// Everything a request may need: the store, the settings, the counters.
 #[derive(Debug)]
 pub struct Shared {
@@ -49,6 +140,8 @@ pub struct Shared {
     pub crawler_enabled: AtomicBool,
     /// `stats detail` prefix statistics.
     pub detail: Detail,
+    /// Open connections, for `stats conns`.
+    pub conn_table: ConnTable,
     started: Instant,
 }
 
@@ -66,6 +159,7 @@ impl Shared {
             verbosity: AtomicU64::new(verbose),
             crawler_enabled: AtomicBool::new(true),
             detail: Detail::default(),
+            conn_table: ConnTable::default(),
             started: Instant::now(),
         }
     }
@@ -733,6 +827,10 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
         Some(b"detail") => {
             shared.detail.command(arg, out);
             return;
+        }
+        Some(b"conns") => {
+            let uptime = shared.started.elapsed().as_secs();
+            shared.conn_table.write(store.clock().now(), uptime, out);
         }
         None => {
             let s = store.stats();

@@ -35,7 +35,7 @@
 //! [`SPILL_AT`] of reply, in both modes and both protocols.
 
 use crate::config::Mode;
-use crate::exec::{execute_spilling, write_error, Flow, Shared, SPILL_AT};
+use crate::exec::{execute_spilling, write_error, ConnInfo, Flow, Shared, SPILL_AT};
 use crate::exec_binary::{execute_binary, too_large, write_malformed};
 use crate::protocol::binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC};
 use crate::protocol::{Decoded, Decoder, Limits, MAX_LINE};
@@ -69,11 +69,14 @@ pub struct Connection {
     /// that byte has been seen).
     binary: Option<BinaryDecoder>,
     negotiated: bool,
+    /// Its entry in `stats conns`.
+    info: Arc<ConnInfo>,
     shared: Arc<Shared>,
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        self.shared.conn_table.close(self.stream.as_raw_fd());
         self.shared
             .conns
             .curr_connections
@@ -90,6 +93,12 @@ impl Connection {
             .conns
             .curr_connections
             .fetch_add(1, Ordering::Relaxed);
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
+        let info = shared
+            .conn_table
+            .open(stream.as_raw_fd(), peer, shared.store.clock().now());
         Self {
             stream,
             rbuf: vec![0; INITIAL_BUF],
@@ -102,6 +111,7 @@ impl Connection {
             decoder: Decoder::new(Limits { item_max }),
             binary: None,
             negotiated: false,
+            info,
             shared,
         }
     }
@@ -177,6 +187,20 @@ impl Connection {
 
     /// Runs every complete request in the read buffer, appending replies.
     pub fn process(&mut self) -> Flow {
+        if self.pos == self.filled {
+            return Flow::Continue;
+        }
+        let info = Arc::clone(&self.info);
+        info.spoke.store(true, Ordering::Relaxed);
+        info.busy.store(true, Ordering::Relaxed);
+        let flow = self.process_buffered();
+        info.last_cmd
+            .store(self.shared.store.clock().now(), Ordering::Relaxed);
+        info.busy.store(false, Ordering::Relaxed);
+        flow
+    }
+
+    fn process_buffered(&mut self) -> Flow {
         if !self.negotiated {
             let Some(&first) = self.rbuf[self.pos..self.filled].first() else {
                 return Flow::Continue;
@@ -347,6 +371,11 @@ fn admit(stream: TcpStream, shared: &Arc<Shared>) -> Option<Connection> {
 /// Call it on a user thread of `rt`; `rt` is used to create the dispatch
 /// thread in dispatch mode.
 pub fn serve(rt: &corewise::Runtime, listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        shared
+            .conn_table
+            .set_listener(listener.as_raw_fd(), addr.to_string());
+    }
     match shared.config.mode {
         Mode::Conn => {
             let h = rt

@@ -1,7 +1,8 @@
 //! memcached 1.6.18's operator commands over TCP against the real binary,
 //! side by side with memcached when it is installed: `slabs`, `lru`,
 //! `lru_crawler` (crawl, enable/disable, metadump), `stats detail` (text
-//! and binary), and `shutdown` (refused without `-A`, exits with it).
+//! and binary), `stats conns`, and `shutdown` (refused without `-A`, exits
+//! with it).
 
 mod common;
 
@@ -141,13 +142,8 @@ fn run(mode: &str) {
     }
 }
 
-/// `lru_crawler metadump <classes>`, alone on its connection (memcached
-/// refuses commands pipelined after it): the lines, times and CAS as `#`,
-/// sorted, the big item last.
-fn metadump(port: u16, classes: &str) -> Vec<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(s, "lru_crawler metadump {classes}\r\n").unwrap();
+/// Reads from `s` through the next `END\r\n`.
+fn until_end(s: &mut TcpStream) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     while !got.ends_with(b"END\r\n") {
@@ -155,6 +151,17 @@ fn metadump(port: u16, classes: &str) -> Vec<String> {
         assert!(n > 0, "closed");
         got.extend_from_slice(&buf[..n]);
     }
+    got
+}
+
+/// `lru_crawler metadump <classes>`, alone on its connection (memcached
+/// refuses commands pipelined after it): the lines, times and CAS as `#`,
+/// sorted, the big item last.
+fn metadump(port: u16, classes: &str) -> Vec<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(s, "lru_crawler metadump {classes}\r\n").unwrap();
+    let got = until_end(&mut s);
     let text = String::from_utf8_lossy(&got[..got.len() - 5]).into_owned();
     let mut lines: Vec<String> = text
         .lines()
@@ -227,4 +234,73 @@ fn shutdown_with_dash_a_exits() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// `stats conns`: the listener, then each connection with its address,
+/// the listener's, its state (memcached's names: never spoke, waiting for
+/// a request, running one) and the seconds since its last request.
+fn stats_conns(mode: &str) {
+    let s = Server::start(&["--mode", mode]);
+    let mut spoke = s.client();
+    assert!(spoke.cmd("version").starts_with("VERSION "));
+    let silent = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let mut asking = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    asking
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // The silent connection is seen once the server has accepted it: ask
+    // until it is listed.
+    let addr = |t: &TcpStream| format!("tcp:{}", t.local_addr().unwrap());
+    let until = Instant::now() + Duration::from_secs(20);
+    let stats = loop {
+        asking.write_all(b"stats conns\r\n").unwrap();
+        let text = String::from_utf8_lossy(&until_end(&mut asking)).into_owned();
+        if text.contains(&addr(&silent)) || Instant::now() > until {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let fields: Vec<(String, String)> = stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("STAT "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let fd_of = |a: &str| {
+        fields
+            .iter()
+            .find(|(k, v)| k.ends_with(":addr") && v == a)
+            .map(|(k, _)| k.trim_end_matches(":addr").to_string())
+            .unwrap_or_else(|| panic!("no connection {a} in {stats}"))
+    };
+    let get = |fd: &str, f: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| *k == format!("{fd}:{f}"))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {fd}:{f} in {stats}"))
+    };
+    let listener = fd_of(&format!("tcp:127.0.0.1:{}", s.port));
+    assert_eq!(get(&listener, "state"), "conn_listening");
+    let stream = |c: &common::Client| c.stream().try_clone().unwrap();
+    for (conn, state) in [
+        (stream(&spoke), "conn_read"),
+        (silent, "conn_new_cmd"),
+        (asking, "conn_parse_cmd"),
+    ] {
+        let fd = fd_of(&addr(&conn));
+        assert_eq!(get(&fd, "state"), state, "{stats}");
+        assert_eq!(get(&fd, "listen_addr"), format!("tcp:127.0.0.1:{}", s.port));
+        assert!(get(&fd, "secs_since_last_cmd").parse::<u64>().unwrap() < 20);
+    }
+}
+
+#[test]
+fn stats_conns_conn_mode() {
+    stats_conns("conn");
+}
+
+#[test]
+fn stats_conns_dispatch_mode() {
+    stats_conns("dispatch");
 }

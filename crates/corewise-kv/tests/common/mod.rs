@@ -109,6 +109,11 @@ impl Client {
         }
     }
 
+    /// The socket.
+    pub fn stream(&self) -> &TcpStream {
+        &self.w
+    }
+
     /// Sends raw bytes.
     pub fn send(&mut self, b: &[u8]) {
         self.w.write_all(b).expect("send");
