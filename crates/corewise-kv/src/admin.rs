@@ -137,6 +137,11 @@ pub fn execute(shared: &Shared, cmd: &[u8], args: &[u8], out: &mut Vec<u8>) -> F
             }
         }
         b"lru_crawler" => return lru_crawler(shared, &t, out),
+        b"watch" => match crate::watch::mask_of(args) {
+            // The server answers OK once it knows nothing follows.
+            Some(mask) => return Flow::Watch(mask),
+            None => b"ERROR",
+        },
         b"slabs" => slabs_command(shared, &t),
         b"lru" => lru(&t),
         _ => b"ERROR",

@@ -13,8 +13,10 @@ use crate::store::{
     exptime_at, slabs, ArithOutcome, Deadline, DeleteOutcome, MetaStore, SetMode, Store,
     StoreOutcome,
 };
+use crate::watch;
 use corewise::sync::SpinLock;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -172,6 +174,9 @@ pub enum Flow {
     Continue,
     /// Close the connection (`quit`).
     Close,
+    /// Become a `watch` log stream of these event classes (see
+    /// [`crate::watch`]), if the request was the last one buffered.
+    Watch(u8),
 }
 
 /// Appends `v` in decimal.
@@ -269,6 +274,19 @@ pub fn execute_spilling(
     scratch: &mut Vec<u8>,
     spill: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
 ) -> Flow {
+    execute_conn(shared, req, out, scratch, spill, -1)
+}
+
+/// [`execute_spilling`] for the connection on descriptor `cfd` (named in
+/// the `watch` log; -1 for none).
+pub fn execute_conn(
+    shared: &Shared,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    spill: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
+    cfd: i32,
+) -> Flow {
     let store = &shared.store;
     match *req {
         Request::Get {
@@ -280,7 +298,9 @@ pub fn execute_spilling(
                 .then(|| store.clock().deadline(exptime));
             let with_cas = matches!(kind, GetKind::Gets | GetKind::Gats);
             for key in keys.iter() {
+                let mut seen = None;
                 let hit = store.get(key, touch, |it, _| {
+                    seen = Some((it.class(), it.value.len()));
                     out.extend_from_slice(b"VALUE ");
                     out.extend_from_slice(key);
                     out.push(b' ');
@@ -296,6 +316,7 @@ pub fn execute_spilling(
                     out.extend_from_slice(b"\r\n");
                 });
                 shared.detail.record(key, DetailOp::Get(hit));
+                log_get(shared, key, seen, cfd);
                 if out.len() > SPILL_AT && spill(out).is_err() {
                     return Flow::Close;
                 }
@@ -320,14 +341,17 @@ pub fn execute_spilling(
                 StoreCmd::Cas => (SetMode::Set, Some(cas)),
             };
             shared.detail.record(key, DetailOp::Set);
-            let r = store.store(
-                mode,
-                key,
-                flags,
-                store.clock().deadline(exptime),
-                data,
-                compare,
-            );
+            let deadline = store.clock().deadline(exptime);
+            let r = store.store(mode, key, flags, deadline, data, compare);
+            let name = match cmd {
+                StoreCmd::Set => "set",
+                StoreCmd::Add => "add",
+                StoreCmd::Replace => "replace",
+                StoreCmd::Append => "append",
+                StoreCmd::Prepend => "prepend",
+                StoreCmd::Cas => "cas",
+            };
+            log_store(shared, key, r, name, deadline, (flags, data.len()), cfd);
             if !noreply {
                 line(
                     out,
@@ -428,12 +452,13 @@ pub fn execute_spilling(
         Request::MetaNoop => line(out, b"MN"),
         Request::MetaGet { key, flags } => {
             if let Some(k) = meta_key(key, flags.base64, scratch, out) {
-                meta_get(shared, key, k, &flags, out);
+                let seen = meta_get(shared, key, k, &flags, out);
+                log_get(shared, k, seen, cfd);
             }
         }
         Request::MetaSet { key, data, flags } => {
             if let Some(k) = meta_key(key, flags.base64, scratch, out) {
-                meta_set(shared, key, k, data, &flags, out);
+                meta_set(shared, key, k, data, &flags, out, cfd);
             }
         }
         Request::MetaDelete { key, flags } => {
@@ -558,16 +583,19 @@ fn meta_ret(
     }
 }
 
+/// `mg`; the item's class and value size when it was found (or created).
 fn meta_get(
     shared: &Shared,
     wire_key: &[u8],
     key: &[u8],
     flags: &MetaFlags<'_>,
     out: &mut Vec<u8>,
-) {
+) -> Option<(usize, usize)> {
     let store = &shared.store;
     let clock = store.clock();
+    let mut seen = None;
     let hit = store.meta_get(key, flags.vivify.is_some(), !flags.no_bump, |it, view| {
+        seen = Some((it.class(), it.value.len()));
         let mut head = Vec::with_capacity(64);
         if flags.value {
             head.extend_from_slice(b"VA ");
@@ -650,6 +678,55 @@ fn meta_get(
         meta_ret(shared, wire_key, flags, None, out);
         out.extend_from_slice(b"\r\n");
     }
+    seen
+}
+
+/// Logs a fetch for `watch fetchers`: found (class, value size) or not.
+fn log_get(shared: &Shared, key: &[u8], seen: Option<(usize, usize)>, cfd: i32) {
+    shared.store.watch.emit(watch::FETCHERS, |l| {
+        l.push_str("type=item_get key=");
+        watch::uri_key(l, key);
+        let (status, cls, size) = match seen {
+            Some((cls, size)) => ("found", cls, size),
+            None => ("not_found", 0, 0),
+        };
+        let _ = write!(l, " status={status} clsid={cls} cfd={cfd} size={size}");
+    });
+}
+
+/// Logs a store for `watch mutations`: its outcome, command, TTL, the
+/// item's class and the value size (`item` is the flags and value size).
+fn log_store(
+    shared: &Shared,
+    key: &[u8],
+    r: StoreOutcome,
+    cmd: &str,
+    deadline: Deadline,
+    item: (u32, usize),
+    cfd: i32,
+) {
+    let store = &shared.store;
+    store.watch.emit(watch::MUTATIONS, |l| {
+        l.push_str("type=item_store key=");
+        watch::uri_key(l, key);
+        let status = match r {
+            StoreOutcome::Stored(_) => "stored",
+            StoreOutcome::NotStored => "not_stored",
+            StoreOutcome::Exists => "exists",
+            StoreOutcome::NotFound => "not_found",
+            StoreOutcome::NoMemory => "no_memory",
+        };
+        let ttl = match deadline {
+            Deadline::At(t) => i64::from(t) - i64::from(store.clock().now()),
+            _ => 0,
+        };
+        let cls = slabs::class_of(crate::store::item_size(key.len(), item.0, item.1));
+        let _ = write!(
+            l,
+            " status={status} cmd={cmd} ttl={ttl} clsid={cls} cfd={cfd} size={}",
+            item.1
+        );
+    });
 }
 
 /// Appends an echoed flag: `O` (the opaque) or `k` (the key as the client
@@ -674,6 +751,7 @@ fn meta_set(
     data: &[u8],
     flags: &MetaFlags<'_>,
     out: &mut Vec<u8>,
+    cfd: i32,
 ) {
     let store = &shared.store;
     let mode = match flags.mode.unwrap_or(MetaMode::Set) {
@@ -700,6 +778,16 @@ fn meta_set(
             invalidate: flags.invalidate,
         },
     );
+    let cmd = match (mode, flags.compare_cas) {
+        (SetMode::Set | SetMode::Replace, Some(_)) => "cas",
+        (SetMode::Set, None) => "set",
+        (SetMode::Add, _) => "add",
+        (SetMode::Replace, None) => "replace",
+        (SetMode::Append, _) => "append",
+        (SetMode::Prepend, _) => "prepend",
+    };
+    let item = (flags.client_flags.unwrap_or(0), data.len());
+    log_store(shared, key, r, cmd, deadline, item, cfd);
     let (code, cas): (&[u8], u64) = match r {
         StoreOutcome::Stored(c) => (b"HD", c),
         StoreOutcome::NotStored => (b"NS", 0),

@@ -35,7 +35,7 @@
 //! [`SPILL_AT`] of reply, in both modes and both protocols.
 
 use crate::config::Mode;
-use crate::exec::{execute_spilling, write_error, ConnInfo, Flow, Shared, SPILL_AT};
+use crate::exec::{execute_conn, write_error, ConnInfo, Flow, Shared, SPILL_AT};
 use crate::exec_binary::{execute_binary, too_large, write_malformed};
 use crate::protocol::binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC};
 use crate::protocol::{Decoded, Decoder, Limits, MAX_LINE};
@@ -222,8 +222,10 @@ impl Connection {
                 Decoded::Incomplete => Flow::Continue,
                 Decoded::Request(r) => {
                     let (stream, shared) = (&mut self.stream, &*self.shared);
+                    let cfd = stream.as_raw_fd();
                     let mut spill = |o: &mut Vec<u8>| send_all(stream, o, shared);
-                    execute_spilling(shared, &r, &mut self.wbuf, &mut self.scratch, &mut spill)
+                    let (out, scratch) = (&mut self.wbuf, &mut self.scratch);
+                    execute_conn(shared, &r, out, scratch, &mut spill, cfd)
                 }
                 Decoded::Error(e) => {
                     write_error(e, &mut self.wbuf);
@@ -231,6 +233,17 @@ impl Connection {
                 }
             };
             self.pos += used;
+            if let Flow::Watch(_) = flow {
+                // As memcached: `watch` must be the last request buffered.
+                if self.pos < self.filled {
+                    self.wbuf.extend_from_slice(
+                        b"ERROR cannot pipeline other commands before watch\r\n",
+                    );
+                    continue;
+                }
+                self.wbuf.extend_from_slice(b"OK\r\n");
+                return flow;
+            }
             if flow == Flow::Close || self.spill_if_full().is_err() {
                 return Flow::Close;
             }
@@ -293,6 +306,33 @@ impl Connection {
 
     fn fd(&self) -> RawFd {
         self.stream.as_raw_fd()
+    }
+
+    /// Streams the `watch` log of the `mask` events until the client
+    /// closes (what it sends meanwhile is read and ignored, as memcached
+    /// ignores it). The lines are picked up every 10 ms.
+    pub fn watch(&mut self, mask: u8) -> io::Result<()> {
+        let log = Arc::clone(&self.shared.store.watch);
+        let me = log.subscribe(mask);
+        let r = loop {
+            let lines = me.drain();
+            for l in &lines {
+                self.wbuf.extend_from_slice(l.as_bytes());
+            }
+            if let Err(e) = self.flush() {
+                break Err(e);
+            }
+            self.pos = 0;
+            self.filled = 0;
+            match self.fill_now() {
+                Ok(0) => break Ok(()),
+                Err(e) if e.kind() != io::ErrorKind::WouldBlock => break Err(e),
+                _ => {}
+            }
+            corewise::sleep(Duration::from_millis(10));
+        };
+        log.unsubscribe(&me);
+        r
     }
 }
 
@@ -478,8 +518,10 @@ fn run_conn(conn: &mut Connection) -> io::Result<()> {
         }
         let flow = conn.process();
         conn.flush()?;
-        if flow == Flow::Close {
-            return Ok(());
+        match flow {
+            Flow::Close => return Ok(()),
+            Flow::Watch(mask) => return conn.watch(mask),
+            Flow::Continue => {}
         }
     }
 }
@@ -681,6 +723,11 @@ fn serve_ready(d: &Dispatch, token: usize, mut conn: Connection) {
             Ok(_) => {
                 let flow = conn.process();
                 if conn.flush().is_err() || flow == Flow::Close {
+                    break false;
+                }
+                if let Flow::Watch(mask) = flow {
+                    // The worker stays with the connection until it closes.
+                    let _ = conn.watch(mask);
                     break false;
                 }
             }

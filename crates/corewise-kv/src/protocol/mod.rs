@@ -186,8 +186,8 @@ pub enum Request<'a> {
         /// `detail on`, ...).
         group: Option<&'a [u8]>,
     },
-    /// An operator command: `shutdown`, `lru_crawler`, `slabs`, `lru`
-    /// (see [`crate::admin`]).
+    /// An operator command: `shutdown`, `lru_crawler`, `slabs`, `lru`,
+    /// `watch` (see [`crate::admin`]).
     Admin {
         /// The command word.
         cmd: &'a [u8],

@@ -283,7 +283,7 @@ impl Decoder {
                     group: (!group.is_empty()).then_some(group),
                 })
             }
-            b"shutdown" | b"lru_crawler" | b"slabs" | b"lru" => Ok(Request::Admin {
+            b"shutdown" | b"lru_crawler" | b"slabs" | b"lru" | b"watch" => Ok(Request::Admin {
                 cmd,
                 args: toks.rest(),
             }),

@@ -25,8 +25,10 @@ pub use clock::{Clock, Deadline, MAX_RELATIVE_EXPIRY};
 pub use hash::{hash_key, FxBuild, FxHasher};
 pub use shard::{Item, Miss, Shard, ShardCounters, ITEM_OVERHEAD};
 
+use crate::watch::Watch;
 use corewise::sync::SpinLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// How a storage request treats an existing item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,6 +247,8 @@ pub struct Store {
     swept_at: AtomicU32,
     /// Request counters.
     pub ops: OpCounters,
+    /// The `watch` log.
+    pub watch: Arc<Watch>,
 }
 
 /// An item's size as memcached 1.6 counts it against the item size limit
@@ -266,8 +270,11 @@ impl Store {
     pub fn new(limit: usize, shards: usize) -> Self {
         let n = shards.clamp(1, 1024).next_power_of_two();
         let per = limit / n;
+        let watch = Arc::new(Watch::default());
         Self {
-            shards: (0..n).map(|_| SpinLock::new(Shard::new(per))).collect(),
+            shards: (0..n)
+                .map(|_| SpinLock::new(Shard::watched(per, Arc::clone(&watch))))
+                .collect(),
             mask: n as u64 - 1,
             clock: Clock::new(),
             next_cas: AtomicU64::new(1),
@@ -277,6 +284,7 @@ impl Store {
             item_max: AtomicU64::new(u64::MAX),
             swept_at: AtomicU32::new(0),
             ops: OpCounters::default(),
+            watch,
         }
     }
 

@@ -15,7 +15,10 @@
 
 use super::hash::FxBuild;
 use super::slabs::{chunks_for, class_of, ClassCounters, ClassStats, MAX_CLASSES};
+use crate::watch::{Watch, EVICTIONS};
 use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::Arc;
 
 const NIL: u32 = u32::MAX;
 
@@ -126,6 +129,8 @@ pub struct Shard {
     pub counters: ShardCounters,
     /// Counters per slab class (index = class id).
     pub class_counters: Vec<ClassCounters>,
+    /// Where evictions are logged for `watch evictions`.
+    watch: Arc<Watch>,
 }
 
 /// Why an item was not found.
@@ -152,6 +157,15 @@ impl Shard {
             limit,
             counters: ShardCounters::default(),
             class_counters: vec![ClassCounters::default(); MAX_CLASSES + 1],
+            watch: Arc::default(),
+        }
+    }
+
+    /// An empty shard whose evictions are logged to `watch`.
+    pub fn watched(limit: usize, watch: Arc<Watch>) -> Self {
+        Self {
+            watch,
+            ..Self::new(limit)
         }
     }
 
@@ -342,6 +356,22 @@ impl Shard {
             if !it.fetched {
                 self.counters.evicted_unfetched += 1;
             }
+            self.watch.emit(EVICTIONS, |l| {
+                l.push_str("type=eviction key=");
+                crate::watch::uri_key(l, &it.key);
+                let ttl = if it.exptime == 0 {
+                    -1
+                } else {
+                    i64::from(it.exptime) - i64::from(now)
+                };
+                let _ = write!(
+                    l,
+                    " fetch={} ttl={ttl} la={} clsid={}",
+                    if it.fetched { "yes" } else { "no" },
+                    now.saturating_sub(it.last_access),
+                    it.class()
+                );
+            });
             if let Some(c) = self.class_counters.get_mut(it.class()) {
                 c.evicted += 1;
                 c.evicted_nonzero += u64::from(it.exptime != 0);
