@@ -1,0 +1,240 @@
+//! Every counter `stats` reports moves when it should: a table of actions,
+//! each with the counters it must move and by how much, run against the
+//! real server over TCP. A counter `stats` reports that no row moves fails
+//! the test, so a new counter needs a row.
+
+mod common;
+
+use common::{Client, Server};
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// How much a counter must move.
+#[derive(Debug, Clone, Copy)]
+enum Moves {
+    /// By exactly this much.
+    By(i64),
+    /// By at least this much.
+    AtLeast(i64),
+}
+
+use Moves::{AtLeast, By};
+
+/// `stats` as numbers (the non-numeric ones left out).
+fn numbers(c: &mut Client) -> HashMap<String, f64> {
+    c.stats("")
+        .into_iter()
+        .filter_map(|(k, v)| v.parse::<f64>().ok().map(|v| (k, v)))
+        .collect()
+}
+
+/// Settings and identities `stats` reports that are not counters.
+const NOT_COUNTERS: &[&str] = &[
+    "pid",
+    "version",
+    "pointer_size",
+    "max_connections",
+    "threads",
+];
+
+type Action = Box<dyn Fn(&Server, &mut Client)>;
+
+fn row(
+    action: impl Fn(&Server, &mut Client) + 'static,
+    moves: &[(&str, Moves)],
+) -> (Action, Vec<(String, Moves)>) {
+    (
+        Box::new(action),
+        moves.iter().map(|(n, m)| (n.to_string(), *m)).collect(),
+    )
+}
+
+/// Opens connections until the server has counted one more than before.
+fn connect_counted(s: &Server, c: &mut Client, name: &str) -> TcpStream {
+    let before = c.stat(name);
+    let conn = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while c.stat(name) == before {
+        assert!(Instant::now() < until, "{name} never moved");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    conn
+}
+
+#[test]
+fn every_stats_counter_moves() {
+    let s = Server::start(&["-m", "8", "-I", "1k", "-c", "16"]);
+    let mut c = s.client();
+    let held = std::cell::RefCell::new(Vec::new());
+    let held = std::rc::Rc::new(held);
+    let h1 = std::rc::Rc::clone(&held);
+    let h2 = std::rc::Rc::clone(&held);
+    let rows = vec![
+        row(
+            |_, c| assert_eq!(c.set("a", b"12"), "STORED"),
+            &[
+                ("cmd_set", By(1)),
+                ("curr_items", By(1)),
+                ("total_items", By(1)),
+                ("bytes", AtLeast(1)),
+                // The set (17 bytes) and the `stats ` request after it (8);
+                // written: its reply, and the earlier `stats` reply.
+                ("bytes_read", By(25)),
+                ("bytes_written", AtLeast(8)),
+            ],
+        ),
+        row(
+            |_, c| assert_eq!(c.get_all("get a nokey").len(), 1),
+            &[
+                ("cmd_get", By(2)),
+                ("get_hits", By(1)),
+                ("get_misses", By(1)),
+            ],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("touch a 100"), "TOUCHED"),
+            &[("cmd_touch", By(1)), ("touch_hits", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("touch nokey 100"), "NOT_FOUND"),
+            &[("cmd_touch", By(1)), ("touch_misses", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("incr a 1"), "13"),
+            &[("incr_hits", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("incr nokey 1"), "NOT_FOUND"),
+            &[("incr_misses", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("decr a 1"), "12"),
+            &[("decr_hits", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("decr nokey 1"), "NOT_FOUND"),
+            &[("decr_misses", By(1))],
+        ),
+        row(
+            |_, c| {
+                let (line, _) = c.get_all("gets a").pop().unwrap();
+                let cas = line.rsplit(' ').next().unwrap().to_string();
+                assert_eq!(c.store(&format!("cas a 0 0 1 {cas}"), b"x"), "STORED");
+            },
+            &[("cas_hits", By(1)), ("cmd_set", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.store("cas a 0 0 1 1", b"y"), "EXISTS"),
+            &[("cas_badval", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.store("cas nokey 0 0 1 1", b"y"), "NOT_FOUND"),
+            &[("cas_misses", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("delete a"), "DELETED"),
+            &[("delete_hits", By(1)), ("curr_items", By(-1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("delete nokey"), "NOT_FOUND"),
+            &[("delete_misses", By(1))],
+        ),
+        row(
+            // An item that expires unread: the read that finds it expired
+            // reclaims it.
+            |_, c| {
+                assert_eq!(c.store("set gone 0 1 1", b"z"), "STORED");
+                std::thread::sleep(Duration::from_millis(2100));
+                assert_eq!(c.get("gone"), None);
+            },
+            &[
+                ("get_expired", By(1)),
+                ("reclaimed", By(1)),
+                ("expired_unfetched", By(1)),
+                ("uptime", AtLeast(2)),
+                ("time", AtLeast(2)),
+            ],
+        ),
+        row(
+            // A delayed flush: items stored before it are gone after it.
+            |_, c| {
+                assert_eq!(c.set("old", b"1"), "STORED");
+                assert_eq!(c.cmd("flush_all 1"), "OK");
+                std::thread::sleep(Duration::from_millis(2100));
+                assert_eq!(c.get("old"), None);
+            },
+            &[("cmd_flush", By(1)), ("get_flushed", By(1))],
+        ),
+        row(
+            move |s, c| {
+                let conn = connect_counted(s, c, "total_connections");
+                h1.borrow_mut().push(conn);
+            },
+            &[
+                ("curr_connections", By(1)),
+                ("connection_structures", By(1)),
+                ("total_connections", By(1)),
+            ],
+        ),
+        row(
+            // -c 16: fill the server, then one more is refused.
+            move |s, c| {
+                while c.stat("curr_connections") < 16 {
+                    let conn = connect_counted(s, c, "curr_connections");
+                    h2.borrow_mut().push(conn);
+                }
+                connect_counted(s, c, "rejected_connections");
+            },
+            &[("rejected_connections", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("cache_memlimit 9"), "OK"),
+            &[("limit_maxbytes", By(1024 * 1024))],
+        ),
+        row(
+            // 9 MB of 900-byte values, never read: the oldest are evicted.
+            |_, c| {
+                for i in 0..10_000 {
+                    c.send(format!("set e{i} 0 0 900 noreply\r\n").as_bytes());
+                    c.send(&[b'v'; 900]);
+                    c.send(b"\r\n");
+                }
+                assert!(c.cmd("version").starts_with("VERSION "));
+            },
+            &[
+                ("evictions", AtLeast(1)),
+                ("evicted_unfetched", AtLeast(1)),
+                ("rusage_user", AtLeast(0)),
+                ("rusage_system", AtLeast(0)),
+            ],
+        ),
+    ];
+    // Every counter has a row.
+    let reported = numbers(&mut c);
+    for name in reported.keys() {
+        assert!(
+            NOT_COUNTERS.contains(&name.as_str())
+                || rows.iter().any(|(_, m)| m.iter().any(|(n, _)| n == name)),
+            "stats reports {name}, which no row moves"
+        );
+    }
+    let mut cpu = 0.0;
+    for (action, moves) in &rows {
+        let before = numbers(&mut c);
+        action(&s, &mut c);
+        let after = numbers(&mut c);
+        for (name, want) in moves {
+            let delta = after[name] - before[name];
+            match want {
+                By(n) => assert_eq!(delta, *n as f64, "{name}"),
+                AtLeast(n) => assert!(delta >= *n as f64, "{name} moved {delta}, want {n}+"),
+            }
+            if name.starts_with("rusage_") {
+                cpu += delta;
+            }
+        }
+    }
+    assert!(cpu > 0.0, "10 000 sets used no CPU time");
+    drop(held);
+}
