@@ -443,7 +443,8 @@ pub fn execute_conn(
             base64,
         } => {
             if let Some(k) = meta_key(key, base64, scratch, out) {
-                store.delete(k, None);
+                store.remove(k);
+                store.ops.store_too_large.fetch_add(1, Ordering::Relaxed);
                 if !noreply {
                     write_error(ProtoError::TooLarge, out);
                 }
@@ -594,7 +595,8 @@ fn meta_get(
     let store = &shared.store;
     let clock = store.clock();
     let mut seen = None;
-    let hit = store.meta_get(key, flags.vivify.is_some(), !flags.no_bump, |it, view| {
+    let (vivify, touch) = (flags.vivify.is_some(), flags.ttl.is_some());
+    let hit = store.meta_get(key, vivify, !flags.no_bump, touch, |it, view| {
         seen = Some((it.class(), it.value.len()));
         let mut head = Vec::with_capacity(64);
         if flags.value {
@@ -957,6 +959,8 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                 ("cas_badval", &o.cas_badval),
                 ("touch_hits", &o.touch_hits),
                 ("touch_misses", &o.touch_misses),
+                ("store_too_large", &o.store_too_large),
+                ("store_no_memory", &o.store_no_memory),
                 ("bytes_read", &c.bytes_read),
                 ("bytes_written", &c.bytes_written),
             ] {

@@ -152,8 +152,13 @@ pub fn write_too_large(h: &Header, out: &mut Vec<u8>) {
 /// ```
 pub fn too_large(shared: &Shared, h: &Header, key: &[u8], out: &mut Vec<u8>) {
     if matches!(h.opcode, op::SET | op::SETQ) {
-        shared.store.delete(key, None);
+        shared.store.remove(key);
     }
+    shared
+        .store
+        .ops
+        .store_too_large
+        .fetch_add(1, Ordering::Relaxed);
     write_error(h, status::E2BIG, out);
 }
 

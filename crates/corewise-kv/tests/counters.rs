@@ -64,7 +64,7 @@ fn connect_counted(s: &Server, c: &mut Client, name: &str) -> TcpStream {
 
 #[test]
 fn every_stats_counter_moves() {
-    let s = Server::start(&["-m", "8", "-I", "1k", "-c", "16"]);
+    let s = Server::start(&["-m", "1", "-c", "16"]);
     let mut c = s.client();
     let held = std::cell::RefCell::new(Vec::new());
     let held = std::rc::Rc::new(held);
@@ -189,11 +189,29 @@ fn every_stats_counter_moves() {
             &[("rejected_connections", By(1))],
         ),
         row(
-            |_, c| assert_eq!(c.cmd("cache_memlimit 9"), "OK"),
-            &[("limit_maxbytes", By(1024 * 1024))],
+            |_, c| {
+                let too_large = vec![b'v'; 2_000_000];
+                let reply = c.store("set big 0 0 2000000", &too_large);
+                assert_eq!(reply, "SERVER_ERROR object too large for cache");
+            },
+            &[("store_too_large", By(1)), ("cmd_set", By(0))],
         ),
         row(
-            // 9 MB of 900-byte values, never read: the oldest are evicted.
+            // Within -I 1m as memcached counts an item, but more than the
+            // one 1 MB shard can hold with this server's overhead.
+            |_, c| {
+                let reply = c.store("set big 0 0 1048500", &vec![b'v'; 1_048_500]);
+                assert_eq!(reply, "SERVER_ERROR out of memory storing object");
+            },
+            &[("store_no_memory", By(1)), ("cmd_set", By(1))],
+        ),
+        row(
+            |_, c| assert_eq!(c.cmd("cache_memlimit 9"), "OK"),
+            &[("limit_maxbytes", By(8 * 1024 * 1024))],
+        ),
+        row(
+            // 9 MB of 900-byte values (10 with this server's overhead),
+            // never read: the oldest are evicted.
             |_, c| {
                 for i in 0..10_000 {
                     c.send(format!("set e{i} 0 0 900 noreply\r\n").as_bytes());
@@ -237,4 +255,53 @@ fn every_stats_counter_moves() {
     }
     assert!(cpu > 0.0, "10 000 sets used no CPU time");
     drop(held);
+}
+
+/// The counters after the same requests match memcached 1.6.18's (run side
+/// by side when it is installed): a get-and-touch counts as a touch, a
+/// meta get with `T` that hits as a touch and one that misses as a get, a
+/// vivifying `ma` miss is not an incr miss, and a too-large store is not a
+/// delete.
+#[test]
+fn counters_match_memcached() {
+    let both = common::Pair::start(&[]);
+    let mut req = b"set a 0 0 2\r\n12\r\nget a nokey\r\ngets a\r\ngat 100 a nokey\r\n\
+        gats 100 a\r\ntouch a 100\r\ntouch nokey 1\r\nincr a 1\r\nincr nokey 1\r\n\
+        decr a 1\r\ndecr nokey 1\r\ncas a 0 0 1 1\r\nx\r\ncas nokey 0 0 1 1\r\nx\r\n\
+        add a 0 0 1\r\nx\r\nreplace nokey 0 0 1\r\nx\r\nappend a 0 0 1\r\nx\r\n\
+        delete a\r\ndelete nokey\r\nms m 2\r\nhi\r\nmg m v\r\nmg nokey v\r\n\
+        mg m T30 v\r\nmg nokey2 T30 v\r\nmg m N30 v\r\nmg viv N30 v\r\nmd m\r\n\
+        md nokey\r\nma cnt N0 J5\r\nma cnt\r\nma nokey\r\nset big 0 0 2000000\r\n"
+        .to_vec();
+    req.extend_from_slice(&[b'x'; 2_000_000]);
+    req.extend_from_slice(b"\r\n");
+    let want = [
+        ("cmd_get", 8),
+        ("cmd_set", 7),
+        ("cmd_touch", 6),
+        ("get_hits", 5),
+        ("get_misses", 3),
+        ("touch_hits", 4),
+        ("touch_misses", 2),
+        ("incr_hits", 2),
+        ("incr_misses", 2),
+        ("decr_hits", 1),
+        ("decr_misses", 1),
+        ("cas_hits", 0),
+        ("cas_badval", 1),
+        ("cas_misses", 1),
+        ("delete_hits", 2),
+        ("delete_misses", 2),
+        ("store_too_large", 1),
+        ("curr_items", 2),
+    ];
+    let ports = std::iter::once(both.server.port).chain(both.memcached.as_ref().map(|m| m.1));
+    for port in ports {
+        common::exchange(port, &req);
+        let mut c = Client::connect(port);
+        let got = numbers(&mut c);
+        for (name, n) in want {
+            assert_eq!(got[name], f64::from(n), "{name} on port {port}");
+        }
+    }
 }

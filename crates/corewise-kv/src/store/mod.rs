@@ -187,6 +187,10 @@ pub struct OpCounters {
     pub touch_hits: AtomicU64,
     /// Touches of absent keys.
     pub touch_misses: AtomicU64,
+    /// Stores refused for the item size limit.
+    pub store_too_large: AtomicU64,
+    /// Stores refused for want of memory.
+    pub store_no_memory: AtomicU64,
 }
 
 impl OpCounters {
@@ -212,6 +216,8 @@ impl OpCounters {
             &self.cas_badval,
             &self.touch_hits,
             &self.touch_misses,
+            &self.store_too_large,
+            &self.store_no_memory,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -372,10 +378,12 @@ impl Store {
     /// (gat, mg T); a past deadline makes the item expire after this read.
     pub fn get(&self, key: &[u8], touch: Option<Deadline>, f: impl FnOnce(&Item, Before)) -> bool {
         let (now, floor) = self.now_floor();
-        bump(&self.ops.cmd_get);
-        if touch.is_some() {
-            bump(&self.ops.cmd_touch);
-        }
+        // As memcached 1.6.18 counts: a get-and-touch is a touch, not a get.
+        bump(if touch.is_some() {
+            &self.ops.cmd_touch
+        } else {
+            &self.ops.cmd_get
+        });
         let mut shard = self.shard(key).lock();
         match shard.lookup(key, now, floor, true) {
             Ok(it) => {
@@ -393,18 +401,20 @@ impl Store {
                 }
                 f(it, before);
                 drop(shard);
-                bump(&self.ops.get_hits);
-                if touch.is_some() {
-                    bump(&self.ops.touch_hits);
-                }
+                bump(if touch.is_some() {
+                    &self.ops.touch_hits
+                } else {
+                    &self.ops.get_hits
+                });
                 true
             }
             Err(m) => {
                 drop(shard);
-                bump(&self.ops.get_misses);
-                if touch.is_some() {
-                    bump(&self.ops.touch_misses);
-                }
+                bump(if touch.is_some() {
+                    &self.ops.touch_misses
+                } else {
+                    &self.ops.get_misses
+                });
                 match m {
                     Miss::Expired => bump(&self.ops.get_expired),
                     Miss::Flushed => bump(&self.ops.get_flushed),
@@ -418,26 +428,28 @@ impl Store {
     /// A meta get (`mg`): like [`get`](Self::get), but `f` may change the
     /// item (expiry, win token) in place, `vivify` creates an empty item on
     /// a miss (`N`; `f` is then told it `created` it), and `bump` false
-    /// leaves the item's fetched mark and last access alone (`u`).
-    /// Returns false on a miss that was not vivified.
+    /// leaves the item's fetched mark and last access alone (`u`). A hit
+    /// counts as a touch when `touch` (`T`), as a get otherwise; a miss as
+    /// a get (memcached's counting). Returns false on a miss that was not
+    /// vivified.
     ///
     /// ```
     /// use corewise_kv::store::Store;
     /// let s = Store::new(1 << 20, 1);
     /// let mut first = None;
-    /// assert!(s.meta_get(b"k", true, true, |it, v| { first = Some(v.created); it.token_sent = true; }));
+    /// assert!(s.meta_get(b"k", true, true, false, |it, v| { first = Some(v.created); it.token_sent = true; }));
     /// assert_eq!(first, Some(true));
-    /// assert!(s.meta_get(b"k", true, true, |it, v| assert!(!v.created && it.token_sent)));
+    /// assert!(s.meta_get(b"k", true, true, false, |it, v| assert!(!v.created && it.token_sent)));
     /// ```
     pub fn meta_get(
         &self,
         key: &[u8],
         vivify: bool,
         bump_item: bool,
+        touch: bool,
         f: impl FnOnce(&mut Item, MetaView),
     ) -> bool {
         let (now, floor) = self.now_floor();
-        bump(&self.ops.cmd_get);
         let mut shard = self.shard(key).lock();
         let mut miss = None;
         let mut created = false;
@@ -455,6 +467,7 @@ impl Store {
         };
         let Some(it) = found else {
             drop(shard);
+            bump(&self.ops.cmd_get);
             bump(&self.ops.get_misses);
             match miss {
                 Some(Miss::Expired) => bump(&self.ops.get_expired),
@@ -480,7 +493,13 @@ impl Store {
             },
         );
         drop(shard);
-        bump(&self.ops.get_hits);
+        if touch {
+            bump(&self.ops.cmd_touch);
+            bump(&self.ops.touch_hits);
+        } else {
+            bump(&self.ops.cmd_get);
+            bump(&self.ops.get_hits);
+        }
         true
     }
 
@@ -493,7 +512,7 @@ impl Store {
     /// let s = Store::new(1 << 20, 1);
     /// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
     /// assert_eq!(s.invalidate(b"k", None, None), DeleteOutcome::Deleted);
-    /// assert!(s.meta_get(b"k", false, true, |it, _| assert!(it.stale)));
+    /// assert!(s.meta_get(b"k", false, true, false, |it, _| assert!(it.stale)));
     /// ```
     pub fn invalidate(
         &self,
@@ -655,6 +674,7 @@ impl Store {
         if !stored {
             shard.count_out_of_memory(ntotal);
             drop(shard);
+            bump(&self.ops.store_no_memory);
             return StoreOutcome::NoMemory;
         }
         drop(shard);
@@ -707,8 +727,9 @@ impl Store {
                 ArithOutcome::Value(v, cas)
             }
             Err(_) => {
-                bump(misses);
+                // A miss that creates the counter is not counted (memcached).
                 let Some((initial, deadline)) = create else {
+                    bump(misses);
                     return ArithOutcome::NotFound;
                 };
                 let exptime = match deadline {
@@ -725,6 +746,12 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Removes `key` without counting a delete (a store that failed for
+    /// its size must not leave the old value behind).
+    pub fn remove(&self, key: &[u8]) {
+        self.shard(key).lock().remove(key);
     }
 
     /// Deletes `key` (only if its CAS is `compare`, when given).
