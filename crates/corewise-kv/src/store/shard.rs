@@ -312,7 +312,7 @@ impl Shard {
             .map_or(0, |it| now.saturating_sub(it.last_access))
     }
 
-    /// Frees expired items among the last [`TAIL_SEARCH`] of the LRU, as
+    /// Frees expired items among the last five (`TAIL_SEARCH`) of the LRU, as
     /// memcached does on every allocation: the memory of expired items is
     /// reused before the shard grows, not held until it is full.
     pub fn reclaim_tail(&mut self, now: u32) {
