@@ -162,7 +162,10 @@ fn parse<T: std::str::FromStr>(t: &[u8]) -> Option<T> {
 fn slabs_command(shared: &Shared, t: &[&[u8]]) -> &'static [u8] {
     match t {
         [b"automove", level, ..] => match parse::<u32>(level) {
-            Some(0..=2) => b"OK",
+            Some(l @ 0..=2) => {
+                shared.slab_automove.store(u64::from(l), Ordering::Relaxed);
+                b"OK"
+            }
             Some(_) => b"ERROR",
             None => b"CLIENT_ERROR bad command line format",
         },

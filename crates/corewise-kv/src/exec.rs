@@ -140,6 +140,9 @@ pub struct Shared {
     pub verbosity: AtomicU64,
     /// The LRU crawler is on (`lru_crawler enable|disable`).
     pub crawler_enabled: AtomicBool,
+    /// The level `slabs automove` last set (memcached's default is 1;
+    /// reported in `stats settings`, nothing here moves pages).
+    pub slab_automove: AtomicU64,
     /// `stats detail` prefix statistics.
     pub detail: Detail,
     /// Open connections, for `stats conns`.
@@ -160,6 +163,7 @@ impl Shared {
             conns: ConnCounters::default(),
             verbosity: AtomicU64::new(verbose),
             crawler_enabled: AtomicBool::new(true),
+            slab_automove: AtomicU64::new(1),
             detail: Detail::default(),
             conn_table: ConnTable::default(),
             started: Instant::now(),
@@ -488,6 +492,7 @@ pub fn execute_conn(
             }
         }
         Request::MetaDebug { key, flags } => {
+            store.ops.cmd_meta.fetch_add(1, Ordering::Relaxed);
             if let Some(k) = meta_key(key, flags.base64, scratch, out) {
                 match store.inspect(k) {
                     Some((ttl, la, cas, fetched, size)) => {
@@ -959,6 +964,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                 ("cas_badval", &o.cas_badval),
                 ("touch_hits", &o.touch_hits),
                 ("touch_misses", &o.touch_misses),
+                ("cmd_meta", &o.cmd_meta),
                 ("store_too_large", &o.store_too_large),
                 ("store_no_memory", &o.store_no_memory),
                 ("bytes_read", &c.bytes_read),
@@ -977,6 +983,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "reclaimed", s.counters.reclaimed);
         }
         Some(b"settings") => {
+            let yes = |b: bool| if b { "yes" } else { "no" };
             stat(out, "maxbytes", store.limit());
             stat(out, "maxconns", cfg.max_conns);
             stat(out, "tcpport", cfg.port);
@@ -984,10 +991,28 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "inter", &cfg.listen);
             stat(out, "verbosity", ld(&shared.verbosity));
             stat(out, "evictions", "on");
-            stat(out, "cas_enabled", "yes");
-            stat(out, "item_size_max", cfg.item_max);
+            stat(out, "domain_socket", "NULL");
+            stat(out, "shutdown_command", yes(cfg.enable_shutdown));
+            stat(out, "growth_factor", "1.25");
+            stat(out, "chunk_size", 48);
             stat(out, "num_threads", cfg.threads);
+            stat(out, "stat_key_prefix", ":");
+            stat(out, "detail_enabled", yes(shared.detail.enabled()));
+            stat(out, "cas_enabled", "yes");
             stat(out, "binding_protocol", "auto-negotiate");
+            stat(out, "item_size_max", cfg.item_max);
+            stat(out, "slab_chunk_max", slabs::CHUNK_MAX);
+            stat(
+                out,
+                "slab_automove",
+                shared.slab_automove.load(Ordering::Relaxed),
+            );
+            stat(
+                out,
+                "lru_crawler",
+                yes(shared.crawler_enabled.load(Ordering::Relaxed)),
+            );
+            stat(out, "flush_enabled", "yes");
             stat(out, "corewise_mode", cfg.mode);
         }
         Some(b"items") => {

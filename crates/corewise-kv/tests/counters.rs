@@ -141,6 +141,10 @@ fn every_stats_counter_moves() {
             &[("delete_misses", By(1))],
         ),
         row(
+            |_, c| assert_eq!(c.cmd("me nokey"), "EN"),
+            &[("cmd_meta", By(1))],
+        ),
+        row(
             // An item that expires unread: the read that finds it expired
             // reclaims it.
             |_, c| {
@@ -271,7 +275,7 @@ fn counters_match_memcached() {
         add a 0 0 1\r\nx\r\nreplace nokey 0 0 1\r\nx\r\nappend a 0 0 1\r\nx\r\n\
         delete a\r\ndelete nokey\r\nms m 2\r\nhi\r\nmg m v\r\nmg nokey v\r\n\
         mg m T30 v\r\nmg nokey2 T30 v\r\nmg m N30 v\r\nmg viv N30 v\r\nmd m\r\n\
-        md nokey\r\nma cnt N0 J5\r\nma cnt\r\nma nokey\r\nset big 0 0 2000000\r\n"
+        md nokey\r\nma cnt N0 J5\r\nma cnt\r\nma nokey\r\nme viv\r\nset big 0 0 2000000\r\n"
         .to_vec();
     req.extend_from_slice(&[b'x'; 2_000_000]);
     req.extend_from_slice(b"\r\n");
@@ -293,6 +297,7 @@ fn counters_match_memcached() {
         ("delete_hits", 2),
         ("delete_misses", 2),
         ("store_too_large", 1),
+        ("cmd_meta", 1),
         ("curr_items", 2),
     ];
     let ports = std::iter::once(both.server.port).chain(both.memcached.as_ref().map(|m| m.1));

@@ -304,3 +304,57 @@ fn stats_conns_conn_mode() {
 fn stats_conns_dispatch_mode() {
     stats_conns("dispatch");
 }
+
+/// `stats settings`: the settings corewise-kv shares with memcached have
+/// memcached's names and values, and follow the commands that change them.
+#[test]
+fn settings_match_memcached() {
+    let both = Pair::start(&[]);
+    let keys = [
+        "maxbytes",
+        "maxconns",
+        "udpport",
+        "evictions",
+        "domain_socket",
+        "shutdown_command",
+        "growth_factor",
+        "chunk_size",
+        "stat_key_prefix",
+        "detail_enabled",
+        "cas_enabled",
+        "binding_protocol",
+        "item_size_max",
+        "slab_chunk_max",
+        "slab_automove",
+        "lru_crawler",
+        "flush_enabled",
+    ];
+    let ports = std::iter::once(both.server.port).chain(both.memcached.as_ref().map(|m| m.1));
+    for port in ports {
+        let mut c = Client::connect(port);
+        let settings = |c: &mut Client| {
+            let all: std::collections::HashMap<String, String> =
+                c.stats("settings").into_iter().collect();
+            keys.iter()
+                .map(|k| format!("{k}={}", all.get(*k).map_or("(none)", String::as_str)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(
+            settings(&mut c),
+            "maxbytes=67108864 maxconns=1024 udpport=0 evictions=on domain_socket=NULL \
+             shutdown_command=no growth_factor=1.25 chunk_size=48 stat_key_prefix=: \
+             detail_enabled=no cas_enabled=yes binding_protocol=auto-negotiate \
+             item_size_max=1048576 slab_chunk_max=524288 slab_automove=1 lru_crawler=yes \
+             flush_enabled=yes",
+            "port {port}"
+        );
+        assert_eq!(c.cmd("slabs automove 2"), "OK");
+        assert_eq!(c.cmd("stats detail on"), "OK");
+        assert_eq!(c.cmd("lru_crawler disable"), "OK");
+        let after = settings(&mut c);
+        for changed in ["slab_automove=2", "detail_enabled=yes", "lru_crawler=no"] {
+            assert!(after.contains(changed), "port {port}: {after}");
+        }
+    }
+}

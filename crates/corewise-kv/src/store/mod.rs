@@ -187,6 +187,9 @@ pub struct OpCounters {
     pub touch_hits: AtomicU64,
     /// Touches of absent keys.
     pub touch_misses: AtomicU64,
+    /// Meta debug (`me`) requests (what memcached 1.6.18 counts as
+    /// `cmd_meta`).
+    pub cmd_meta: AtomicU64,
     /// Stores refused for the item size limit.
     pub store_too_large: AtomicU64,
     /// Stores refused for want of memory.
@@ -216,6 +219,7 @@ impl OpCounters {
             &self.cas_badval,
             &self.touch_hits,
             &self.touch_misses,
+            &self.cmd_meta,
             &self.store_too_large,
             &self.store_no_memory,
         ] {
