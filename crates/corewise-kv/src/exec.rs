@@ -965,6 +965,10 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                 ("touch_hits", &o.touch_hits),
                 ("touch_misses", &o.touch_misses),
                 ("cmd_meta", &o.cmd_meta),
+                ("lru_crawler_starts", &o.lru_crawler_starts),
+                ("crawler_reclaimed", &o.crawler_reclaimed),
+                ("log_watcher_sent", &store.watch.sent),
+                ("log_watcher_skipped", &store.watch.skipped),
                 ("store_too_large", &o.store_too_large),
                 ("store_no_memory", &o.store_no_memory),
                 ("bytes_read", &c.bytes_read),
@@ -981,6 +985,8 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "evicted_unfetched", s.counters.evicted_unfetched);
             stat(out, "evictions", s.counters.evictions);
             stat(out, "reclaimed", s.counters.reclaimed);
+            stat(out, "log_watchers", store.watch.watchers());
+            stat(out, "lru_crawler_running", 0);
         }
         Some(b"settings") => {
             let yes = |b: bool| if b { "yes" } else { "no" };

@@ -52,6 +52,10 @@ pub struct Watch {
     count: AtomicUsize,
     watchers: SpinLock<Vec<Arc<Watcher>>>,
     gid: AtomicU64,
+    /// Lines queued for watchers (`log_watcher_sent`).
+    pub sent: AtomicU64,
+    /// Lines dropped for watchers that fell behind (`log_watcher_skipped`).
+    pub skipped: AtomicU64,
 }
 
 impl Default for Watch {
@@ -60,6 +64,8 @@ impl Default for Watch {
             count: AtomicUsize::new(0),
             watchers: SpinLock::new(Vec::new()),
             gid: AtomicU64::new(1),
+            sent: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
         }
     }
 }
@@ -109,6 +115,11 @@ impl Watch {
         w
     }
 
+    /// Watchers now (`log_watchers`).
+    pub fn watchers(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
     /// Removes a watcher.
     pub fn unsubscribe(&self, w: &Arc<Watcher>) {
         let mut ws = self.watchers.lock();
@@ -145,8 +156,10 @@ impl Watch {
             let mut q = w.queue.lock();
             if q.0.len() >= QUEUE_MAX {
                 q.1 += 1;
+                self.skipped.fetch_add(1, Ordering::Relaxed);
             } else {
                 q.0.push_back(line.clone());
+                self.sent.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

@@ -7,6 +7,7 @@ mod common;
 
 use common::{Client, Server};
 use std::collections::HashMap;
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,8 @@ const NOT_COUNTERS: &[&str] = &[
     "pointer_size",
     "max_connections",
     "threads",
+    // Always 0: the crawler runs inside the request that starts it.
+    "lru_crawler_running",
 ];
 
 type Action = Box<dyn Fn(&Server, &mut Client)>;
@@ -70,6 +73,7 @@ fn every_stats_counter_moves() {
     let held = std::rc::Rc::new(held);
     let h1 = std::rc::Rc::clone(&held);
     let h2 = std::rc::Rc::clone(&held);
+    let h3 = std::rc::Rc::clone(&held);
     let rows = vec![
         row(
             |_, c| assert_eq!(c.set("a", b"12"), "STORED"),
@@ -141,21 +145,52 @@ fn every_stats_counter_moves() {
             &[("delete_misses", By(1))],
         ),
         row(
+            // A watcher that never reads: its socket fills, then its queue,
+            // then lines are dropped (and counted).
+            move |s, c| {
+                let mut w = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+                w.write_all(b"watch fetchers\r\n").unwrap();
+                let until = Instant::now() + Duration::from_secs(20);
+                while c.stat("log_watchers") == 0 {
+                    assert!(Instant::now() < until, "the watcher never started");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let keys = " k".repeat(1000);
+                while c.stat("log_watcher_skipped") == 0 {
+                    assert!(Instant::now() < until, "nothing was skipped");
+                    for _ in 0..20 {
+                        c.send(format!("get{keys}\r\n").as_bytes());
+                        assert_eq!(c.line(), "END");
+                    }
+                }
+                h3.borrow_mut().push(w);
+            },
+            &[
+                ("log_watchers", By(1)),
+                ("log_watcher_sent", AtLeast(8192)),
+                ("log_watcher_skipped", AtLeast(1)),
+            ],
+        ),
+        row(
             |_, c| assert_eq!(c.cmd("me nokey"), "EN"),
             &[("cmd_meta", By(1))],
         ),
         row(
-            // An item that expires unread: the read that finds it expired
-            // reclaims it.
+            // Two items that expire unread: the read that finds one
+            // expired reclaims it, the crawler the other.
             |_, c| {
                 assert_eq!(c.store("set gone 0 1 1", b"z"), "STORED");
+                assert_eq!(c.store("set gone2 0 1 1", b"z"), "STORED");
                 std::thread::sleep(Duration::from_millis(2100));
                 assert_eq!(c.get("gone"), None);
+                assert_eq!(c.cmd("lru_crawler crawl all"), "OK");
             },
             &[
                 ("get_expired", By(1)),
-                ("reclaimed", By(1)),
-                ("expired_unfetched", By(1)),
+                ("reclaimed", By(2)),
+                ("expired_unfetched", By(2)),
+                ("lru_crawler_starts", By(1)),
+                ("crawler_reclaimed", By(1)),
                 ("uptime", AtLeast(2)),
                 ("time", AtLeast(2)),
             ],

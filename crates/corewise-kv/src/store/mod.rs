@@ -187,6 +187,10 @@ pub struct OpCounters {
     pub touch_hits: AtomicU64,
     /// Touches of absent keys.
     pub touch_misses: AtomicU64,
+    /// Crawls and metadumps run (`lru_crawler_starts`).
+    pub lru_crawler_starts: AtomicU64,
+    /// Expired items a crawl reclaimed (`crawler_reclaimed`).
+    pub crawler_reclaimed: AtomicU64,
     /// Meta debug (`me`) requests (what memcached 1.6.18 counts as
     /// `cmd_meta`).
     pub cmd_meta: AtomicU64,
@@ -220,6 +224,8 @@ impl OpCounters {
             &self.touch_hits,
             &self.touch_misses,
             &self.cmd_meta,
+            &self.lru_crawler_starts,
+            &self.crawler_reclaimed,
             &self.store_too_large,
             &self.store_no_memory,
         ] {
@@ -849,8 +855,10 @@ impl Store {
     /// Frees every expired or flushed item now (`lru_crawler crawl`).
     pub fn crawl(&self) {
         let (now, floor) = self.now_floor();
+        bump(&self.ops.lru_crawler_starts);
         for sh in self.shards.iter() {
-            sh.lock().reclaim_all(now, floor);
+            let n = sh.lock().reclaim_all(now, floor);
+            self.ops.crawler_reclaimed.fetch_add(n, Ordering::Relaxed);
         }
     }
 
@@ -859,6 +867,7 @@ impl Store {
     /// items are visited.
     pub fn for_each_item(&self, mut f: impl FnMut(&Item)) {
         let (now, floor) = self.now_floor();
+        bump(&self.ops.lru_crawler_starts);
         for sh in self.shards.iter() {
             let g = sh.lock();
             let items: Vec<&Item> = g.iter_lru().collect();

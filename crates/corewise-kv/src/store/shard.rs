@@ -393,8 +393,9 @@ impl Shard {
     }
 
     /// Frees every expired item (counted as reclaimed) and every item a
-    /// flush made invalid.
-    pub fn reclaim_all(&mut self, now: u32, cas_floor: u64) {
+    /// flush made invalid; returns how many had expired.
+    pub fn reclaim_all(&mut self, now: u32, cas_floor: u64) -> u64 {
+        let mut expired_n = 0;
         let mut at = self.tail;
         while let Some(it) = self.item(at) {
             let prev = it.prev;
@@ -403,11 +404,13 @@ impl Shard {
                 if let Some(it) = self.unlink(at) {
                     if expired {
                         self.count_reclaimed(&it);
+                        expired_n += 1;
                     }
                 }
             }
             at = prev;
         }
+        expired_n
     }
 
     /// Counts a store refused for want of memory (in its item's class).
