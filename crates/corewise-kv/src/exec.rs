@@ -1070,6 +1070,14 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                     ("used_chunks", c.used_chunks),
                     ("free_chunks", pages * per - c.used_chunks),
                     ("free_chunks_end", 0),
+                    ("get_hits", c.counters.get_hits),
+                    ("cmd_set", c.counters.cmd_set),
+                    ("delete_hits", c.counters.delete_hits),
+                    ("incr_hits", c.counters.incr_hits),
+                    ("decr_hits", c.counters.decr_hits),
+                    ("cas_hits", c.counters.cas_hits),
+                    ("cas_badval", c.counters.cas_badval),
+                    ("touch_hits", c.counters.touch_hits),
                 ] {
                     stat(out, &format!("{id}:{name}"), v);
                 }

@@ -296,8 +296,9 @@ fn every_stats_counter_moves() {
     drop(held);
 }
 
-/// The counters after the same requests match memcached 1.6.18's (run side
-/// by side when it is installed): a get-and-touch counts as a touch, a
+/// The counters after the same requests, in `stats` and per slab class in
+/// `stats slabs`, match memcached 1.6.18's (run side by side when it is
+/// installed): a get-and-touch counts as a touch, a
 /// meta get with `T` that hits as a touch and one that misses as a get, a
 /// vivifying `ma` miss is not an incr miss, and a too-large store is not a
 /// delete.
@@ -342,6 +343,24 @@ fn counters_match_memcached() {
         let got = numbers(&mut c);
         for (name, n) in want {
             assert_eq!(got[name], f64::from(n), "{name} on port {port}");
+        }
+        // The same requests per slab class: every item here is in class 1.
+        let slabs: HashMap<String, String> = c.stats("slabs").into_iter().collect();
+        for (name, n) in [
+            ("chunk_size", 96),
+            ("total_pages", 1),
+            ("used_chunks", 2),
+            ("get_hits", 5),
+            ("cmd_set", 7),
+            ("delete_hits", 2),
+            ("incr_hits", 2),
+            ("decr_hits", 1),
+            ("cas_hits", 0),
+            ("cas_badval", 1),
+            ("touch_hits", 4),
+        ] {
+            let v = slabs.get(&format!("1:{name}")).map(String::as_str);
+            assert_eq!(v, Some(n.to_string().as_str()), "1:{name} on port {port}");
         }
     }
 }

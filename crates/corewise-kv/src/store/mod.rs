@@ -409,7 +409,13 @@ impl Store {
                     Some(Deadline::Past) => it.exptime = now,
                     None => {}
                 }
+                let cls = it.class();
                 f(it, before);
+                if touch.is_some() {
+                    shard.class_op(cls, |c| &mut c.touch_hits);
+                } else {
+                    shard.class_op(cls, |c| &mut c.get_hits);
+                }
                 drop(shard);
                 bump(if touch.is_some() {
                     &self.ops.touch_hits
@@ -494,14 +500,18 @@ impl Store {
             it.fetched = true;
             it.last_access = now;
         }
-        f(
-            it,
-            MetaView {
-                before,
-                created,
-                now,
-            },
-        );
+        let view = MetaView {
+            before,
+            created,
+            now,
+        };
+        let cls = it.class();
+        f(it, view);
+        if touch {
+            shard.class_op(cls, |c| &mut c.touch_hits);
+        } else {
+            shard.class_op(cls, |c| &mut c.get_hits);
+        }
         drop(shard);
         if touch {
             bump(&self.ops.cmd_touch);
@@ -606,7 +616,12 @@ impl Store {
         bump(&self.ops.cmd_set);
         self.sweep_tails(now);
         let mut shard = self.shard(key).lock();
+        shard.class_op(
+            slabs::class_of(item_size(key.len(), flags, data.len())),
+            |c| &mut c.cmd_set,
+        );
         let existing = shard.lookup(key, now, floor, false).ok();
+        let old_cls = existing.as_ref().map_or(0, |it| it.class());
         // `ms ... I C<older>`: stored, but stale, keeping expiry and token.
         let mut keep = None;
         if let Some(c) = compare {
@@ -624,6 +639,7 @@ impl Store {
                     keep = Some((it.exptime, it.token_sent));
                 }
                 Some(it) if it.cas != c => {
+                    shard.class_op(old_cls, |c| &mut c.cas_badval);
                     drop(shard);
                     bump(&self.ops.cas_badval);
                     return StoreOutcome::Exists;
@@ -663,6 +679,9 @@ impl Store {
                     Deadline::At(t) => t,
                     Deadline::Past => {
                         shard.remove(key);
+                        if compare.is_some() {
+                            shard.class_op(old_cls, |c| &mut c.cas_hits);
+                        }
                         drop(shard);
                         if compare.is_some() {
                             bump(&self.ops.cas_hits);
@@ -686,6 +705,9 @@ impl Store {
             drop(shard);
             bump(&self.ops.store_no_memory);
             return StoreOutcome::NoMemory;
+        }
+        if compare.is_some() {
+            shard.class_op(old_cls, |c| &mut c.cas_hits);
         }
         drop(shard);
         if compare.is_some() {
@@ -725,13 +747,18 @@ impl Store {
                 } else {
                     v.saturating_sub(delta)
                 };
-                let old = it.size();
+                let (old, cls) = (it.size(), it.class());
                 it.value.clear();
                 it.value.extend_from_slice(v.to_string().as_bytes());
                 it.cas = self.new_cas();
                 it.last_access = now;
                 let cas = it.cas;
                 shard.resized(key, old, now);
+                if incr {
+                    shard.class_op(cls, |c| &mut c.incr_hits);
+                } else {
+                    shard.class_op(cls, |c| &mut c.decr_hits);
+                }
                 drop(shard);
                 bump(hits);
                 ArithOutcome::Value(v, cas)
@@ -768,8 +795,8 @@ impl Store {
     pub fn delete(&self, key: &[u8], compare: Option<u64>) -> DeleteOutcome {
         let (now, floor) = self.now_floor();
         let mut shard = self.shard(key).lock();
-        let cas = match shard.lookup(key, now, floor, false) {
-            Ok(it) => it.cas,
+        let (cas, cls) = match shard.lookup(key, now, floor, false) {
+            Ok(it) => (it.cas, it.class()),
             Err(_) => {
                 drop(shard);
                 bump(&self.ops.delete_misses);
@@ -780,6 +807,7 @@ impl Store {
             return DeleteOutcome::Exists;
         }
         shard.remove(key);
+        shard.class_op(cls, |c| &mut c.delete_hits);
         drop(shard);
         bump(&self.ops.delete_hits);
         DeleteOutcome::Deleted
@@ -792,11 +820,9 @@ impl Store {
         let mut shard = self.shard(key).lock();
         let hit = match shard.lookup(key, now, floor, true) {
             Ok(it) => {
-                it.exptime = match deadline {
-                    Deadline::Never => 0,
-                    Deadline::At(t) => t,
-                    Deadline::Past => now,
-                };
+                it.exptime = exptime_at(deadline, now);
+                let cls = it.class();
+                shard.class_op(cls, |c| &mut c.touch_hits);
                 true
             }
             Err(_) => false,

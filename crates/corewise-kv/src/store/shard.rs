@@ -413,6 +413,13 @@ impl Shard {
         expired_n
     }
 
+    /// Bumps one of class `cls`'s request counters.
+    pub fn class_op(&mut self, cls: usize, f: impl FnOnce(&mut ClassCounters) -> &mut u64) {
+        if let Some(c) = self.class_counters.get_mut(cls) {
+            *f(c) += 1;
+        }
+    }
+
     /// Counts a store refused for want of memory (in its item's class).
     pub fn count_out_of_memory(&mut self, ntotal: usize) {
         if let Some(c) = self.class_counters.get_mut(class_of(ntotal)) {

@@ -92,6 +92,22 @@ pub struct ClassCounters {
     pub reclaimed: u64,
     /// Expired items never read.
     pub expired_unfetched: u64,
+    /// Reads that found an item of the class.
+    pub get_hits: u64,
+    /// Storage requests whose new item falls in the class.
+    pub cmd_set: u64,
+    /// Deletes of an item of the class.
+    pub delete_hits: u64,
+    /// Increments of an item of the class.
+    pub incr_hits: u64,
+    /// Decrements of an item of the class.
+    pub decr_hits: u64,
+    /// CAS stores that replaced an item of the class.
+    pub cas_hits: u64,
+    /// CAS stores refused by an item of the class.
+    pub cas_badval: u64,
+    /// Touches of an item of the class.
+    pub touch_hits: u64,
 }
 
 /// What `stats items` and `stats slabs` report for one class.
@@ -129,5 +145,13 @@ impl ClassCounters {
         self.outofmemory += o.outofmemory;
         self.reclaimed += o.reclaimed;
         self.expired_unfetched += o.expired_unfetched;
+        self.get_hits += o.get_hits;
+        self.cmd_set += o.cmd_set;
+        self.delete_hits += o.delete_hits;
+        self.incr_hits += o.incr_hits;
+        self.decr_hits += o.decr_hits;
+        self.cas_hits += o.cas_hits;
+        self.cas_badval += o.cas_badval;
+        self.touch_hits += o.touch_hits;
     }
 }
