@@ -1087,7 +1087,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
         }
         Some(b"sizes") => stat(out, "sizes_status", "disabled"),
         Some(b"reset") => {
-            store.ops.reset();
+            store.reset_counters();
             shared.detail.clear();
             for c in [
                 &shared.conns.total_connections,

@@ -76,6 +76,35 @@ fn every_stats_counter_moves() {
     let h3 = std::rc::Rc::clone(&held);
     let rows = vec![
         row(
+            // Items that expire unread, oldest first: `gone3`, then four
+            // that do not expire, then `gone2` and `gone`. The read of
+            // `gone` frees it (get_expired); the next store takes back
+            // `gone3`'s memory at the LRU tail (reclaimed); the crawler
+            // frees `gone2` (crawler_reclaimed).
+            |_, c| {
+                assert_eq!(c.store("set gone3 0 1 1", b"z"), "STORED");
+                for i in 0..4 {
+                    assert_eq!(c.set(&format!("p{i}"), b"z"), "STORED");
+                }
+                assert_eq!(c.store("set gone2 0 1 1", b"z"), "STORED");
+                assert_eq!(c.store("set gone 0 1 1", b"z"), "STORED");
+                std::thread::sleep(Duration::from_millis(2100));
+                assert_eq!(c.get("gone"), None);
+                assert_eq!(c.set("fresh", b"z"), "STORED");
+                assert_eq!(c.cmd("lru_crawler crawl all"), "OK");
+            },
+            &[
+                ("get_expired", By(1)),
+                ("reclaimed", By(1)),
+                ("expired_unfetched", By(2)),
+                ("lru_crawler_starts", By(1)),
+                ("crawler_reclaimed", By(1)),
+                ("curr_items", By(5)),
+                ("uptime", AtLeast(2)),
+                ("time", AtLeast(2)),
+            ],
+        ),
+        row(
             |_, c| assert_eq!(c.set("a", b"12"), "STORED"),
             &[
                 ("cmd_set", By(1)),
@@ -174,26 +203,6 @@ fn every_stats_counter_moves() {
         row(
             |_, c| assert_eq!(c.cmd("me nokey"), "EN"),
             &[("cmd_meta", By(1))],
-        ),
-        row(
-            // Two items that expire unread: the read that finds one
-            // expired reclaims it, the crawler the other.
-            |_, c| {
-                assert_eq!(c.store("set gone 0 1 1", b"z"), "STORED");
-                assert_eq!(c.store("set gone2 0 1 1", b"z"), "STORED");
-                std::thread::sleep(Duration::from_millis(2100));
-                assert_eq!(c.get("gone"), None);
-                assert_eq!(c.cmd("lru_crawler crawl all"), "OK");
-            },
-            &[
-                ("get_expired", By(1)),
-                ("reclaimed", By(2)),
-                ("expired_unfetched", By(2)),
-                ("lru_crawler_starts", By(1)),
-                ("crawler_reclaimed", By(1)),
-                ("uptime", AtLeast(2)),
-                ("time", AtLeast(2)),
-            ],
         ),
         row(
             // A delayed flush: items stored before it are gone after it.
@@ -362,5 +371,56 @@ fn counters_match_memcached() {
             let v = slabs.get(&format!("1:{name}")).map(String::as_str);
             assert_eq!(v, Some(n.to_string().as_str()), "1:{name} on port {port}");
         }
+    }
+}
+
+/// `stats reset` zeroes the counters memcached 1.6.18 zeroes (item counters
+/// included), side by side with it when installed; gauges stay.
+#[test]
+fn stats_reset_zeroes_counters() {
+    let both = common::Pair::start(&[]);
+    let ports = std::iter::once(both.server.port).chain(both.memcached.as_ref().map(|m| m.1));
+    let ports: Vec<u16> = ports.collect();
+    for &port in &ports {
+        common::exchange(
+            port,
+            b"set r 0 0 1\r\nx\r\nget r nokey\r\nset e 0 1 1\r\nx\r\n",
+        );
+    }
+    std::thread::sleep(Duration::from_millis(2100));
+    for &port in &ports {
+        common::exchange(port, b"get e\r\ntouch r 0\r\nme r\r\n");
+        let mut c = Client::connect(port);
+        assert_eq!(c.stat("get_expired"), 1, "port {port}");
+        assert_eq!(c.cmd("stats reset"), "RESET");
+        let got = numbers(&mut c);
+        for name in [
+            "cmd_get",
+            "cmd_set",
+            "cmd_touch",
+            "cmd_meta",
+            "get_hits",
+            "get_misses",
+            "get_expired",
+            "touch_hits",
+            "total_items",
+            "expired_unfetched",
+            "reclaimed",
+            "rejected_connections",
+        ] {
+            assert_eq!(got[name], 0.0, "{name} on port {port}");
+        }
+        assert_eq!(got["curr_items"], 1.0, "port {port}");
+        let slabs: HashMap<String, String> = c.stats("slabs").into_iter().collect();
+        assert_eq!(
+            slabs.get("1:get_hits").map(String::as_str),
+            Some("0"),
+            "port {port}"
+        );
+        assert_eq!(
+            slabs.get("1:cmd_set").map(String::as_str),
+            Some("0"),
+            "port {port}"
+        );
     }
 }

@@ -878,6 +878,17 @@ impl Store {
         s
     }
 
+    /// Zeroes every counter (`stats reset`): the request counters, the
+    /// item counters of every shard and slab class, and the `watch` log's.
+    pub fn reset_counters(&self) {
+        self.ops.reset();
+        for sh in self.shards.iter() {
+            sh.lock().reset_counters();
+        }
+        self.watch.sent.store(0, Ordering::Relaxed);
+        self.watch.skipped.store(0, Ordering::Relaxed);
+    }
+
     /// Frees every expired or flushed item now (`lru_crawler crawl`).
     pub fn crawl(&self) {
         let (now, floor) = self.now_floor();

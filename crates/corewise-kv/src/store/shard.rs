@@ -212,11 +212,10 @@ impl Shard {
             None => return Err(Miss::Absent),
         };
         if expired || flushed {
-            if let Some(it) = self.unlink(i) {
-                if expired {
-                    self.count_reclaimed(&it);
-                }
-            }
+            // A read that finds an item expired frees it, but memcached
+            // counts that as `get_expired` only: `reclaimed` is memory an
+            // allocation took back from the LRU tail.
+            self.unlink(i);
             return Err(if expired {
                 Miss::Expired
             } else {
@@ -382,18 +381,25 @@ impl Shard {
         true
     }
 
-    /// Counts an expired item whose memory was reclaimed.
+    /// Counts an expired item whose memory was reclaimed at the LRU tail.
     fn count_reclaimed(&mut self, it: &Item) {
         self.counters.reclaimed += 1;
-        self.counters.expired_unfetched += u64::from(!it.fetched);
         if let Some(c) = self.class_counters.get_mut(it.class()) {
             c.reclaimed += 1;
+        }
+        self.count_expired_unfetched(it);
+    }
+
+    fn count_expired_unfetched(&mut self, it: &Item) {
+        self.counters.expired_unfetched += u64::from(!it.fetched);
+        if let Some(c) = self.class_counters.get_mut(it.class()) {
             c.expired_unfetched += u64::from(!it.fetched);
         }
     }
 
-    /// Frees every expired item (counted as reclaimed) and every item a
-    /// flush made invalid; returns how many had expired.
+    /// Frees every expired item and every item a flush made invalid;
+    /// returns how many had expired (the crawler's `crawler_reclaimed`;
+    /// memcached does not count them as `reclaimed`).
     pub fn reclaim_all(&mut self, now: u32, cas_floor: u64) -> u64 {
         let mut expired_n = 0;
         let mut at = self.tail;
@@ -403,7 +409,7 @@ impl Shard {
             if expired || it.cas <= cas_floor {
                 if let Some(it) = self.unlink(at) {
                     if expired {
-                        self.count_reclaimed(&it);
+                        self.count_expired_unfetched(&it);
                         expired_n += 1;
                     }
                 }
@@ -411,6 +417,12 @@ impl Shard {
             at = prev;
         }
         expired_n
+    }
+
+    /// Zeroes this shard's counters and its classes'.
+    pub fn reset_counters(&mut self) {
+        self.counters = ShardCounters::default();
+        self.class_counters.fill(ClassCounters::default());
     }
 
     /// Bumps one of class `cls`'s request counters.
