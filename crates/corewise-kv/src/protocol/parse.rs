@@ -57,6 +57,8 @@ enum Skip {
     Bytes(usize),
     /// Skip through the next newline.
     Line,
+    /// Skip everything: the connection is being closed.
+    All,
 }
 
 /// The incremental decoder of one connection.
@@ -161,6 +163,7 @@ impl Decoder {
                     }
                     self.skip = Skip::None;
                 }
+                Skip::All => return (used + rest.len(), Decoded::Incomplete),
                 Skip::Line => match find_newline(rest) {
                     Some(p) => {
                         used += p + 1;
@@ -176,7 +179,9 @@ impl Decoder {
             // memcached closes a connection whose buffered line is over
             // 2 KiB with no newline and is not a multi-get: no command is
             // that long. Decided on the first 2 KiB + 1 bytes, so the
-            // outcome does not depend on how the line was split into reads.
+            // outcome does not depend on how the line was split into reads
+            // (nor does anything after it: the decoder swallows the rest).
+            self.skip = Skip::All;
             return (used + buf.len(), Decoded::Request(Request::Quit));
         }
         let Some(nl) = find_newline(buf) else {
