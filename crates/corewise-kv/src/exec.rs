@@ -987,6 +987,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "reclaimed", s.counters.reclaimed);
             stat(out, "log_watchers", store.watch.watchers());
             stat(out, "lru_crawler_running", 0);
+            crate::runtime_stats::write(out);
         }
         Some(b"settings") => {
             let yes = |b: bool| if b { "yes" } else { "no" };

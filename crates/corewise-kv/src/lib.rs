@@ -16,6 +16,7 @@ pub mod config;
 pub mod exec;
 pub mod exec_binary;
 pub mod protocol;
+mod runtime_stats;
 pub mod server;
 pub mod store;
 pub mod watch;

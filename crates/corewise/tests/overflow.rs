@@ -53,6 +53,69 @@ fn stack_overflow_names_the_user_thread() {
     assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{:?}", out.status);
 }
 
+/// Overflows a named thread while 10 000 others are parked, so its stack is
+/// far beyond the first few thousand (a fixed table used to name only
+/// 8 192 stacks).
+#[test]
+fn overflow_among_many_child() {
+    if std::env::var_os("COREWISE_OVERFLOW_MANY_CHILD").is_none() {
+        return;
+    }
+    let rt = corewise::Runtime::builder()
+        .stack_size(64 * 1024)
+        .build()
+        .unwrap();
+    let gate = std::sync::Arc::new((
+        corewise::sync::Mutex::new(false),
+        corewise::sync::Condvar::new(),
+    ));
+    let parked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _waiters: Vec<_> = (0..10_000)
+        .map(|_| {
+            let (gate, parked) = (gate.clone(), parked.clone());
+            rt.spawn(move || {
+                let mut open = gate.0.lock();
+                parked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                while !*open {
+                    open = gate.1.wait(open);
+                }
+            })
+            .unwrap()
+        })
+        .collect();
+    while parked.load(std::sync::atomic::Ordering::Relaxed) < 10_000 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let h = corewise::thread::Builder::new()
+        .name("deep-recursion-10001")
+        .spawn_in(&rt, || recurse(0, &mut [0; 1024]))
+        .unwrap();
+    let _ = h.join();
+}
+
+#[test]
+fn stack_overflow_beyond_ten_thousand_threads_names_the_thread() {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "overflow_among_many_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("COREWISE_OVERFLOW_MANY_CHILD", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("user thread 'deep-recursion-10001'")
+            && stderr.contains("overflowed its stack of 64 KiB"),
+        "stderr was: {stderr}"
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{:?}", out.status);
+}
+
 #[test]
 fn panic_child() {
     if std::env::var_os("COREWISE_PANIC_CHILD").is_none() {
