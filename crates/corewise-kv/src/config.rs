@@ -139,6 +139,9 @@ pub struct Args {
     /// sleeps between bursts is woken ahead of them.
     #[arg(long = "idle-spin-us", default_value_t = 10)]
     pub idle_spin_us: u64,
+    /// Allow `shutdown` (memcached's `-A`).
+    #[arg(short = 'A', long = "enable-shutdown")]
+    pub enable_shutdown: bool,
 }
 
 /// Validated settings.
@@ -168,6 +171,8 @@ pub struct Config {
     pub idle_spin_us: u64,
     /// Verbosity.
     pub verbose: u8,
+    /// `shutdown` allowed (`-A`).
+    pub enable_shutdown: bool,
 }
 
 impl Default for Config {
@@ -185,6 +190,7 @@ impl Default for Config {
             arbiter: None,
             idle_spin_us: 10,
             verbose: 0,
+            enable_shutdown: false,
         }
     }
 }
@@ -273,6 +279,7 @@ impl Args {
             arbiter: self.arbiter,
             idle_spin_us: self.idle_spin_us,
             verbose: self.verbose,
+            enable_shutdown: self.enable_shutdown,
         })
     }
 }

@@ -6,10 +6,19 @@
 //! each other. Replies are appended to the connection's output buffer; the
 //! server writes that buffer once per batch of pipelined requests.
 
+use crate::admin::{Detail, DetailOp};
 use crate::config::Config;
 use crate::protocol::{decode_base64, GetKind, MetaFlags, MetaMode, ProtoError, Request, StoreCmd};
-use crate::store::{ArithOutcome, DeleteOutcome, SetMode, Store, StoreOutcome};
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::store::{
+    exptime_at, slabs, ArithOutcome, Deadline, DeleteOutcome, MetaStore, SetMode, Store,
+    StoreOutcome,
+};
+use crate::watch;
+use corewise::sync::SpinLock;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The version string `version` and `stats` report.
@@ -30,6 +39,94 @@ pub struct ConnCounters {
     pub bytes_written: AtomicU64,
 }
 
+/// What `stats conns` shows of one open connection.
+#[derive(Debug)]
+pub struct ConnInfo {
+    /// The client's address.
+    pub peer: String,
+    /// Server second of its last request (or of its accept).
+    pub last_cmd: AtomicU32,
+    /// It has sent something.
+    pub spoke: AtomicBool,
+    /// It is running requests now.
+    pub busy: AtomicBool,
+}
+
+/// The open connections by file descriptor, and the listener, for
+/// `stats conns`.
+#[derive(Debug)]
+pub struct ConnTable {
+    conns: SpinLock<BTreeMap<i32, Arc<ConnInfo>>>,
+    listener: SpinLock<Option<(i32, String)>>,
+}
+
+impl Default for ConnTable {
+    fn default() -> Self {
+        Self {
+            conns: SpinLock::new(BTreeMap::new()),
+            listener: SpinLock::new(None),
+        }
+    }
+}
+
+impl ConnTable {
+    /// Records the listening socket.
+    pub fn set_listener(&self, fd: i32, addr: String) {
+        *self.listener.lock() = Some((fd, addr));
+    }
+
+    /// Records an accepted connection; its entry is updated through the
+    /// returned handle.
+    pub fn open(&self, fd: i32, peer: String, now: u32) -> Arc<ConnInfo> {
+        let info = Arc::new(ConnInfo {
+            peer,
+            last_cmd: AtomicU32::new(now),
+            spoke: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
+        });
+        self.conns.lock().insert(fd, Arc::clone(&info));
+        info
+    }
+
+    /// Forgets a closed connection.
+    pub fn close(&self, fd: i32) {
+        self.conns.lock().remove(&fd);
+    }
+
+    /// `stats conns`: the listener, then every connection by descriptor,
+    /// with memcached's fields and state names.
+    fn write(&self, now: u32, uptime: u64, out: &mut Vec<u8>) {
+        let listen = self.listener.lock().clone();
+        if let Some((fd, addr)) = &listen {
+            stat(out, &format!("{fd}:addr"), format!("tcp:{addr}"));
+            stat(out, &format!("{fd}:state"), "conn_listening");
+            stat(out, &format!("{fd}:secs_since_last_cmd"), uptime);
+        }
+        let conns: Vec<(i32, Arc<ConnInfo>)> = self
+            .conns
+            .lock()
+            .iter()
+            .map(|(fd, c)| (*fd, Arc::clone(c)))
+            .collect();
+        for (fd, c) in conns {
+            stat(out, &format!("{fd}:addr"), format!("tcp:{}", c.peer));
+            if let Some((_, addr)) = &listen {
+                stat(out, &format!("{fd}:listen_addr"), format!("tcp:{addr}"));
+            }
+            let state = if c.busy.load(Ordering::Relaxed) {
+                "conn_parse_cmd"
+            } else if c.spoke.load(Ordering::Relaxed) {
+                "conn_read"
+            } else {
+                "conn_new_cmd"
+            };
+            stat(out, &format!("{fd}:state"), state);
+            let idle = now.saturating_sub(c.last_cmd.load(Ordering::Relaxed));
+            stat(out, &format!("{fd}:secs_since_last_cmd"), idle);
+        }
+    }
+}
+
 /// Everything a request may need: the store, the settings, the counters.
 #[derive(Debug)]
 pub struct Shared {
@@ -41,6 +138,15 @@ pub struct Shared {
     pub conns: ConnCounters,
     /// Verbosity level set by `verbosity`.
     pub verbosity: AtomicU64,
+    /// The LRU crawler is on (`lru_crawler enable|disable`).
+    pub crawler_enabled: AtomicBool,
+    /// The level `slabs automove` last set (memcached's default is 1;
+    /// reported in `stats settings`, nothing here moves pages).
+    pub slab_automove: AtomicU64,
+    /// `stats detail` prefix statistics.
+    pub detail: Detail,
+    /// Open connections, for `stats conns`.
+    pub conn_table: ConnTable,
     started: Instant,
 }
 
@@ -56,6 +162,10 @@ impl Shared {
             config,
             conns: ConnCounters::default(),
             verbosity: AtomicU64::new(verbose),
+            crawler_enabled: AtomicBool::new(true),
+            slab_automove: AtomicU64::new(1),
+            detail: Detail::default(),
+            conn_table: ConnTable::default(),
             started: Instant::now(),
         }
     }
@@ -68,6 +178,9 @@ pub enum Flow {
     Continue,
     /// Close the connection (`quit`).
     Close,
+    /// Become a `watch` log stream of these event classes (see
+    /// [`crate::watch`]), if the request was the last one buffered.
+    Watch(u8),
 }
 
 /// Appends `v` in decimal.
@@ -165,6 +278,19 @@ pub fn execute_spilling(
     scratch: &mut Vec<u8>,
     spill: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
 ) -> Flow {
+    execute_conn(shared, req, out, scratch, spill, -1)
+}
+
+/// [`execute_spilling`] for the connection on descriptor `cfd` (named in
+/// the `watch` log; -1 for none).
+pub fn execute_conn(
+    shared: &Shared,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    spill: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
+    cfd: i32,
+) -> Flow {
     let store = &shared.store;
     match *req {
         Request::Get {
@@ -176,7 +302,9 @@ pub fn execute_spilling(
                 .then(|| store.clock().deadline(exptime));
             let with_cas = matches!(kind, GetKind::Gets | GetKind::Gats);
             for key in keys.iter() {
-                store.get(key, touch, |it, _| {
+                let mut seen = None;
+                let hit = store.get(key, touch, |it, _| {
+                    seen = Some((it.class(), it.value.len()));
                     out.extend_from_slice(b"VALUE ");
                     out.extend_from_slice(key);
                     out.push(b' ');
@@ -191,6 +319,8 @@ pub fn execute_spilling(
                     out.extend_from_slice(&it.value);
                     out.extend_from_slice(b"\r\n");
                 });
+                shared.detail.record(key, DetailOp::Get(hit));
+                log_get(shared, key, seen, cfd);
                 if out.len() > SPILL_AT && spill(out).is_err() {
                     return Flow::Close;
                 }
@@ -214,14 +344,18 @@ pub fn execute_spilling(
                 StoreCmd::Prepend => (SetMode::Prepend, None),
                 StoreCmd::Cas => (SetMode::Set, Some(cas)),
             };
-            let r = store.store(
-                mode,
-                key,
-                flags,
-                store.clock().deadline(exptime),
-                data,
-                compare,
-            );
+            shared.detail.record(key, DetailOp::Set);
+            let deadline = store.clock().deadline(exptime);
+            let r = store.store(mode, key, flags, deadline, data, compare);
+            let name = match cmd {
+                StoreCmd::Set => "set",
+                StoreCmd::Add => "add",
+                StoreCmd::Replace => "replace",
+                StoreCmd::Append => "append",
+                StoreCmd::Prepend => "prepend",
+                StoreCmd::Cas => "cas",
+            };
+            log_store(shared, key, r, name, deadline, (flags, data.len()), cfd);
             if !noreply {
                 line(
                     out,
@@ -236,6 +370,7 @@ pub fn execute_spilling(
             }
         }
         Request::Delete { key, noreply } => {
+            shared.detail.record(key, DetailOp::Delete);
             let r = store.delete(key, None);
             if !noreply {
                 line(
@@ -286,6 +421,7 @@ pub fn execute_spilling(
             }
         }
         Request::Stats { group } => stats(shared, group, out),
+        Request::Admin { cmd, args } => return crate::admin::execute(shared, cmd, args, out),
         Request::Version => {
             out.extend_from_slice(b"VERSION ");
             line(out, VERSION.as_bytes());
@@ -305,26 +441,39 @@ pub fn execute_spilling(
             }
         }
         Request::Quit => return Flow::Close,
-        Request::TooLarge { key, noreply } => {
-            store.delete(key, None);
-            if !noreply {
-                write_error(ProtoError::TooLarge, out);
+        Request::TooLarge {
+            key,
+            noreply,
+            base64,
+        } => {
+            if let Some(k) = meta_key(key, base64, scratch, out) {
+                store.remove(k);
+                store.ops.store_too_large.fetch_add(1, Ordering::Relaxed);
+                if !noreply {
+                    write_error(ProtoError::TooLarge, out);
+                }
             }
         }
         Request::MetaNoop => line(out, b"MN"),
         Request::MetaGet { key, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
-                meta_get(shared, key, k, &flags, out);
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
+                let seen = meta_get(shared, key, k, &flags, out);
+                log_get(shared, k, seen, cfd);
             }
         }
         Request::MetaSet { key, data, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
-                meta_set(shared, key, k, data, &flags, out);
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
+                meta_set(shared, key, k, data, &flags, out, cfd);
             }
         }
         Request::MetaDelete { key, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
-                let r = store.delete(k, flags.compare_cas);
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
+                let r = if flags.invalidate {
+                    let ttl = flags.ttl.map(|t| store.clock().deadline(t));
+                    store.invalidate(k, flags.compare_cas, ttl)
+                } else {
+                    store.delete(k, flags.compare_cas)
+                };
                 let code: &[u8] = match r {
                     DeleteOutcome::Deleted => b"HD",
                     DeleteOutcome::NotFound => b"NF",
@@ -338,12 +487,13 @@ pub fn execute_spilling(
             }
         }
         Request::MetaArith { key, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
                 meta_arith(shared, key, k, &flags, out);
             }
         }
         Request::MetaDebug { key, flags } => {
-            if let Some(k) = meta_key(key, &flags, scratch, out) {
+            store.ops.cmd_meta.fetch_add(1, Ordering::Relaxed);
+            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
                 match store.inspect(k) {
                     Some((ttl, la, cas, fetched, size)) => {
                         out.extend_from_slice(b"ME ");
@@ -355,7 +505,9 @@ pub fn execute_spilling(
                         out.extend_from_slice(b" cas=");
                         num(out, cas);
                         out.extend_from_slice(if fetched { b" fetch=yes" } else { b" fetch=no" });
-                        out.extend_from_slice(b" cls=1 size=");
+                        out.extend_from_slice(b" cls=");
+                        num(out, slabs::class_of(size) as u64);
+                        out.extend_from_slice(b" size=");
                         num(out, size as u64);
                         out.extend_from_slice(b"\r\n");
                     }
@@ -371,11 +523,11 @@ pub fn execute_spilling(
 /// error and returns `None` when it does not decode.
 fn meta_key<'k>(
     key: &'k [u8],
-    flags: &MetaFlags<'_>,
+    base64: bool,
     scratch: &'k mut Vec<u8>,
     out: &mut Vec<u8>,
 ) -> Option<&'k [u8]> {
-    if !flags.base64 {
+    if !base64 {
         return Some(key);
     }
     match decode_base64(key, scratch) {
@@ -410,17 +562,7 @@ fn meta_ret(
     let _ = shared;
     for c in flags.returned() {
         match (c, facts) {
-            (b'O', _) => {
-                out.extend_from_slice(b" O");
-                out.extend_from_slice(flags.opaque.unwrap_or_default());
-            }
-            (b'k', _) => {
-                out.extend_from_slice(b" k");
-                out.extend_from_slice(key);
-                if flags.base64 {
-                    out.extend_from_slice(b" b");
-                }
-            }
+            (b'O' | b'k', _) => echo(c, key, flags, out),
             (b'c', Some(f)) => {
                 out.extend_from_slice(b" c");
                 num(out, f.cas);
@@ -447,62 +589,165 @@ fn meta_ret(
     }
 }
 
+/// `mg`; the item's class and value size when it was found (or created).
 fn meta_get(
     shared: &Shared,
     wire_key: &[u8],
     key: &[u8],
     flags: &MetaFlags<'_>,
     out: &mut Vec<u8>,
-) {
+) -> Option<(usize, usize)> {
     let store = &shared.store;
-    let touch = flags.ttl.map(|t| store.clock().deadline(t));
-    let mut facts = None;
-    let mut value_at = None;
-    let hit = store.get(key, touch, |it, before| {
-        facts = Some(Facts {
-            cas: it.cas,
-            flags: it.flags,
-            size: it.value.len(),
-            ttl: store.clock().ttl_left(it.exptime),
-            hit: before.fetched,
-            idle: before.idle,
-        });
+    let clock = store.clock();
+    let mut seen = None;
+    let (vivify, touch) = (flags.vivify.is_some(), flags.ttl.is_some());
+    let hit = store.meta_get(key, vivify, !flags.no_bump, touch, |it, view| {
+        seen = Some((it.class(), it.value.len()));
+        let mut head = Vec::with_capacity(64);
         if flags.value {
-            // Stage the value at the end of `out`; the header goes in
-            // front of it below.
-            value_at = Some(out.len());
+            head.extend_from_slice(b"VA ");
+            num(&mut head, it.value.len() as u64);
+        } else {
+            head.extend_from_slice(b"HD");
+        }
+        // memcached walks the flags in request order: a `t` before `T` or
+        // `N` reports the expiry the item had before they change it.
+        let mut win = false;
+        for (c, _) in flags.tokens() {
+            match c {
+                b'T' => {
+                    if let Some(t) = flags.ttl {
+                        it.exptime = exptime_at(clock.deadline(t), view.now);
+                    }
+                }
+                b'N' if view.created => {
+                    if let Some(t) = flags.vivify {
+                        it.exptime = exptime_at(clock.deadline(t), view.now);
+                    }
+                    win = true;
+                }
+                b'R' => {
+                    let limit = match flags.recache.map(|r| clock.deadline(r)) {
+                        Some(Deadline::At(t)) => t,
+                        _ => 0,
+                    };
+                    if !it.token_sent && !view.created && it.exptime != 0 && it.exptime < limit {
+                        win = true;
+                    }
+                }
+                b's' => {
+                    head.extend_from_slice(b" s");
+                    num(&mut head, it.value.len() as u64);
+                }
+                b't' => {
+                    head.extend_from_slice(b" t");
+                    inum(&mut head, clock.ttl_left(it.exptime));
+                }
+                b'c' => {
+                    head.extend_from_slice(b" c");
+                    num(&mut head, it.cas);
+                }
+                b'f' => {
+                    head.extend_from_slice(b" f");
+                    num(&mut head, u64::from(it.flags));
+                }
+                b'l' => {
+                    head.extend_from_slice(b" l");
+                    num(&mut head, u64::from(view.before.idle));
+                }
+                b'h' => head.extend_from_slice(if view.before.fetched { b" h1" } else { b" h0" }),
+                b'O' | b'k' => echo(c, wire_key, flags, &mut head),
+                _ => {}
+            }
+        }
+        // A token already handed out: `Z`; stale: `X`, and the first
+        // reader of a stale item wins the token to refresh it.
+        if it.token_sent {
+            head.extend_from_slice(b" Z");
+        }
+        if it.stale {
+            head.extend_from_slice(b" X");
+            win |= !it.token_sent;
+        }
+        if win {
+            head.extend_from_slice(b" W");
+            it.token_sent = true;
+        }
+        head.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&head);
+        if flags.value {
             out.extend_from_slice(&it.value);
+            out.extend_from_slice(b"\r\n");
         }
     });
-    if !hit {
-        if let Some(ttl) = flags.vivify {
-            // Auto-vivify: create an empty item so later readers see a
-            // hit; this reader is told it missed.
-            let _ = store.store(SetMode::Add, key, 0, store.clock().deadline(ttl), b"", None);
-        }
-        if !flags.quiet {
-            out.extend_from_slice(b"EN");
-            meta_ret(shared, wire_key, flags, None, out);
-            out.extend_from_slice(b"\r\n");
-        }
-        return;
+    if !hit && !flags.quiet {
+        out.extend_from_slice(b"EN");
+        meta_ret(shared, wire_key, flags, None, out);
+        out.extend_from_slice(b"\r\n");
     }
-    let mut head = Vec::with_capacity(64);
-    match (value_at, &facts) {
-        (Some(_), Some(f)) => {
-            head.extend_from_slice(b"VA ");
-            num(&mut head, f.size as u64);
+    seen
+}
+
+/// Logs a fetch for `watch fetchers`: found (class, value size) or not.
+fn log_get(shared: &Shared, key: &[u8], seen: Option<(usize, usize)>, cfd: i32) {
+    shared.store.watch.emit(watch::FETCHERS, |l| {
+        l.push_str("type=item_get key=");
+        watch::uri_key(l, key);
+        let (status, cls, size) = match seen {
+            Some((cls, size)) => ("found", cls, size),
+            None => ("not_found", 0, 0),
+        };
+        let _ = write!(l, " status={status} clsid={cls} cfd={cfd} size={size}");
+    });
+}
+
+/// Logs a store for `watch mutations`: its outcome, command, TTL, the
+/// item's class and the value size (`item` is the flags and value size).
+fn log_store(
+    shared: &Shared,
+    key: &[u8],
+    r: StoreOutcome,
+    cmd: &str,
+    deadline: Deadline,
+    item: (u32, usize),
+    cfd: i32,
+) {
+    let store = &shared.store;
+    store.watch.emit(watch::MUTATIONS, |l| {
+        l.push_str("type=item_store key=");
+        watch::uri_key(l, key);
+        let status = match r {
+            StoreOutcome::Stored(_) => "stored",
+            StoreOutcome::NotStored => "not_stored",
+            StoreOutcome::Exists => "exists",
+            StoreOutcome::NotFound => "not_found",
+            StoreOutcome::NoMemory => "no_memory",
+        };
+        let ttl = match deadline {
+            Deadline::At(t) => i64::from(t) - i64::from(store.clock().now()),
+            _ => 0,
+        };
+        let cls = slabs::class_of(crate::store::item_size(key.len(), item.0, item.1));
+        let _ = write!(
+            l,
+            " status={status} cmd={cmd} ttl={ttl} clsid={cls} cfd={cfd} size={}",
+            item.1
+        );
+    });
+}
+
+/// Appends an echoed flag: `O` (the opaque) or `k` (the key as the client
+/// sent it, and ` b` after it when that was base64).
+fn echo(c: u8, wire_key: &[u8], flags: &MetaFlags<'_>, out: &mut Vec<u8>) {
+    if c == b'O' {
+        out.extend_from_slice(b" O");
+        out.extend_from_slice(flags.opaque.unwrap_or_default());
+    } else {
+        out.extend_from_slice(b" k");
+        out.extend_from_slice(wire_key);
+        if flags.base64 {
+            out.extend_from_slice(b" b");
         }
-        _ => head.extend_from_slice(b"HD"),
-    }
-    meta_ret(shared, wire_key, flags, facts.as_ref(), &mut head);
-    head.extend_from_slice(b"\r\n");
-    match value_at {
-        Some(at) => {
-            out.splice(at..at, head);
-            out.extend_from_slice(b"\r\n");
-        }
-        None => out.extend_from_slice(&head),
     }
 }
 
@@ -513,6 +758,7 @@ fn meta_set(
     data: &[u8],
     flags: &MetaFlags<'_>,
     out: &mut Vec<u8>,
+    cfd: i32,
 ) {
     let store = &shared.store;
     let mode = match flags.mode.unwrap_or(MetaMode::Set) {
@@ -534,8 +780,21 @@ fn meta_set(
         deadline,
         data,
         flags.compare_cas,
-        flags.new_cas,
+        MetaStore {
+            new_cas: flags.new_cas,
+            invalidate: flags.invalidate,
+        },
     );
+    let cmd = match (mode, flags.compare_cas) {
+        (SetMode::Set | SetMode::Replace, Some(_)) => "cas",
+        (SetMode::Set, None) => "set",
+        (SetMode::Add, _) => "add",
+        (SetMode::Replace, None) => "replace",
+        (SetMode::Append, _) => "append",
+        (SetMode::Prepend, _) => "prepend",
+    };
+    let item = (flags.client_flags.unwrap_or(0), data.len());
+    log_store(shared, key, r, cmd, deadline, item, cfd);
     let (code, cas): (&[u8], u64) = match r {
         StoreOutcome::Stored(c) => (b"HD", c),
         StoreOutcome::NotStored => (b"NS", 0),
@@ -550,15 +809,18 @@ fn meta_set(
         return;
     }
     out.extend_from_slice(code);
-    let facts = Facts {
-        cas,
-        flags: flags.client_flags.unwrap_or(0),
-        size: data.len(),
-        ttl: flags.ttl.unwrap_or(-1),
-        hit: false,
-        idle: 0,
-    };
-    meta_ret(shared, wire_key, flags, (cas != 0).then_some(&facts), out);
+    // memcached 1.6.18 returns only `O`, `k` and `c` from `ms`; `c` is the
+    // new CAS, or 0 when nothing was stored.
+    for (c, _) in flags.tokens() {
+        match c {
+            b'O' | b'k' => echo(c, wire_key, flags, out),
+            b'c' => {
+                out.extend_from_slice(b" c");
+                num(out, cas);
+            }
+            _ => {}
+        }
+    }
     out.extend_from_slice(b"\r\n");
 }
 
@@ -651,7 +913,20 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
     let store = &shared.store;
     let cfg = &shared.config;
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut words = group
+        .unwrap_or_default()
+        .split(|&b| b == b' ')
+        .filter(|w| !w.is_empty());
+    let (group, arg) = (words.next(), words.next());
     match group {
+        Some(b"detail") => {
+            shared.detail.command(arg, out);
+            return;
+        }
+        Some(b"conns") => {
+            let uptime = shared.started.elapsed().as_secs();
+            shared.conn_table.write(store.clock().now(), uptime, out);
+        }
         None => {
             let s = store.stats();
             let o = &store.ops;
@@ -689,6 +964,13 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                 ("cas_badval", &o.cas_badval),
                 ("touch_hits", &o.touch_hits),
                 ("touch_misses", &o.touch_misses),
+                ("cmd_meta", &o.cmd_meta),
+                ("lru_crawler_starts", &o.lru_crawler_starts),
+                ("crawler_reclaimed", &o.crawler_reclaimed),
+                ("log_watcher_sent", &store.watch.sent),
+                ("log_watcher_skipped", &store.watch.skipped),
+                ("store_too_large", &o.store_too_large),
+                ("store_no_memory", &o.store_no_memory),
                 ("bytes_read", &c.bytes_read),
                 ("bytes_written", &c.bytes_written),
             ] {
@@ -703,9 +985,12 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "evicted_unfetched", s.counters.evicted_unfetched);
             stat(out, "evictions", s.counters.evictions);
             stat(out, "reclaimed", s.counters.reclaimed);
+            stat(out, "log_watchers", store.watch.watchers());
+            stat(out, "lru_crawler_running", 0);
             crate::runtime_stats::write(out);
         }
         Some(b"settings") => {
+            let yes = |b: bool| if b { "yes" } else { "no" };
             stat(out, "maxbytes", store.limit());
             stat(out, "maxconns", cfg.max_conns);
             stat(out, "tcpport", cfg.port);
@@ -713,45 +998,98 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "inter", &cfg.listen);
             stat(out, "verbosity", ld(&shared.verbosity));
             stat(out, "evictions", "on");
-            stat(out, "cas_enabled", "yes");
-            stat(out, "item_size_max", cfg.item_max);
+            stat(out, "domain_socket", "NULL");
+            stat(out, "shutdown_command", yes(cfg.enable_shutdown));
+            stat(out, "growth_factor", "1.25");
+            stat(out, "chunk_size", 48);
             stat(out, "num_threads", cfg.threads);
+            stat(out, "stat_key_prefix", ":");
+            stat(out, "detail_enabled", yes(shared.detail.enabled()));
+            stat(out, "cas_enabled", "yes");
             stat(out, "binding_protocol", "auto-negotiate");
+            stat(out, "item_size_max", cfg.item_max);
+            stat(out, "slab_chunk_max", slabs::CHUNK_MAX);
+            stat(
+                out,
+                "slab_automove",
+                shared.slab_automove.load(Ordering::Relaxed),
+            );
+            stat(
+                out,
+                "lru_crawler",
+                yes(shared.crawler_enabled.load(Ordering::Relaxed)),
+            );
+            stat(out, "flush_enabled", "yes");
             stat(out, "corewise_mode", cfg.mode);
         }
         Some(b"items") => {
-            let s = store.stats();
-            if s.curr_items > 0 {
-                stat(out, "items:1:number", s.curr_items);
-                stat(out, "items:1:age", s.oldest_age);
-                stat(out, "items:1:evicted", s.counters.evictions);
-                stat(
-                    out,
-                    "items:1:evicted_unfetched",
-                    s.counters.evicted_unfetched,
-                );
-                stat(
-                    out,
-                    "items:1:expired_unfetched",
-                    s.counters.expired_unfetched,
-                );
-                stat(out, "items:1:reclaimed", s.counters.reclaimed);
+            for (id, c) in store.class_stats().iter().enumerate() {
+                if c.number == 0 {
+                    continue;
+                }
+                let k = &c.counters;
+                for (name, v) in [
+                    ("number", c.number),
+                    ("number_hot", 0),
+                    ("number_warm", c.active),
+                    ("number_cold", c.number - c.active),
+                    ("number_temp", 0),
+                    ("age_hot", 0),
+                    ("age_warm", 0),
+                    ("age", u64::from(c.age)),
+                    ("mem_requested", c.mem_requested),
+                    ("evicted", k.evicted),
+                    ("evicted_nonzero", k.evicted_nonzero),
+                    ("evicted_time", u64::from(k.evicted_time)),
+                    ("outofmemory", k.outofmemory),
+                    ("reclaimed", k.reclaimed),
+                    ("expired_unfetched", k.expired_unfetched),
+                    ("evicted_unfetched", k.evicted_unfetched),
+                ] {
+                    stat(out, &format!("items:{id}:{name}"), v);
+                }
             }
         }
         Some(b"slabs") => {
-            // One "class": items are individually allocated, not slabbed.
-            let s = store.stats();
-            if s.curr_items > 0 {
-                stat(out, "1:chunk_size", cfg.item_max);
-                stat(out, "1:used_chunks", s.curr_items);
-                stat(out, "1:mem_requested", s.bytes);
+            // A view: items are allocated one by one; each class has the
+            // pages its items would fill (see `store::slabs`).
+            let (mut active, mut pages_total) = (0u64, 0u64);
+            for (id, c) in store.class_stats().iter().enumerate() {
+                let pages = c.pages(id);
+                if pages == 0 {
+                    continue;
+                }
+                active += 1;
+                pages_total += pages;
+                let per = slabs::per_page(id) as u64;
+                let size = slabs::chunk_sizes().get(id - 1).copied().unwrap_or(0);
+                for (name, v) in [
+                    ("chunk_size", size as u64),
+                    ("chunks_per_page", per),
+                    ("total_pages", pages),
+                    ("total_chunks", pages * per),
+                    ("used_chunks", c.used_chunks),
+                    ("free_chunks", pages * per - c.used_chunks),
+                    ("free_chunks_end", 0),
+                    ("get_hits", c.counters.get_hits),
+                    ("cmd_set", c.counters.cmd_set),
+                    ("delete_hits", c.counters.delete_hits),
+                    ("incr_hits", c.counters.incr_hits),
+                    ("decr_hits", c.counters.decr_hits),
+                    ("cas_hits", c.counters.cas_hits),
+                    ("cas_badval", c.counters.cas_badval),
+                    ("touch_hits", c.counters.touch_hits),
+                ] {
+                    stat(out, &format!("{id}:{name}"), v);
+                }
             }
-            stat(out, "active_slabs", u64::from(s.curr_items > 0));
-            stat(out, "total_malloced", s.bytes);
+            stat(out, "active_slabs", active);
+            stat(out, "total_malloced", pages_total * slabs::PAGE_SIZE as u64);
         }
         Some(b"sizes") => stat(out, "sizes_status", "disabled"),
         Some(b"reset") => {
-            store.ops.reset();
+            store.reset_counters();
+            shared.detail.clear();
             for c in [
                 &shared.conns.total_connections,
                 &shared.conns.rejected_connections,

@@ -13,6 +13,7 @@
 //!
 //! [`Store`]: crate::store::Store
 
+use crate::admin::DetailOp;
 use crate::exec::{stats, Flow, Shared, VERSION};
 use crate::protocol::binary::{Frame, Header, RESPONSE_MAGIC};
 use crate::protocol::KEY_MAX;
@@ -132,6 +133,35 @@ pub fn write_too_large(h: &Header, out: &mut Vec<u8>) {
     write_error(h, status::E2BIG, out);
 }
 
+/// Answers a request whose body is over the item limit (the decoder's
+/// [`TooLarge`](crate::protocol::binary::BinDecoded::TooLarge)): "Too
+/// large.", and for `set`/`setq` the key's old value is removed, as
+/// memcached does (a failed set must not leave stale data behind).
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::Shared, exec_binary::too_large};
+/// use corewise_kv::protocol::binary::Header;
+/// use corewise_kv::store::{Deadline, SetMode};
+/// let shared = Shared::new(Config::default());
+/// shared.store.store(SetMode::Set, b"k", 0, Deadline::Never, b"old", None);
+/// let h = Header { magic: 0x80, opcode: 0x01, key_len: 1, extras_len: 8, body_len: 1 << 21, opaque: 0, cas: 0 };
+/// let mut out = Vec::new();
+/// too_large(&shared, &h, b"k", &mut out);
+/// assert_eq!(&out[6..8], &[0x00, 0x03]); // status: too large
+/// assert!(!shared.store.get(b"k", None, |_, _| {}));
+/// ```
+pub fn too_large(shared: &Shared, h: &Header, key: &[u8], out: &mut Vec<u8>) {
+    if matches!(h.opcode, op::SET | op::SETQ) {
+        shared.store.remove(key);
+    }
+    shared
+        .store
+        .ops
+        .store_too_large
+        .fetch_add(1, Ordering::Relaxed);
+    write_error(h, status::E2BIG, out);
+}
+
 /// Appends the response to a header whose extras and key overrun its body.
 pub fn write_malformed(h: &Header, out: &mut Vec<u8>) {
     write_error(h, status::EINVAL, out);
@@ -213,6 +243,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
                     value,
                 );
             });
+            shared.detail.record(f.key, DetailOp::Get(hit));
             if !hit && !quiet {
                 if with_key {
                     respond(out, h, status::KEY_ENOENT, 0, &[], f.key, &[]);
@@ -261,6 +292,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
                 return Flow::Continue;
             }
             let compare = (h.cas != 0).then_some(h.cas);
+            shared.detail.record(f.key, DetailOp::Delete);
             match store.delete(f.key, compare) {
                 DeleteOutcome::Deleted => {
                     if h.opcode == op::DELETE {
@@ -357,8 +389,9 @@ fn store_value(
     out: &mut Vec<u8>,
 ) {
     let h = &f.header;
-    if f.value.len() > shared.config.item_max {
-        write_error(h, status::E2BIG, out);
+    shared.detail.record(f.key, DetailOp::Set);
+    if crate::store::item_size(f.key.len(), flags, f.value.len()) > shared.config.item_max {
+        too_large(shared, h, f.key, out);
         return;
     }
     let compare = (h.cas != 0).then_some(h.cas);
@@ -391,6 +424,24 @@ fn store_value(
 /// found". The statistics are those of the text `stats` command.
 fn stat_responses(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) {
     let h = &f.header;
+    // `detail on|off|dump`: memcached answers the dump as one statistic
+    // named `detail` and the switches with the terminator alone.
+    if let Some(arg) = f.key.strip_prefix(b"detail") {
+        match arg {
+            b" on" | b" off" => shared.detail.command(arg.get(1..), &mut Vec::new()),
+            b" dump" => {
+                let mut dump = Vec::new();
+                shared.detail.dump(&mut dump);
+                respond(out, h, status::OK, 0, &[], b"detail", &dump);
+            }
+            _ => {
+                write_error(h, status::KEY_ENOENT, out);
+                return;
+            }
+        }
+        respond(out, h, status::OK, 0, &[], &[], &[]);
+        return;
+    }
     let mut text = Vec::new();
     stats(shared, (!f.key.is_empty()).then_some(f.key), &mut text);
     for line in text.split(|&b| b == b'\n') {
@@ -472,7 +523,7 @@ mod tests {
                         break;
                     }
                 }
-                BinDecoded::TooLarge(h) => write_too_large(&h, &mut out),
+                BinDecoded::TooLarge(h, k) => too_large(shared, &h, k, &mut out),
                 BinDecoded::Malformed(h) => write_malformed(&h, &mut out),
                 BinDecoded::Incomplete if n > 0 => {}
                 other => panic!("{other:?} at {pos}"),

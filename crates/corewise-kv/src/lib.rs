@@ -5,11 +5,13 @@
 //! pure, fuzzable parser), [`store`] holds the items (sharded, LRU, memory
 //! limit, expiry, CAS), [`exec`] runs a request against the store and
 //! writes memcached's reply ([`exec_binary`] for the binary protocol), [`config`] reads memcached's command-line
-//! flags, and [`server`] moves bytes between sockets and the rest, either
+//! flags, [`admin`] runs memcached's operator commands, [`watch`] is the
+//! live log of `watch`, and [`server`] moves bytes between sockets and the rest, either
 //! with one user thread per connection or with a dispatch thread that
 //! creates a short-lived user thread per ready connection (Arachne's
 //! memcached port).
 
+pub mod admin;
 pub mod config;
 pub mod exec;
 pub mod exec_binary;
@@ -17,3 +19,4 @@ pub mod protocol;
 mod runtime_stats;
 pub mod server;
 pub mod store;
+pub mod watch;

@@ -35,8 +35,8 @@
 //! [`SPILL_AT`] of reply, in both modes and both protocols.
 
 use crate::config::Mode;
-use crate::exec::{execute_spilling, write_error, Flow, Shared, SPILL_AT};
-use crate::exec_binary::{execute_binary, write_malformed, write_too_large};
+use crate::exec::{execute_conn, write_error, ConnInfo, Flow, Shared, SPILL_AT};
+use crate::exec_binary::{execute_binary, too_large, write_malformed};
 use crate::protocol::binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC};
 use crate::protocol::{Decoded, Decoder, Limits, MAX_LINE};
 use corewise::net::{TcpListener, TcpStream};
@@ -69,11 +69,14 @@ pub struct Connection {
     /// that byte has been seen).
     binary: Option<BinaryDecoder>,
     negotiated: bool,
+    /// Its entry in `stats conns`.
+    info: Arc<ConnInfo>,
     shared: Arc<Shared>,
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        self.shared.conn_table.close(self.stream.as_raw_fd());
         self.shared
             .conns
             .curr_connections
@@ -90,6 +93,12 @@ impl Connection {
             .conns
             .curr_connections
             .fetch_add(1, Ordering::Relaxed);
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
+        let info = shared
+            .conn_table
+            .open(stream.as_raw_fd(), peer, shared.store.clock().now());
         Self {
             stream,
             rbuf: vec![0; INITIAL_BUF],
@@ -102,6 +111,7 @@ impl Connection {
             decoder: Decoder::new(Limits { item_max }),
             binary: None,
             negotiated: false,
+            info,
             shared,
         }
     }
@@ -177,6 +187,20 @@ impl Connection {
 
     /// Runs every complete request in the read buffer, appending replies.
     pub fn process(&mut self) -> Flow {
+        if self.pos == self.filled {
+            return Flow::Continue;
+        }
+        let info = Arc::clone(&self.info);
+        info.spoke.store(true, Ordering::Relaxed);
+        info.busy.store(true, Ordering::Relaxed);
+        let flow = self.process_buffered();
+        info.last_cmd
+            .store(self.shared.store.clock().now(), Ordering::Relaxed);
+        info.busy.store(false, Ordering::Relaxed);
+        flow
+    }
+
+    fn process_buffered(&mut self) -> Flow {
         if !self.negotiated {
             let Some(&first) = self.rbuf[self.pos..self.filled].first() else {
                 return Flow::Continue;
@@ -198,8 +222,10 @@ impl Connection {
                 Decoded::Incomplete => Flow::Continue,
                 Decoded::Request(r) => {
                     let (stream, shared) = (&mut self.stream, &*self.shared);
+                    let cfd = stream.as_raw_fd();
                     let mut spill = |o: &mut Vec<u8>| send_all(stream, o, shared);
-                    execute_spilling(shared, &r, &mut self.wbuf, &mut self.scratch, &mut spill)
+                    let (out, scratch) = (&mut self.wbuf, &mut self.scratch);
+                    execute_conn(shared, &r, out, scratch, &mut spill, cfd)
                 }
                 Decoded::Error(e) => {
                     write_error(e, &mut self.wbuf);
@@ -207,6 +233,17 @@ impl Connection {
                 }
             };
             self.pos += used;
+            if let Flow::Watch(_) = flow {
+                // As memcached: `watch` must be the last request buffered.
+                if self.pos < self.filled {
+                    self.wbuf.extend_from_slice(
+                        b"ERROR cannot pipeline other commands before watch\r\n",
+                    );
+                    continue;
+                }
+                self.wbuf.extend_from_slice(b"OK\r\n");
+                return flow;
+            }
             if flow == Flow::Close || self.spill_if_full().is_err() {
                 return Flow::Close;
             }
@@ -226,8 +263,8 @@ impl Connection {
             let flow = match d {
                 BinDecoded::Incomplete => Flow::Continue,
                 BinDecoded::Frame(f) => execute_binary(&self.shared, &f, &mut self.wbuf),
-                BinDecoded::TooLarge(h) => {
-                    write_too_large(&h, &mut self.wbuf);
+                BinDecoded::TooLarge(h, key) => {
+                    too_large(&self.shared, &h, key, &mut self.wbuf);
                     Flow::Continue
                 }
                 BinDecoded::Malformed(h) => {
@@ -269,6 +306,33 @@ impl Connection {
 
     fn fd(&self) -> RawFd {
         self.stream.as_raw_fd()
+    }
+
+    /// Streams the `watch` log of the `mask` events until the client
+    /// closes (what it sends meanwhile is read and ignored, as memcached
+    /// ignores it). The lines are picked up every 10 ms.
+    pub fn watch(&mut self, mask: u8) -> io::Result<()> {
+        let log = Arc::clone(&self.shared.store.watch);
+        let me = log.subscribe(mask);
+        let r = loop {
+            let lines = me.drain();
+            for l in &lines {
+                self.wbuf.extend_from_slice(l.as_bytes());
+            }
+            if let Err(e) = self.flush() {
+                break Err(e);
+            }
+            self.pos = 0;
+            self.filled = 0;
+            match self.fill_now() {
+                Ok(0) => break Ok(()),
+                Err(e) if e.kind() != io::ErrorKind::WouldBlock => break Err(e),
+                _ => {}
+            }
+            corewise::sleep(Duration::from_millis(10));
+        };
+        log.unsubscribe(&me);
+        r
     }
 }
 
@@ -347,6 +411,11 @@ fn admit(stream: TcpStream, shared: &Arc<Shared>) -> Option<Connection> {
 /// Call it on a user thread of `rt`; `rt` is used to create the dispatch
 /// thread in dispatch mode.
 pub fn serve(rt: &corewise::Runtime, listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        shared
+            .conn_table
+            .set_listener(listener.as_raw_fd(), addr.to_string());
+    }
     match shared.config.mode {
         Mode::Conn => {
             let h = rt
@@ -449,8 +518,10 @@ fn run_conn(conn: &mut Connection) -> io::Result<()> {
         }
         let flow = conn.process();
         conn.flush()?;
-        if flow == Flow::Close {
-            return Ok(());
+        match flow {
+            Flow::Close => return Ok(()),
+            Flow::Watch(mask) => return conn.watch(mask),
+            Flow::Continue => {}
         }
     }
 }
@@ -652,6 +723,11 @@ fn serve_ready(d: &Dispatch, token: usize, mut conn: Connection) {
             Ok(_) => {
                 let flow = conn.process();
                 if conn.flush().is_err() || flow == Flow::Close {
+                    break false;
+                }
+                if let Flow::Watch(mask) = flow {
+                    // The worker stays with the connection until it closes.
+                    let _ = conn.watch(mask);
                     break false;
                 }
             }

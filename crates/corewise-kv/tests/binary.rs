@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Server;
+use common::{frame, Server};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -13,20 +13,6 @@ const GET: u8 = 0x00;
 const SET: u8 = 0x01;
 const GETKQ: u8 = 0x0d;
 const NOOP: u8 = 0x0a;
-
-fn frame(op: u8, extras: &[u8], key: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
-    let mut v = vec![0x80, op];
-    v.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    v.push(extras.len() as u8);
-    v.extend_from_slice(&[0, 0, 0]);
-    v.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
-    v.extend_from_slice(&opaque.to_be_bytes());
-    v.extend_from_slice(&[0; 8]);
-    v.extend_from_slice(extras);
-    v.extend_from_slice(key);
-    v.extend_from_slice(value);
-    v
-}
 
 fn set(key: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
     frame(SET, &[0, 0, 0, 7, 0, 0, 0, 0], key, value, opaque)

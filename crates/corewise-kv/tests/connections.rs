@@ -1,5 +1,6 @@
 //! `conn` mode (the default) takes connections up to `-c`, each on its own
 //! user thread blocked in `read`: far more than a core's 56 dispatch slots.
+//! Over `-c`, both modes refuse with memcached's line, not a reset.
 
 mod common;
 
@@ -57,4 +58,47 @@ fn conn_mode_serves_a_thousand_connections_at_once() {
 #[test]
 fn conn_mode_serves_ten_thousand_connections_with_c_10240() {
     all_served(10_240, 10_000);
+}
+
+/// Connections over `-c` that send a request before reading are told why
+/// they are refused (the line arrives; the close is not a reset that would
+/// destroy it), in both modes.
+fn refused_clients_get_the_line(mode: &str) {
+    let s = Server::start(&["--mode", mode, "-c", "10", "-t", "2"]);
+    let mut conns: Vec<TcpStream> = (0..60)
+        .map(|_| {
+            let mut c = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let _ = c.write_all(b"version\r\n");
+            c
+        })
+        .collect();
+    let (mut served, mut refused) = (0, 0);
+    for (i, c) in conns.iter_mut().enumerate() {
+        let mut l = String::new();
+        BufReader::new(&*c)
+            .read_line(&mut l)
+            .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+        if l.starts_with("VERSION ") {
+            served += 1;
+        } else {
+            assert_eq!(
+                l, "SERVER_ERROR Too many open connections\r\n",
+                "connection {i}"
+            );
+            refused += 1;
+        }
+    }
+    assert!((1..=10).contains(&served), "{served} served");
+    assert_eq!(served + refused, 60);
+}
+
+#[test]
+fn conn_mode_refused_clients_get_the_line() {
+    refused_clients_get_the_line("conn");
+}
+
+#[test]
+fn dispatch_mode_refused_clients_get_the_line() {
+    refused_clients_get_the_line("dispatch");
 }

@@ -6,92 +6,24 @@
 
 mod common;
 
-use common::Server;
+use common::{bin_exchange, check_both, exchange, frame, Memcached, Server};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// Sends `req` then `mn` (meta no-op) and returns everything before the
-/// `MN` reply: the replies to `req`, in order.
-fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(req).unwrap();
-    s.write_all(b"mn\r\n").unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 65536];
-    while !got.ends_with(b"MN\r\n") {
-        let n = s.read(&mut buf).expect("read");
-        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&buf[..n]);
-    }
-    got.truncate(got.len() - 4);
-    got
-}
-
-/// Real memcached on a free port, when installed; killed on drop.
-struct Memcached(Child, u16);
-
-impl Memcached {
-    fn start() -> Option<Memcached> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let child = Command::new("memcached")
-            .args([
-                "-p",
-                &port.to_string(),
-                "-l",
-                "127.0.0.1",
-                "-U",
-                "0",
-                "-u",
-                "root",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let mc = Memcached(child, port);
-        let until = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < until {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(mc);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use std::net::TcpStream;
+use std::time::Duration;
 
 /// Checks corewise-kv (and memcached, when installed) against `want`.
 fn check(s: &Server, mc: &Option<Memcached>, req: &[u8], want: &[u8]) {
-    let got = exchange(s.port, req);
-    assert_eq!(
-        String::from_utf8_lossy(&got),
-        String::from_utf8_lossy(want),
-        "corewise-kv on {:?}",
-        String::from_utf8_lossy(&req[..req.len().min(200)])
-    );
-    if let Some(m) = mc {
-        let theirs = exchange(m.1, req);
-        assert_eq!(
-            String::from_utf8_lossy(&theirs),
-            String::from_utf8_lossy(want),
-            "memcached on {:?}",
-            String::from_utf8_lossy(&req[..req.len().min(200)])
-        );
-    }
+    check_both(s, mc, req, &String::from_utf8_lossy(want), |r| {
+        String::from_utf8_lossy(r).into_owned()
+    });
+}
+
+/// A command line and a data block of `n` bytes `a`.
+fn with_data(head: &str, n: usize) -> Vec<u8> {
+    let mut v = format!("{head}\r\n").into_bytes();
+    v.extend_from_slice(&vec![b'a'; n]);
+    v.extend_from_slice(b"\r\n");
+    v
 }
 
 fn run(mode: &str) {
@@ -162,12 +94,7 @@ fn run(mode: &str) {
 
     // Defect 3: the item size limit counts the item as memcached does
     // (header, key, flags, CRLF), and append/prepend respect it.
-    let cmd = |c: &str, n: usize| {
-        let mut v = format!("{c} s3 0 0 {n}\r\n").into_bytes();
-        v.extend_from_slice(&vec![b'a'; n]);
-        v.extend_from_slice(b"\r\n");
-        v
-    };
+    let cmd = |c: &str, n: usize| with_data(&format!("{c} s3 0 0 {n}"), n);
     let mut req = cmd("set", 1_048_515);
     req.extend_from_slice(&cmd("set", 1_048_516));
     req.extend_from_slice(&cmd("set", 1_048_000));
@@ -252,6 +179,57 @@ fn run(mode: &str) {
     req.extend_from_slice(b"\r\n");
     assert!(req.len() > 100_000);
     check(&s, &mc, &req, b"STORED\r\nVALUE k17999 0 1\r\nz\r\nEND\r\n");
+
+    // Item 8: `ms` counts the item as memcached does (header, key, flags),
+    // a too-large `ms` removes the old value whatever its mode or `q`, and a
+    // length that is not an int32 is a bad command line.
+    let ms = with_data;
+    let mut req = ms("ms msk 1", 1);
+    req.extend_from_slice(&ms("ms msk 1048514", 1_048_514));
+    req.extend_from_slice(b"mg msk s\r\n");
+    req.extend_from_slice(&ms("ms msk 1048515", 1_048_515));
+    req.extend_from_slice(b"mg msk s\r\n");
+    req.extend_from_slice(&ms("ms msk 1048510 F1", 1_048_510));
+    req.extend_from_slice(&ms("ms msk 1048511 F1 q", 1_048_511));
+    req.extend_from_slice(b"mg msk s\r\n");
+    req.extend_from_slice(&ms("ms msk 1", 1));
+    req.extend_from_slice(&ms("ms msk 2000000 MA", 2_000_000));
+    req.extend_from_slice(b"mg msk s\r\nms msk 4294967295\r\nms msk 2147483646\r\n");
+    check(
+        &s,
+        &mc,
+        &req,
+        b"HD\r\nHD\r\nHD s1048514\r\nSERVER_ERROR object too large for cache\r\nEN\r\n\
+          HD\r\nSERVER_ERROR object too large for cache\r\nEN\r\n\
+          HD\r\nSERVER_ERROR object too large for cache\r\nEN\r\n\
+          CLIENT_ERROR bad command line format\r\nCLIENT_ERROR bad command line format\r\n",
+    );
+
+    // Item 8: a line over 2 KiB with no newline that is not a multi-get
+    // closes the connection (64 KiB, and just over the 2 KiB memcached
+    // looks at); a multi-get may go on.
+    for port in std::iter::once(s.port).chain(mc.as_ref().map(|m| m.1)) {
+        for n in [64 * 1024, 2049] {
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            c.write_all(&vec![b'x'; n]).unwrap();
+            let mut rest = Vec::new();
+            // An end of stream, or a reset if the server closed with our
+            // bytes unread; a timeout means it was kept open.
+            match c.read_to_end(&mut rest) {
+                Ok(_) => assert_eq!(rest, b"", "port {port}, {n} bytes"),
+                Err(e) => assert_eq!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset,
+                    "port {port}, {n} bytes"
+                ),
+            }
+        }
+    }
+    let mut req = b"get".to_vec();
+    req.resize(3000, b' ');
+    req.extend_from_slice(b"k17999\r\n");
+    check(&s, &mc, &req, b"VALUE k17999 0 1\r\nz\r\nEND\r\n");
 }
 
 trait ReplaceFirst {
@@ -271,6 +249,69 @@ impl ReplaceFirst for Vec<u8> {
     }
 }
 
+/// Defect 2 in the binary protocol: a too-large `set` or `setq` (a body
+/// over the limit, or an item just over it) removes the old value; `add`
+/// and `replace` leave it, as in memcached.
+fn binary_too_large(mode: &str) {
+    let s = Server::start(&["--mode", mode]);
+    let mc = Memcached::start();
+    let set = |op: u8, value: &[u8], opaque: u32| frame(op, &[0; 8], b"bk", value, opaque);
+    let get = |opaque: u32| frame(0x00, &[], b"bk", &[], opaque);
+    let huge = vec![b'y'; 2_000_000];
+    let just_over = vec![b'y'; 1_048_516];
+    let mut frames = Vec::new();
+    for (i, (op, v)) in [
+        (0x01, &huge),
+        (0x11, &huge),
+        (0x01, &just_over),
+        (0x02, &huge),
+        (0x03, &huge),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let i = i as u32 * 10;
+        frames.extend([set(0x01, b"x", i), set(op, v, i + 1), get(i + 2)]);
+    }
+    frames.extend([set(0x01, &just_over[1..], 60), get(61)]);
+    let ok = |op: u8, opaque: u32, v: &[u8]| (op, 0u16, opaque, v.to_vec());
+    let big = |op: u8, opaque: u32| (op, 3u16, opaque, b"Too large.".to_vec());
+    let gone = |opaque: u32| (0x00, 1u16, opaque, b"Not found".to_vec());
+    let want = vec![
+        ok(0x01, 0, b""),
+        big(0x01, 1),
+        gone(2),
+        ok(0x01, 10, b""),
+        big(0x11, 11),
+        gone(12),
+        ok(0x01, 20, b""),
+        big(0x01, 21),
+        gone(22),
+        ok(0x01, 30, b""),
+        big(0x02, 31),
+        ok(0x00, 32, b"x"),
+        ok(0x01, 40, b""),
+        big(0x03, 41),
+        ok(0x00, 42, b"x"),
+        ok(0x01, 60, b""),
+        ok(0x00, 61, &[b'y'; 16]),
+    ];
+    assert_eq!(bin_exchange(s.port, &frames), want, "corewise-kv");
+    if let Some(m) = &mc {
+        assert_eq!(bin_exchange(m.1, &frames), want, "memcached");
+    }
+}
+
+#[test]
+fn binary_too_large_conn_mode() {
+    binary_too_large("conn");
+}
+
+#[test]
+fn binary_too_large_dispatch_mode() {
+    binary_too_large("dispatch");
+}
+
 #[test]
 fn edges_conn_mode() {
     run("conn");
@@ -281,13 +322,26 @@ fn edges_dispatch_mode() {
     run("dispatch");
 }
 
-/// The `total_malloced` of `stats slabs`.
-fn malloced(c: &mut common::Client) -> u64 {
-    c.stats("slabs")
-        .into_iter()
-        .find(|(n, _)| n == "total_malloced")
-        .and_then(|(_, v)| v.parse().ok())
-        .expect("total_malloced")
+/// Stores `n` items that expire in a second, waits for them to expire,
+/// stores `n` new ones: the memory held (`bytes`, which counts expired
+/// items until they are reclaimed) must not grow, and every expired item
+/// must have been reclaimed.
+fn expired_reuse(flags: &[&str], n: usize) {
+    let s = Server::start(flags);
+    let mut c = s.client();
+    let v = vec![b'a'; 1000];
+    for i in 0..n {
+        assert_eq!(c.store(&format!("set old{i} 0 1 1000"), &v), "STORED");
+    }
+    let before = c.stat("bytes");
+    let reclaimed = c.stat("reclaimed");
+    std::thread::sleep(Duration::from_millis(2200));
+    for i in 0..n {
+        assert_eq!(c.set(&format!("new{i}"), &v), "STORED");
+    }
+    let after = c.stat("bytes");
+    assert!(after <= before, "bytes {before} -> {after}");
+    assert_eq!(c.stat("reclaimed"), reclaimed + n as u64);
 }
 
 /// Defect 7: the memory of expired items is reused by new ones (memcached
@@ -296,19 +350,13 @@ fn malloced(c: &mut common::Client) -> u64 {
 #[test]
 fn expired_memory_is_reused() {
     // -m 4 with -I 1m: one shard, so every new item sees the expired tail.
-    let s = Server::start(&["-m", "4"]);
-    let mut c = s.client();
-    let v = vec![b'a'; 1000];
-    for i in 0..10 {
-        assert_eq!(c.store(&format!("set old{i} 0 1 1000"), &v), "STORED");
-    }
-    let before = malloced(&mut c);
-    let reclaimed = c.stat("reclaimed");
-    std::thread::sleep(Duration::from_millis(2200));
-    for i in 0..10 {
-        assert_eq!(c.set(&format!("new{i}"), &v), "STORED");
-    }
-    let after = malloced(&mut c);
-    assert!(after <= before, "total_malloced {before} -> {after}");
-    assert_eq!(c.stat("reclaimed"), reclaimed + 10);
+    expired_reuse(&["-m", "4"], 10);
+}
+
+/// Defect 7 with many shards (the default `-m 64` has 16): the memory of
+/// expired items is reused even when the new items land in other shards
+/// than the expired ones, as memcached's one LRU per slab class allows.
+#[test]
+fn expired_memory_is_reused_across_shards() {
+    expired_reuse(&[], 40);
 }

@@ -22,13 +22,26 @@ fn malformed(mode: &str) {
     assert_eq!(c.line(), "ERROR");
     check(&mut c);
 
-    // A 2 MB line: one error, then the connection works again.
+    // A 2 MB multi-get line: one error, then the connection works again.
     let mut c = s.client();
-    let mut big = vec![b'g'; 2 * 1024 * 1024];
+    let mut big = b"get ".to_vec();
+    big.resize(2 * 1024 * 1024, b'g');
     big.extend_from_slice(b"\r\n");
     c.send(&big);
     assert_eq!(c.line(), "CLIENT_ERROR line too long");
     check(&mut c);
+    check(&mut keeper);
+
+    // A 2 MB line of anything else closes that connection (as memcached
+    // does), and only that one.
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let _ = c.write_all(&vec![b'g'; 2 * 1024 * 1024]);
+    let mut rest = Vec::new();
+    if c.read_to_end(&mut rest).is_ok() {
+        assert_eq!(rest, b"");
+    }
     check(&mut keeper);
 
     // A negative length.

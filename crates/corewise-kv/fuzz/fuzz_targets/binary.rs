@@ -5,7 +5,7 @@
 
 use corewise_kv::config::Config;
 use corewise_kv::exec::{Flow, Shared};
-use corewise_kv::exec_binary::{execute_binary, write_malformed, write_too_large};
+use corewise_kv::exec_binary::{execute_binary, too_large, write_malformed};
 use corewise_kv::protocol::binary::{BinDecoded, BinaryDecoder};
 use corewise_kv::protocol::Limits;
 use libfuzzer_sys::fuzz_target;
@@ -32,7 +32,7 @@ fn run(shared: &Shared, chunks: &[&[u8]]) -> Vec<u8> {
                         break 'outer;
                     }
                 }
-                BinDecoded::TooLarge(h) => write_too_large(&h, &mut out),
+                BinDecoded::TooLarge(h, k) => too_large(shared, &h, k, &mut out),
                 BinDecoded::Malformed(h) => write_malformed(&h, &mut out),
                 BinDecoded::BadMagic => break 'outer,
             }

@@ -90,9 +90,10 @@ pub enum BinDecoded<'a> {
     Incomplete,
     /// One request.
     Frame(Frame<'a>),
-    /// A body over the size limit: answer "too large"; the decoder skips the
-    /// body as it arrives.
-    TooLarge(Header),
+    /// A body over the size limit, with the request's key: answer "too
+    /// large" (a `set` also removes the key's old value, as in memcached);
+    /// the decoder skips the rest of the body as it arrives.
+    TooLarge(Header, &'a [u8]),
     /// The header's extras and key do not fit its body length: answer
     /// "invalid arguments"; the body is skipped.
     Malformed(Header),
@@ -145,11 +146,16 @@ impl BinaryDecoder {
             return (0, BinDecoded::BadMagic);
         }
         let body = u64::from(h.body_len);
-        if body > (self.limits.item_max + BODY_SLACK) as u64 {
-            self.skip = body;
-            return (HEADER_LEN, BinDecoded::TooLarge(h));
-        }
         let (ext, key) = (usize::from(h.extras_len), usize::from(h.key_len));
+        if body > (self.limits.item_max + BODY_SLACK) as u64 {
+            // Wait for the extras and the key (at most 64 KiB), so a too
+            // large `set` can remove the key's old value; skip the rest.
+            let Some(k) = buf.get(HEADER_LEN + ext..HEADER_LEN + ext + key) else {
+                return (0, BinDecoded::Incomplete);
+            };
+            self.skip = body - (ext + key) as u64;
+            return (HEADER_LEN + ext + key, BinDecoded::TooLarge(h, k));
+        }
         if ext + key > body as usize {
             self.skip = body;
             return (HEADER_LEN, BinDecoded::Malformed(h));
@@ -229,9 +235,14 @@ mod tests {
         let noop = req(0x0a, &[], &[], &[], 2);
         let mut stream = big.clone();
         stream.extend_from_slice(&noop);
+        // The header alone is not enough: the key is needed too.
+        assert_eq!(
+            d.decode(&stream[..HEADER_LEN + 8]).1,
+            BinDecoded::Incomplete
+        );
         let (used, f) = d.decode(&stream);
-        assert_eq!(used, HEADER_LEN);
-        assert!(matches!(f, BinDecoded::TooLarge(h) if h.opaque == 1));
+        assert_eq!(used, HEADER_LEN + 9);
+        assert!(matches!(f, BinDecoded::TooLarge(h, b"k") if h.opaque == 1));
         // The body arrives in pieces and is skipped.
         let mut pos = used;
         loop {

@@ -66,17 +66,20 @@ pub struct MetaFlags<'a> {
     pub new_cas: Option<u64>,
     /// `F`: client flags to store.
     pub client_flags: Option<u32>,
-    /// `I`: invalidate (accepted; treated as a plain operation).
+    /// `I`: invalidate (`md`: mark stale instead of deleting; `ms` with
+    /// `C`: an older CAS stores the value as stale).
     pub invalidate: bool,
+    /// `u`: do not bump the item in the LRU (nor mark it fetched).
+    pub no_bump: bool,
     /// `M`: mode.
     pub mode: Option<MetaMode>,
     /// `D`: delta (ma).
     pub delta: Option<u64>,
     /// `J`: initial value on auto-create (ma).
     pub initial: Option<u64>,
-    /// `N`: auto-create on miss with this TTL.
+    /// `N`: auto-create on miss with this TTL (`mg`: the creator wins).
     pub vivify: Option<i64>,
-    /// `R`: recache threshold (accepted; no win/stale logic).
+    /// `R`: win the recache token when the TTL left is below this.
     pub recache: Option<i64>,
     /// `x`: md removes the value but keeps the item (treated as delete).
     pub remove_value: bool,
@@ -119,7 +122,8 @@ impl<'a> MetaFlags<'a> {
                 b'l' => f.ret_access = true,
                 b's' => f.ret_size = true,
                 b't' => f.ret_ttl = true,
-                b'u' | b'S' | b'P' | b'L' => {}
+                b'u' => f.no_bump = true,
+                b'S' | b'P' | b'L' => {}
                 b'O' => {
                     if arg.len() > 32 {
                         return Err(ProtoError::BadFlag);
@@ -152,6 +156,21 @@ impl<'a> MetaFlags<'a> {
             }
         }
         Ok(f)
+    }
+
+    /// Every flag token, in request order: its letter and the rest of the
+    /// token (the argument, or for `O` the opaque).
+    ///
+    /// ```
+    /// use corewise_kv::protocol::MetaFlags;
+    /// let f = MetaFlags::parse(b"t T30 Oxy").unwrap();
+    /// let t: Vec<_> = f.tokens().collect();
+    /// assert_eq!(t, [(b't', &b""[..]), (b'T', b"30"), (b'O', b"xy")]);
+    /// ```
+    pub fn tokens(&self) -> impl Iterator<Item = (u8, &'a [u8])> + 'a {
+        self.raw
+            .split(|&b| b == b' ')
+            .filter_map(|t| t.split_first().map(|(&c, arg)| (c, arg)))
     }
 
     /// The flag letters that ask for something back, in request order

@@ -18,7 +18,7 @@ mod parse;
 
 pub use base64::{decode_base64, encode_base64};
 pub use meta::{MetaFlags, MetaMode};
-pub use parse::{Decoded, Decoder, Limits, KEY_MAX, MAX_LINE};
+pub use parse::{Decoded, Decoder, Limits, KEY_MAX, MAX_LINE, PARTIAL_LINE_MAX};
 
 use thiserror::Error;
 
@@ -33,8 +33,9 @@ pub enum ProtoError {
     /// A malformed command line (bad number, key too long, ...).
     #[error("CLIENT_ERROR bad command line format")]
     BadFormat,
-    /// A command line longer than [`MAX_LINE`]; the rest of the line is
-    /// skipped.
+    /// A retrieval line longer than its limit ([`MAX_LINE`] or the item
+    /// size limit, whichever is larger); the rest of the line is skipped.
+    /// (Any other line over [`PARTIAL_LINE_MAX`] closes the connection.)
     #[error("CLIENT_ERROR line too long")]
     LineTooLong,
     /// An error on a command that ends in `noreply`: memcached sends
@@ -179,10 +180,19 @@ pub enum Request<'a> {
         /// No reply wanted.
         noreply: bool,
     },
-    /// stats, with an optional group name.
+    /// stats, with an optional group name and its arguments.
     Stats {
-        /// The group (`settings`, `items`, `slabs`, ...).
+        /// The rest of the line: the group (`settings`, `items`, `slabs`,
+        /// `detail on`, ...).
         group: Option<&'a [u8]>,
+    },
+    /// An operator command: `shutdown`, `lru_crawler`, `slabs`, `lru`,
+    /// `watch` (see [`crate::admin`]).
+    Admin {
+        /// The command word.
+        cmd: &'a [u8],
+        /// The rest of the line.
+        args: &'a [u8],
     },
     /// version.
     Version,
@@ -203,14 +213,17 @@ pub enum Request<'a> {
     },
     /// quit.
     Quit,
-    /// A storage command whose value is over the item size limit (its
-    /// data block is skipped): memcached answers `SERVER_ERROR object too
-    /// large for cache` and removes the key's old value.
+    /// A storage command (classic or `ms`) whose item is over the item
+    /// size limit (its data block is skipped): memcached answers
+    /// `SERVER_ERROR object too large for cache` and removes the key's old
+    /// value.
     TooLarge {
         /// The key.
         key: &'a [u8],
         /// Whether the error line is suppressed.
         noreply: bool,
+        /// The key is base64 (`ms ... b`).
+        base64: bool,
     },
     /// Meta get (`mg`).
     MetaGet {

@@ -19,6 +19,11 @@ pub const KEY_MAX: usize = 250;
 /// bound is a few kilobytes per key batch).
 pub const MAX_LINE: usize = 64 * 1024;
 
+/// Longest command line other than a retrieval's: a longer one closes
+/// the connection, as in memcached (which closes a connection whose
+/// buffered line passes 2 KiB without a newline unless it is a multi-get).
+pub const PARTIAL_LINE_MAX: usize = 2048;
+
 /// Limits the decoder enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -52,6 +57,8 @@ enum Skip {
     Bytes(usize),
     /// Skip through the next newline.
     Line,
+    /// Skip everything: the connection is being closed.
+    All,
 }
 
 /// The incremental decoder of one connection.
@@ -156,6 +163,7 @@ impl Decoder {
                     }
                     self.skip = Skip::None;
                 }
+                Skip::All => return (used + rest.len(), Decoded::Incomplete),
                 Skip::Line => match find_newline(rest) {
                     Some(p) => {
                         used += p + 1;
@@ -167,6 +175,15 @@ impl Decoder {
         }
         let buf = buf.get(used..).unwrap_or(&[]);
         let max = self.line_max(buf);
+        if max == PARTIAL_LINE_MAX && buf.len() > max && find_newline(&buf[..=max]).is_none() {
+            // memcached closes a connection whose buffered line is over
+            // 2 KiB with no newline and is not a multi-get: no command is
+            // that long. Decided on the first 2 KiB + 1 bytes, so the
+            // outcome does not depend on how the line was split into reads
+            // (nor does anything after it: the decoder swallows the rest).
+            self.skip = Skip::All;
+            return (used + buf.len(), Decoded::Request(Request::Quit));
+        }
         let Some(nl) = find_newline(buf) else {
             if buf.len() > max {
                 self.skip = Skip::Line;
@@ -188,19 +205,23 @@ impl Decoder {
     }
 
     /// The longest command line accepted at the start of `buf`:
-    /// [`MAX_LINE`], except for a retrieval (`get`, `gets`, `gat`,
+    /// [`PARTIAL_LINE_MAX`], except for a retrieval (`get`, `gets`, `gat`,
     /// `gats`), which memcached lets name as many keys as the client likes;
-    /// here as many as fit in the item size limit (a connection's read
-    /// buffer holds that much).
+    /// here as many as fit in [`MAX_LINE`] or the item size limit, whichever
+    /// is larger (a connection's read buffer holds that much).
     fn line_max(&self, buf: &[u8]) -> usize {
-        let head = &buf[..buf.len().min(8)];
-        let retrieval = [&b"get "[..], b"gets ", b"gat ", b"gats "]
-            .iter()
-            .any(|p| head.starts_with(p));
+        // memcached skips up to 100 leading spaces before it looks.
+        let spaces = buf.iter().take(101).take_while(|&&b| b == b' ').count();
+        let head = buf.get(spaces..).unwrap_or_default();
+        let head = &head[..head.len().min(8)];
+        let retrieval = spaces <= 100
+            && [&b"get "[..], b"gets ", b"gat ", b"gats "]
+                .iter()
+                .any(|p| head.starts_with(p));
         if retrieval {
             MAX_LINE.max(self.limits.item_max)
         } else {
-            MAX_LINE
+            PARTIAL_LINE_MAX
         }
     }
 
@@ -260,13 +281,17 @@ impl Decoder {
             b"touch" => touch(toks),
             b"flush_all" => flush_all(toks),
             b"stats" => {
-                let t = toks.collect_all();
-                match t.as_slice() {
-                    [] => Ok(Request::Stats { group: None }),
-                    [g] => Ok(Request::Stats { group: Some(g) }),
-                    _ => Err(ProtoError::Unknown),
-                }
+                let rest = toks.rest();
+                let end = rest.iter().rposition(|&b| b != b' ').map_or(0, |e| e + 1);
+                let group = &rest[..end];
+                Ok(Request::Stats {
+                    group: (!group.is_empty()).then_some(group),
+                })
             }
+            b"shutdown" | b"lru_crawler" | b"slabs" | b"lru" | b"watch" => Ok(Request::Admin {
+                cmd,
+                args: toks.rest(),
+            }),
             // memcached ignores arguments of version and quit.
             b"version" => Ok(Request::Version),
             b"quit" => Ok(Request::Quit),
@@ -422,7 +447,14 @@ impl Decoder {
         if crate::store::item_size(key.len(), flags, len) > self.limits.item_max {
             // Skip the data block (and its CRLF), whenever it arrives.
             self.skip = Skip::Bytes(len.saturating_add(2));
-            return (0, Decoded::Request(Request::TooLarge { key, noreply }));
+            return (
+                0,
+                Decoded::Request(Request::TooLarge {
+                    key,
+                    noreply,
+                    base64: false,
+                }),
+            );
         }
         self.data_block(len, after, |data| Request::Store {
             cmd,
@@ -439,7 +471,12 @@ impl Decoder {
         let (Some(key), Some(len)) = (toks.next_token(), toks.next_token()) else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
-        let Some(len) = parse_num::<usize>(len) else {
+        // A length memcached's int32 cannot hold with its CRLF is a bad
+        // command line (nothing is skipped), as for `set`.
+        let Some(len) = parse_num::<i64>(len)
+            .filter(|&n| (0..=i64::from(i32::MAX - 2)).contains(&n))
+            .and_then(|n| usize::try_from(n).ok())
+        else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
         let flags = match MetaFlags::parse(toks.rest()) {
@@ -459,8 +496,33 @@ impl Decoder {
             }
             return (0, Decoded::Error(ProtoError::BadFormat));
         }
+        // The limit counts the item as memcached does (header, key, flags),
+        // whatever the mode; the old value goes, as with `set`.
+        let nkey = if flags.base64 {
+            decoded_len(key)
+        } else {
+            key.len()
+        };
+        let client_flags = flags.client_flags.unwrap_or(0);
+        if crate::store::item_size(nkey, client_flags, len) > self.limits.item_max {
+            self.skip = Skip::Bytes(len.saturating_add(2));
+            return (
+                0,
+                Decoded::Request(Request::TooLarge {
+                    key,
+                    noreply: false,
+                    base64: flags.base64,
+                }),
+            );
+        }
         self.data_block(len, after, |data| Request::MetaSet { key, data, flags })
     }
+}
+
+/// The length a base64 key decodes to.
+fn decoded_len(key: &[u8]) -> usize {
+    let pad = key.iter().rev().take_while(|&&b| b == b'=').count();
+    (key.len() / 4 * 3).saturating_sub(pad)
 }
 
 fn meta_key_ok(key: &[u8], base64: bool) -> bool {
@@ -613,7 +675,8 @@ mod tests {
             r,
             Decoded::Request(Request::TooLarge {
                 key: b"k",
-                noreply: false
+                noreply: false,
+                base64: false
             })
         );
         let (m, r) = d.decode(&buf[n..]);
@@ -622,14 +685,37 @@ mod tests {
     }
 
     #[test]
-    fn long_line_is_skipped_in_pieces() {
-        let mut d = Decoder::new(Limits::default());
-        let big = vec![b'x'; MAX_LINE + 10];
+    fn long_retrieval_line_is_skipped_in_pieces() {
+        let mut d = Decoder::new(Limits { item_max: 1024 });
+        let mut big = b"get ".to_vec();
+        big.resize(MAX_LINE + 10, b'x');
         let (n, r) = d.decode(&big);
         assert_eq!((n, r), (big.len(), Decoded::Error(ProtoError::LineTooLong)));
         assert_eq!(d.decode(b"xxxx"), (4, Decoded::Incomplete));
         let (n, r) = d.decode(b"xx\r\nversion\r\n");
         assert_eq!((n, r), (13, Decoded::Request(Request::Version)));
+    }
+
+    #[test]
+    fn a_long_line_that_is_not_a_multiget_closes() {
+        let mut line = vec![b'x'; PARTIAL_LINE_MAX];
+        assert_eq!(one(&line), (0, Decoded::Incomplete));
+        line.push(b'x');
+        assert_eq!(one(&line), (line.len(), Decoded::Request(Request::Quit)));
+        // Whole or in pieces, a longer line closes all the same.
+        line.extend_from_slice(b"\r\nversion\r\n");
+        assert_eq!(one(&line), (line.len(), Decoded::Request(Request::Quit)));
+        // A line of exactly the maximum is read.
+        let mut ok = vec![b'x'; PARTIAL_LINE_MAX];
+        ok.push(b'\n');
+        assert_eq!(one(&ok).1, Decoded::Error(ProtoError::Unknown));
+        // Leading spaces (up to 100) before a get are allowed.
+        let mut get = vec![b' '; 100];
+        get.extend_from_slice(b"get ");
+        get.resize(5000, b'k');
+        assert_eq!(one(&get), (0, Decoded::Incomplete));
+        get.insert(0, b' ');
+        assert_eq!(one(&get).1, Decoded::Request(Request::Quit));
     }
 
     #[test]

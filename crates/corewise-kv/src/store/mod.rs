@@ -19,13 +19,16 @@
 mod clock;
 mod hash;
 mod shard;
+pub mod slabs;
 
 pub use clock::{Clock, Deadline, MAX_RELATIVE_EXPIRY};
 pub use hash::{hash_key, FxBuild, FxHasher};
 pub use shard::{Item, Miss, Shard, ShardCounters, ITEM_OVERHEAD};
 
+use crate::watch::Watch;
 use corewise::sync::SpinLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// How a storage request treats an existing item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +94,43 @@ pub struct Before {
     pub idle: u32,
 }
 
+/// What a meta get saw, besides the item (see [`Store::meta_get`]).
+#[derive(Debug, Clone, Copy)]
+pub struct MetaView {
+    /// The item as it was before this read.
+    pub before: Before,
+    /// The item was created by this read (`mg ... N`).
+    pub created: bool,
+    /// Server seconds now.
+    pub now: u32,
+}
+
+/// Options of a meta set beyond the classic ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetaStore {
+    /// `E`: the CAS the item gets instead of a new one.
+    pub new_cas: Option<u64>,
+    /// `I` with `C`: a compare CAS older than the item's stores the value
+    /// anyway, as stale, keeping the old expiry and win token.
+    pub invalidate: bool,
+}
+
+/// The expiry field a deadline gives an item at server second `now`.
+///
+/// ```
+/// use corewise_kv::store::{exptime_at, Deadline};
+/// assert_eq!(exptime_at(Deadline::Never, 5), 0);
+/// assert_eq!(exptime_at(Deadline::At(9), 5), 9);
+/// assert_eq!(exptime_at(Deadline::Past, 5), 5);
+/// ```
+pub fn exptime_at(deadline: Deadline, now: u32) -> u32 {
+    match deadline {
+        Deadline::Never => 0,
+        Deadline::At(t) => t,
+        Deadline::Past => now,
+    }
+}
+
 /// Totals over the store, for `stats`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StoreStats {
@@ -147,6 +187,17 @@ pub struct OpCounters {
     pub touch_hits: AtomicU64,
     /// Touches of absent keys.
     pub touch_misses: AtomicU64,
+    /// Crawls and metadumps run (`lru_crawler_starts`).
+    pub lru_crawler_starts: AtomicU64,
+    /// Expired items a crawl reclaimed (`crawler_reclaimed`).
+    pub crawler_reclaimed: AtomicU64,
+    /// Meta debug (`me`) requests (what memcached 1.6.18 counts as
+    /// `cmd_meta`).
+    pub cmd_meta: AtomicU64,
+    /// Stores refused for the item size limit.
+    pub store_too_large: AtomicU64,
+    /// Stores refused for want of memory.
+    pub store_no_memory: AtomicU64,
 }
 
 impl OpCounters {
@@ -172,6 +223,11 @@ impl OpCounters {
             &self.cas_badval,
             &self.touch_hits,
             &self.touch_misses,
+            &self.cmd_meta,
+            &self.lru_crawler_starts,
+            &self.crawler_reclaimed,
+            &self.store_too_large,
+            &self.store_no_memory,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -203,8 +259,12 @@ pub struct Store {
     limit: AtomicU64,
     /// The item size limit (`-I`), as [`item_size`] counts an item.
     item_max: AtomicU64,
+    /// The server second of the last sweep of every shard's LRU tail.
+    swept_at: AtomicU32,
     /// Request counters.
     pub ops: OpCounters,
+    /// The `watch` log.
+    pub watch: Arc<Watch>,
 }
 
 /// An item's size as memcached 1.6 counts it against the item size limit
@@ -226,8 +286,11 @@ impl Store {
     pub fn new(limit: usize, shards: usize) -> Self {
         let n = shards.clamp(1, 1024).next_power_of_two();
         let per = limit / n;
+        let watch = Arc::new(Watch::default());
         Self {
-            shards: (0..n).map(|_| SpinLock::new(Shard::new(per))).collect(),
+            shards: (0..n)
+                .map(|_| SpinLock::new(Shard::watched(per, Arc::clone(&watch))))
+                .collect(),
             mask: n as u64 - 1,
             clock: Clock::new(),
             next_cas: AtomicU64::new(1),
@@ -235,7 +298,9 @@ impl Store {
             flush_at: AtomicU64::new(0),
             limit: AtomicU64::new(limit as u64),
             item_max: AtomicU64::new(u64::MAX),
+            swept_at: AtomicU32::new(0),
             ops: OpCounters::default(),
+            watch,
         }
     }
 
@@ -274,6 +339,29 @@ impl Store {
         &self.shards[i as usize]
     }
 
+    /// Once per server second, frees the expired items at the LRU tail of
+    /// every shard. Each insert reclaims its own shard's tail; this makes
+    /// the memory of expired items in shards that see no insert reusable
+    /// too, as memcached's one LRU per slab class (and its LRU maintainer)
+    /// makes every expired item's memory reusable by any new item.
+    fn sweep_tails(&self, now: u32) {
+        if self.shards.len() == 1 {
+            return;
+        }
+        let last = self.swept_at.load(Ordering::Relaxed);
+        if last >= now
+            || self
+                .swept_at
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        for sh in self.shards.iter() {
+            sh.lock().reclaim_tail(now);
+        }
+    }
+
     fn new_cas(&self) -> u64 {
         self.next_cas.fetch_add(1, Ordering::Relaxed)
     }
@@ -300,10 +388,12 @@ impl Store {
     /// (gat, mg T); a past deadline makes the item expire after this read.
     pub fn get(&self, key: &[u8], touch: Option<Deadline>, f: impl FnOnce(&Item, Before)) -> bool {
         let (now, floor) = self.now_floor();
-        bump(&self.ops.cmd_get);
-        if touch.is_some() {
-            bump(&self.ops.cmd_touch);
-        }
+        // As memcached 1.6.18 counts: a get-and-touch is a touch, not a get.
+        bump(if touch.is_some() {
+            &self.ops.cmd_touch
+        } else {
+            &self.ops.cmd_get
+        });
         let mut shard = self.shard(key).lock();
         match shard.lookup(key, now, floor, true) {
             Ok(it) => {
@@ -319,20 +409,28 @@ impl Store {
                     Some(Deadline::Past) => it.exptime = now,
                     None => {}
                 }
+                let cls = it.class();
                 f(it, before);
-                drop(shard);
-                bump(&self.ops.get_hits);
                 if touch.is_some() {
-                    bump(&self.ops.touch_hits);
+                    shard.class_op(cls, |c| &mut c.touch_hits);
+                } else {
+                    shard.class_op(cls, |c| &mut c.get_hits);
                 }
+                drop(shard);
+                bump(if touch.is_some() {
+                    &self.ops.touch_hits
+                } else {
+                    &self.ops.get_hits
+                });
                 true
             }
             Err(m) => {
                 drop(shard);
-                bump(&self.ops.get_misses);
-                if touch.is_some() {
-                    bump(&self.ops.touch_misses);
-                }
+                bump(if touch.is_some() {
+                    &self.ops.touch_misses
+                } else {
+                    &self.ops.get_misses
+                });
                 match m {
                     Miss::Expired => bump(&self.ops.get_expired),
                     Miss::Flushed => bump(&self.ops.get_flushed),
@@ -341,6 +439,126 @@ impl Store {
                 false
             }
         }
+    }
+
+    /// A meta get (`mg`): like [`get`](Self::get), but `f` may change the
+    /// item (expiry, win token) in place, `vivify` creates an empty item on
+    /// a miss (`N`; `f` is then told it `created` it), and `bump` false
+    /// leaves the item's fetched mark and last access alone (`u`). A hit
+    /// counts as a touch when `touch` (`T`), as a get otherwise; a miss as
+    /// a get (memcached's counting). Returns false on a miss that was not
+    /// vivified.
+    ///
+    /// ```
+    /// use corewise_kv::store::Store;
+    /// let s = Store::new(1 << 20, 1);
+    /// let mut first = None;
+    /// assert!(s.meta_get(b"k", true, true, false, |it, v| { first = Some(v.created); it.token_sent = true; }));
+    /// assert_eq!(first, Some(true));
+    /// assert!(s.meta_get(b"k", true, true, false, |it, v| assert!(!v.created && it.token_sent)));
+    /// ```
+    pub fn meta_get(
+        &self,
+        key: &[u8],
+        vivify: bool,
+        bump_item: bool,
+        touch: bool,
+        f: impl FnOnce(&mut Item, MetaView),
+    ) -> bool {
+        let (now, floor) = self.now_floor();
+        let mut shard = self.shard(key).lock();
+        let mut miss = None;
+        let mut created = false;
+        if let Err(m) = shard.lookup(key, now, floor, bump_item) {
+            miss = Some(m);
+            if vivify {
+                let item = Item::new(key, Vec::new(), 0, 0, self.new_cas(), now);
+                created = shard.insert(item, now);
+            }
+        }
+        let found = if created || miss.is_none() {
+            shard.lookup(key, now, floor, bump_item).ok()
+        } else {
+            None
+        };
+        let Some(it) = found else {
+            drop(shard);
+            bump(&self.ops.cmd_get);
+            bump(&self.ops.get_misses);
+            match miss {
+                Some(Miss::Expired) => bump(&self.ops.get_expired),
+                Some(Miss::Flushed) => bump(&self.ops.get_flushed),
+                _ => {}
+            }
+            return false;
+        };
+        let before = Before {
+            fetched: it.fetched,
+            idle: now.saturating_sub(it.last_access),
+        };
+        if bump_item {
+            it.fetched = true;
+            it.last_access = now;
+        }
+        let view = MetaView {
+            before,
+            created,
+            now,
+        };
+        let cls = it.class();
+        f(it, view);
+        if touch {
+            shard.class_op(cls, |c| &mut c.touch_hits);
+        } else {
+            shard.class_op(cls, |c| &mut c.get_hits);
+        }
+        drop(shard);
+        if touch {
+            bump(&self.ops.cmd_touch);
+            bump(&self.ops.touch_hits);
+        } else {
+            bump(&self.ops.cmd_get);
+            bump(&self.ops.get_hits);
+        }
+        true
+    }
+
+    /// Marks `key` stale instead of deleting it (`md ... I`): a new CAS, the
+    /// win token cleared so the next reader wins, and a new expiry when
+    /// `ttl` is given. `compare` must match the CAS when given.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, DeleteOutcome, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+    /// assert_eq!(s.invalidate(b"k", None, None), DeleteOutcome::Deleted);
+    /// assert!(s.meta_get(b"k", false, true, false, |it, _| assert!(it.stale)));
+    /// ```
+    pub fn invalidate(
+        &self,
+        key: &[u8],
+        compare: Option<u64>,
+        ttl: Option<Deadline>,
+    ) -> DeleteOutcome {
+        let (now, floor) = self.now_floor();
+        let mut shard = self.shard(key).lock();
+        let Ok(it) = shard.lookup(key, now, floor, false) else {
+            drop(shard);
+            bump(&self.ops.delete_misses);
+            return DeleteOutcome::NotFound;
+        };
+        if compare.is_some_and(|c| c != it.cas) {
+            drop(shard);
+            bump(&self.ops.delete_misses);
+            return DeleteOutcome::Exists;
+        }
+        if let Some(d) = ttl {
+            it.exptime = exptime_at(d, now);
+        }
+        it.stale = true;
+        it.token_sent = false;
+        it.cas = self.new_cas();
+        DeleteOutcome::Deleted
     }
 
     /// A storage request. `compare` is the CAS a `cas` (or `ms C`) request
@@ -354,7 +572,15 @@ impl Store {
         data: &[u8],
         compare: Option<u64>,
     ) -> StoreOutcome {
-        self.store_with(mode, key, flags, deadline, data, compare, None)
+        self.store_with(
+            mode,
+            key,
+            flags,
+            deadline,
+            data,
+            compare,
+            MetaStore::default(),
+        )
     }
 
     /// Sets the item size limit an append or prepend must respect (a
@@ -372,7 +598,8 @@ impl Store {
         self.item_max.store(n as u64, Ordering::Relaxed);
     }
 
-    /// [`store`](Self::store) with an explicit new CAS value.
+    /// [`store`](Self::store) with the meta set's options (an explicit new
+    /// CAS, invalidation).
     #[allow(clippy::too_many_arguments)]
     pub fn store_with(
         &self,
@@ -382,12 +609,21 @@ impl Store {
         deadline: Deadline,
         data: &[u8],
         compare: Option<u64>,
-        new_cas: Option<u64>,
+        meta: MetaStore,
     ) -> StoreOutcome {
+        let new_cas = meta.new_cas;
         let (now, floor) = self.now_floor();
         bump(&self.ops.cmd_set);
+        self.sweep_tails(now);
         let mut shard = self.shard(key).lock();
+        shard.class_op(
+            slabs::class_of(item_size(key.len(), flags, data.len())),
+            |c| &mut c.cmd_set,
+        );
         let existing = shard.lookup(key, now, floor, false).ok();
+        let old_cls = existing.as_ref().map_or(0, |it| it.class());
+        // `ms ... I C<older>`: stored, but stale, keeping expiry and token.
+        let mut keep = None;
         if let Some(c) = compare {
             match &existing {
                 None => {
@@ -395,7 +631,15 @@ impl Store {
                     bump(&self.ops.cas_misses);
                     return StoreOutcome::NotFound;
                 }
+                Some(it)
+                    if meta.invalidate
+                        && c < it.cas
+                        && matches!(mode, SetMode::Set | SetMode::Replace) =>
+                {
+                    keep = Some((it.exptime, it.token_sent));
+                }
                 Some(it) if it.cas != c => {
+                    shard.class_op(old_cls, |c| &mut c.cas_badval);
                     drop(shard);
                     bump(&self.ops.cas_badval);
                     return StoreOutcome::Exists;
@@ -435,6 +679,9 @@ impl Store {
                     Deadline::At(t) => t,
                     Deadline::Past => {
                         shard.remove(key);
+                        if compare.is_some() {
+                            shard.class_op(old_cls, |c| &mut c.cas_hits);
+                        }
                         drop(shard);
                         if compare.is_some() {
                             bump(&self.ops.cas_hits);
@@ -442,14 +689,27 @@ impl Store {
                         return StoreOutcome::Stored(cas);
                     }
                 };
-                Item::new(key, data.to_vec(), flags, exptime, cas, now)
+                let mut it = Item::new(key, data.to_vec(), flags, exptime, cas, now);
+                if let Some((exptime, token_sent)) = keep {
+                    it.exptime = exptime;
+                    it.stale = true;
+                    it.token_sent = token_sent;
+                }
+                it
             }
         };
+        let ntotal = item.ntotal();
         let stored = shard.insert(item, now);
-        drop(shard);
         if !stored {
+            shard.count_out_of_memory(ntotal);
+            drop(shard);
+            bump(&self.ops.store_no_memory);
             return StoreOutcome::NoMemory;
         }
+        if compare.is_some() {
+            shard.class_op(old_cls, |c| &mut c.cas_hits);
+        }
+        drop(shard);
         if compare.is_some() {
             bump(&self.ops.cas_hits);
         }
@@ -487,20 +747,26 @@ impl Store {
                 } else {
                     v.saturating_sub(delta)
                 };
-                let old = it.size();
+                let (old, cls) = (it.size(), it.class());
                 it.value.clear();
                 it.value.extend_from_slice(v.to_string().as_bytes());
                 it.cas = self.new_cas();
                 it.last_access = now;
                 let cas = it.cas;
                 shard.resized(key, old, now);
+                if incr {
+                    shard.class_op(cls, |c| &mut c.incr_hits);
+                } else {
+                    shard.class_op(cls, |c| &mut c.decr_hits);
+                }
                 drop(shard);
                 bump(hits);
                 ArithOutcome::Value(v, cas)
             }
             Err(_) => {
-                bump(misses);
+                // A miss that creates the counter is not counted (memcached).
                 let Some((initial, deadline)) = create else {
+                    bump(misses);
                     return ArithOutcome::NotFound;
                 };
                 let exptime = match deadline {
@@ -519,12 +785,18 @@ impl Store {
         }
     }
 
+    /// Removes `key` without counting a delete (a store that failed for
+    /// its size must not leave the old value behind).
+    pub fn remove(&self, key: &[u8]) {
+        self.shard(key).lock().remove(key);
+    }
+
     /// Deletes `key` (only if its CAS is `compare`, when given).
     pub fn delete(&self, key: &[u8], compare: Option<u64>) -> DeleteOutcome {
         let (now, floor) = self.now_floor();
         let mut shard = self.shard(key).lock();
-        let cas = match shard.lookup(key, now, floor, false) {
-            Ok(it) => it.cas,
+        let (cas, cls) = match shard.lookup(key, now, floor, false) {
+            Ok(it) => (it.cas, it.class()),
             Err(_) => {
                 drop(shard);
                 bump(&self.ops.delete_misses);
@@ -535,6 +807,7 @@ impl Store {
             return DeleteOutcome::Exists;
         }
         shard.remove(key);
+        shard.class_op(cls, |c| &mut c.delete_hits);
         drop(shard);
         bump(&self.ops.delete_hits);
         DeleteOutcome::Deleted
@@ -547,11 +820,9 @@ impl Store {
         let mut shard = self.shard(key).lock();
         let hit = match shard.lookup(key, now, floor, true) {
             Ok(it) => {
-                it.exptime = match deadline {
-                    Deadline::Never => 0,
-                    Deadline::At(t) => t,
-                    Deadline::Past => now,
-                };
+                it.exptime = exptime_at(deadline, now);
+                let cls = it.class();
+                shard.class_op(cls, |c| &mut c.touch_hits);
                 true
             }
             Err(_) => false,
@@ -605,6 +876,55 @@ impl Store {
             s.oldest_age = s.oldest_age.max(g.oldest_age(now));
         }
         s
+    }
+
+    /// Zeroes every counter (`stats reset`): the request counters, the
+    /// item counters of every shard and slab class, and the `watch` log's.
+    pub fn reset_counters(&self) {
+        self.ops.reset();
+        for sh in self.shards.iter() {
+            sh.lock().reset_counters();
+        }
+        self.watch.sent.store(0, Ordering::Relaxed);
+        self.watch.skipped.store(0, Ordering::Relaxed);
+    }
+
+    /// Frees every expired or flushed item now (`lru_crawler crawl`).
+    pub fn crawl(&self) {
+        let (now, floor) = self.now_floor();
+        bump(&self.ops.lru_crawler_starts);
+        for sh in self.shards.iter() {
+            let n = sh.lock().reclaim_all(now, floor);
+            self.ops.crawler_reclaimed.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Calls `f` with every live item, shard by shard, least recently
+    /// used first (`lru_crawler metadump`); each shard is locked while its
+    /// items are visited.
+    pub fn for_each_item(&self, mut f: impl FnMut(&Item)) {
+        let (now, floor) = self.now_floor();
+        bump(&self.ops.lru_crawler_starts);
+        for sh in self.shards.iter() {
+            let g = sh.lock();
+            let items: Vec<&Item> = g.iter_lru().collect();
+            for it in items.into_iter().rev() {
+                if (it.exptime == 0 || it.exptime > now) && it.cas > floor {
+                    f(it);
+                }
+            }
+        }
+    }
+
+    /// Items and counters per slab class (index = class id; see
+    /// [`slabs`]), from a walk over every shard.
+    pub fn class_stats(&self) -> Vec<slabs::ClassStats> {
+        let now = self.clock.now();
+        let mut v = vec![slabs::ClassStats::default(); slabs::MAX_CLASSES + 1];
+        for sh in self.shards.iter() {
+            sh.lock().class_stats(now, &mut v);
+        }
+        v
     }
 
     /// Debug view of one item without touching it (meta `me`): (expiry

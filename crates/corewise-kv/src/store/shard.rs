@@ -14,7 +14,11 @@
 //! list tail without unsafe aliasing; the memory accounting counts both.
 
 use super::hash::FxBuild;
+use super::slabs::{chunks_for, class_of, ClassCounters, ClassStats, MAX_CLASSES};
+use crate::watch::{Watch, EVICTIONS};
 use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::Arc;
 
 const NIL: u32 = u32::MAX;
 
@@ -44,6 +48,12 @@ pub struct Item {
     pub last_access: u32,
     /// Whether it has been read since it was stored.
     pub fetched: bool,
+    /// Marked stale by a meta invalidation (`md ... I`): still served,
+    /// with the `X` flag, until it is stored again.
+    pub stale: bool,
+    /// A meta get has been handed the win token (`W`) for it; later ones
+    /// see `Z` until it is stored again or invalidated.
+    pub token_sent: bool,
     /// Read since it last reached the LRU tail (its second chance).
     active: bool,
     prev: u32,
@@ -61,6 +71,8 @@ impl Item {
             cas,
             last_access: now,
             fetched: false,
+            stale: false,
+            token_sent: false,
             active: false,
             prev: NIL,
             next: NIL,
@@ -70,6 +82,21 @@ impl Item {
     /// Bytes this item is charged.
     pub fn size(&self) -> usize {
         2 * self.key.len() + self.value.len() + ITEM_OVERHEAD
+    }
+
+    /// Its size as memcached counts it ([`super::item_size`]).
+    pub fn ntotal(&self) -> usize {
+        super::item_size(self.key.len(), self.flags, self.value.len())
+    }
+
+    /// Its slab class.
+    pub fn class(&self) -> usize {
+        class_of(self.ntotal())
+    }
+
+    /// Read since it last reached the LRU tail.
+    pub fn is_active(&self) -> bool {
+        self.active
     }
 }
 
@@ -100,6 +127,10 @@ pub struct Shard {
     limit: usize,
     /// Counters of this shard.
     pub counters: ShardCounters,
+    /// Counters per slab class (index = class id).
+    pub class_counters: Vec<ClassCounters>,
+    /// Where evictions are logged for `watch evictions`.
+    watch: Arc<Watch>,
 }
 
 /// Why an item was not found.
@@ -125,6 +156,16 @@ impl Shard {
             used: 0,
             limit,
             counters: ShardCounters::default(),
+            class_counters: vec![ClassCounters::default(); MAX_CLASSES + 1],
+            watch: Arc::default(),
+        }
+    }
+
+    /// An empty shard whose evictions are logged to `watch`.
+    pub fn watched(limit: usize, watch: Arc<Watch>) -> Self {
+        Self {
+            watch,
+            ..Self::new(limit)
         }
     }
 
@@ -171,14 +212,10 @@ impl Shard {
             None => return Err(Miss::Absent),
         };
         if expired || flushed {
-            if let Some(it) = self.unlink(i) {
-                if expired {
-                    self.counters.reclaimed += 1;
-                    if !it.fetched {
-                        self.counters.expired_unfetched += 1;
-                    }
-                }
-            }
+            // A read that finds an item expired frees it, but memcached
+            // counts that as `get_expired` only: `reclaimed` is memory an
+            // allocation took back from the LRU tail.
+            self.unlink(i);
             return Err(if expired {
                 Miss::Expired
             } else {
@@ -274,10 +311,10 @@ impl Shard {
             .map_or(0, |it| now.saturating_sub(it.last_access))
     }
 
-    /// Frees expired items among the last [`TAIL_SEARCH`] of the LRU, as
+    /// Frees expired items among the last five (`TAIL_SEARCH`) of the LRU, as
     /// memcached does on every allocation: the memory of expired items is
     /// reused before the shard grows, not held until it is full.
-    fn reclaim_tail(&mut self, now: u32) {
+    pub fn reclaim_tail(&mut self, now: u32) {
         let mut at = self.tail;
         for _ in 0..TAIL_SEARCH {
             let Some(it) = self.item(at) else {
@@ -286,10 +323,7 @@ impl Shard {
             let (prev, expired) = (it.prev, it.exptime != 0 && it.exptime <= now);
             if expired {
                 if let Some(it) = self.unlink(at) {
-                    self.counters.reclaimed += 1;
-                    if !it.fetched {
-                        self.counters.expired_unfetched += 1;
-                    }
+                    self.count_reclaimed(&it);
                 }
             }
             at = prev;
@@ -315,14 +349,112 @@ impl Shard {
             return false;
         };
         if it.exptime != 0 && it.exptime <= now {
-            self.counters.reclaimed += 1;
+            self.count_reclaimed(&it);
         } else {
             self.counters.evictions += 1;
             if !it.fetched {
                 self.counters.evicted_unfetched += 1;
             }
+            self.watch.emit(EVICTIONS, |l| {
+                l.push_str("type=eviction key=");
+                crate::watch::uri_key(l, &it.key);
+                let ttl = if it.exptime == 0 {
+                    -1
+                } else {
+                    i64::from(it.exptime) - i64::from(now)
+                };
+                let _ = write!(
+                    l,
+                    " fetch={} ttl={ttl} la={} clsid={}",
+                    if it.fetched { "yes" } else { "no" },
+                    now.saturating_sub(it.last_access),
+                    it.class()
+                );
+            });
+            if let Some(c) = self.class_counters.get_mut(it.class()) {
+                c.evicted += 1;
+                c.evicted_nonzero += u64::from(it.exptime != 0);
+                c.evicted_time = now.saturating_sub(it.last_access);
+                c.evicted_unfetched += u64::from(!it.fetched);
+            }
         }
         true
+    }
+
+    /// Counts an expired item whose memory was reclaimed at the LRU tail.
+    fn count_reclaimed(&mut self, it: &Item) {
+        self.counters.reclaimed += 1;
+        if let Some(c) = self.class_counters.get_mut(it.class()) {
+            c.reclaimed += 1;
+        }
+        self.count_expired_unfetched(it);
+    }
+
+    fn count_expired_unfetched(&mut self, it: &Item) {
+        self.counters.expired_unfetched += u64::from(!it.fetched);
+        if let Some(c) = self.class_counters.get_mut(it.class()) {
+            c.expired_unfetched += u64::from(!it.fetched);
+        }
+    }
+
+    /// Frees every expired item and every item a flush made invalid;
+    /// returns how many had expired (the crawler's `crawler_reclaimed`;
+    /// memcached does not count them as `reclaimed`).
+    pub fn reclaim_all(&mut self, now: u32, cas_floor: u64) -> u64 {
+        let mut expired_n = 0;
+        let mut at = self.tail;
+        while let Some(it) = self.item(at) {
+            let prev = it.prev;
+            let expired = it.exptime != 0 && it.exptime <= now;
+            if expired || it.cas <= cas_floor {
+                if let Some(it) = self.unlink(at) {
+                    if expired {
+                        self.count_expired_unfetched(&it);
+                        expired_n += 1;
+                    }
+                }
+            }
+            at = prev;
+        }
+        expired_n
+    }
+
+    /// Zeroes this shard's counters and its classes'.
+    pub fn reset_counters(&mut self) {
+        self.counters = ShardCounters::default();
+        self.class_counters.fill(ClassCounters::default());
+    }
+
+    /// Bumps one of class `cls`'s request counters.
+    pub fn class_op(&mut self, cls: usize, f: impl FnOnce(&mut ClassCounters) -> &mut u64) {
+        if let Some(c) = self.class_counters.get_mut(cls) {
+            *f(c) += 1;
+        }
+    }
+
+    /// Counts a store refused for want of memory (in its item's class).
+    pub fn count_out_of_memory(&mut self, ntotal: usize) {
+        if let Some(c) = self.class_counters.get_mut(class_of(ntotal)) {
+            c.outofmemory += 1;
+        }
+    }
+
+    /// Adds this shard's items and counters into `stats` (index = class
+    /// id), with item ages as of `now`.
+    pub fn class_stats(&self, now: u32, stats: &mut [ClassStats]) {
+        for it in self.iter_lru() {
+            let n = it.ntotal();
+            if let Some(s) = stats.get_mut(class_of(n)) {
+                s.number += 1;
+                s.active += u64::from(it.active);
+                s.age = s.age.max(now.saturating_sub(it.last_access));
+                s.mem_requested += n as u64;
+                s.used_chunks += chunks_for(n) as u64;
+            }
+        }
+        for (s, c) in stats.iter_mut().zip(&self.class_counters) {
+            s.counters.add(c);
+        }
     }
 
     fn item(&self, i: u32) -> Option<&Item> {

@@ -109,6 +109,11 @@ impl Client {
         }
     }
 
+    /// The socket.
+    pub fn stream(&self) -> &TcpStream {
+        &self.w
+    }
+
     /// Sends raw bytes.
     pub fn send(&mut self, b: &[u8]) {
         self.w.write_all(b).expect("send");
@@ -198,5 +203,157 @@ impl Client {
             .find(|(n, _)| n == name)
             .and_then(|(_, v)| v.parse().ok())
             .unwrap_or_else(|| panic!("no stat {name}"))
+    }
+}
+
+/// A binary-protocol request: opcode, extras, key, value, opaque (CAS 0).
+pub fn frame(op: u8, extras: &[u8], key: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
+    let mut v = vec![0x80, op];
+    v.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    v.push(extras.len() as u8);
+    v.extend_from_slice(&[0, 0, 0]);
+    v.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
+    v.extend_from_slice(&opaque.to_be_bytes());
+    v.extend_from_slice(&[0; 8]);
+    v.extend_from_slice(extras);
+    v.extend_from_slice(key);
+    v.extend_from_slice(value);
+    v
+}
+
+/// Sends `req` then `mn` (meta no-op) and returns everything before the
+/// `MN` reply: the replies to `req`, in order.
+pub fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(req).unwrap();
+    s.write_all(b"mn\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    while !got.ends_with(b"MN\r\n") {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    got.truncate(got.len() - 4);
+    got
+}
+
+/// Real memcached on a free port, when installed; killed on drop.
+pub struct Memcached(Child, pub u16);
+
+impl Memcached {
+    /// Starts it, if `memcached` is on PATH.
+    pub fn start() -> Option<Memcached> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new("memcached")
+            .args([
+                "-p",
+                &port.to_string(),
+                "-l",
+                "127.0.0.1",
+                "-U",
+                "0",
+                "-u",
+                "root",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mc = Memcached(child, port);
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(mc);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `req` against `s` (and memcached, when running) and checks that
+/// each reply, passed through `norm`, is `want`.
+pub fn check_both(
+    s: &Server,
+    mc: &Option<Memcached>,
+    req: &[u8],
+    want: &str,
+    norm: impl Fn(&[u8]) -> String,
+) {
+    let shown = String::from_utf8_lossy(&req[..req.len().min(200)]);
+    assert_eq!(
+        norm(&exchange(s.port, req)),
+        want,
+        "corewise-kv on {shown:?}"
+    );
+    if let Some(m) = mc {
+        assert_eq!(norm(&exchange(m.1, req)), want, "memcached on {shown:?}");
+    }
+}
+
+/// corewise-kv and, when installed, memcached, both on free ports.
+pub struct Pair {
+    /// corewise-kv.
+    pub server: Server,
+    /// memcached, if it could be started.
+    pub memcached: Option<Memcached>,
+}
+
+impl Pair {
+    /// Starts corewise-kv with `flags` and memcached with its defaults.
+    pub fn start(flags: &[&str]) -> Pair {
+        Pair {
+            server: Server::start(flags),
+            memcached: Memcached::start(),
+        }
+    }
+
+    /// [`check_both`] on this pair.
+    pub fn check(&self, req: &[u8], want: &str, norm: impl Fn(&[u8]) -> String) {
+        check_both(&self.server, &self.memcached, req, want, norm);
+    }
+}
+
+/// Sends binary `frames` then a noop; returns (opcode, status, opaque,
+/// value) of every response before the noop's.
+pub fn bin_exchange(port: u16, frames: &[Vec<u8>]) -> Vec<(u8, u16, u32, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    for f in frames {
+        s.write_all(f).unwrap();
+    }
+    s.write_all(&frame(0x0a, &[], &[], &[], u32::MAX)).unwrap();
+    let mut out = Vec::new();
+    loop {
+        let mut h = [0u8; 24];
+        s.read_exact(&mut h).expect("response header");
+        let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
+        let mut b = vec![0; body];
+        s.read_exact(&mut b).expect("response body");
+        let skip = usize::from(h[4]) + usize::from(u16::from_be_bytes([h[2], h[3]]));
+        let opaque = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+        if h[1] == 0x0a && opaque == u32::MAX {
+            return out;
+        }
+        b.truncate(skip + 16);
+        out.push((
+            h[1],
+            u16::from_be_bytes([h[6], h[7]]),
+            opaque,
+            b[skip..].to_vec(),
+        ));
     }
 }

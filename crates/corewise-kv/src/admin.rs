@@ -1,0 +1,308 @@
+//! memcached's operator commands: `shutdown`, `lru_crawler`, `slabs`,
+//! `lru`, and the `stats detail` prefix statistics.
+//!
+//! Why a module of its own: these commands steer memcached's machinery
+//! (slab page mover, LRU maintainer and crawler) rather than items, and
+//! most of that machinery has no counterpart here. Each is accepted with
+//! memcached 1.6.18's replies, and does what it means where that has a
+//! meaning: the crawler's `crawl` frees expired items, `metadump` lists
+//! items, `enable`/`disable` switch both; `shutdown` needs `-A`. Tuning
+//! knobs of machinery that does not exist here (`lru tune`, `lru mode`,
+//! `slabs automove`) are checked and acknowledged, as memcached does.
+
+use crate::exec::{Flow, Shared};
+use crate::store::slabs;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Per-prefix counters of `stats detail` (memcached's `-D :` prefixes).
+#[derive(Debug)]
+pub struct Detail {
+    enabled: AtomicBool,
+    prefixes: corewise::sync::SpinLock<BTreeMap<Vec<u8>, [u64; 4]>>,
+}
+
+impl Default for Detail {
+    fn default() -> Self {
+        Self {
+            enabled: AtomicBool::new(false),
+            prefixes: corewise::sync::SpinLock::new(BTreeMap::new()),
+        }
+    }
+}
+
+/// What a request did to a key, for `stats detail`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DetailOp {
+    /// A retrieval, and whether it hit.
+    Get(bool),
+    /// A storage command.
+    Set,
+    /// A delete.
+    Delete,
+}
+
+impl Detail {
+    /// Records `op` on `key` when `stats detail on` is in effect and the
+    /// key has a prefix (text before the first `:`).
+    pub fn record(&self, key: &[u8], op: DetailOp) {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(at) = key.iter().position(|&b| b == b':') else {
+            return;
+        };
+        let mut map = self.prefixes.lock();
+        let c = map.entry(key[..at].to_vec()).or_default();
+        match op {
+            DetailOp::Get(hit) => {
+                c[0] += 1;
+                c[1] += u64::from(hit);
+            }
+            DetailOp::Set => c[2] += 1,
+            DetailOp::Delete => c[3] += 1,
+        }
+    }
+
+    /// Whether recording is on.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Forgets every prefix (`stats reset`).
+    pub fn clear(&self) {
+        self.prefixes.lock().clear();
+    }
+
+    /// `stats detail <arg>`: `on`, `off` or `dump` (memcached's lines);
+    /// a usage error otherwise.
+    pub fn command(&self, arg: Option<&[u8]>, out: &mut Vec<u8>) {
+        match arg {
+            Some(b"on") => {
+                self.enabled.store(true, Ordering::Relaxed);
+                out.extend_from_slice(b"OK\r\n");
+            }
+            Some(b"off") => {
+                self.enabled.store(false, Ordering::Relaxed);
+                out.extend_from_slice(b"OK\r\n");
+            }
+            Some(b"dump") => {
+                self.dump(out);
+                out.extend_from_slice(b"END\r\n");
+            }
+            _ => out.extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n"),
+        }
+    }
+
+    /// The `PREFIX` lines, by prefix.
+    pub fn dump(&self, out: &mut Vec<u8>) {
+        for (p, c) in self.prefixes.lock().iter() {
+            out.extend_from_slice(b"PREFIX ");
+            out.extend_from_slice(p);
+            let _ = write!(
+                out,
+                " get {} hit {} set {} del {}\r\n",
+                c[0], c[1], c[2], c[3]
+            );
+        }
+    }
+}
+
+/// Runs an operator command (`cmd` with the rest of its line `args`),
+/// appending memcached's reply.
+///
+/// ```
+/// use corewise_kv::{admin::execute, config::Config, exec::Shared};
+/// let shared = Shared::new(Config::default());
+/// let mut out = Vec::new();
+/// execute(&shared, b"slabs", b"automove 1", &mut out);
+/// execute(&shared, b"shutdown", b"", &mut out);
+/// assert_eq!(out, b"OK\r\nERROR: shutdown not enabled\r\n");
+/// ```
+pub fn execute(shared: &Shared, cmd: &[u8], args: &[u8], out: &mut Vec<u8>) -> Flow {
+    let t: Vec<&[u8]> = args
+        .split(|&b| b == b' ')
+        .filter(|t| !t.is_empty())
+        .collect();
+    let reply: &[u8] = match cmd {
+        b"shutdown" => {
+            if !shared.config.enable_shutdown {
+                b"ERROR: shutdown not enabled"
+            } else if matches!(t.as_slice(), [] | [b"graceful"]) {
+                // Nothing is lost by exiting at once: the cache is memory.
+                std::process::exit(0);
+            } else {
+                b"CLIENT_ERROR invalid shutdown mode"
+            }
+        }
+        b"lru_crawler" => return lru_crawler(shared, &t, out),
+        b"watch" => match crate::watch::mask_of(args) {
+            // The server answers OK once it knows nothing follows.
+            Some(mask) => return Flow::Watch(mask),
+            None => b"ERROR",
+        },
+        b"slabs" => slabs_command(shared, &t),
+        b"lru" => lru(&t),
+        _ => b"ERROR",
+    };
+    out.extend_from_slice(reply);
+    out.extend_from_slice(b"\r\n");
+    Flow::Continue
+}
+
+fn parse<T: std::str::FromStr>(t: &[u8]) -> Option<T> {
+    std::str::from_utf8(t).ok()?.parse().ok()
+}
+
+/// `slabs automove <0|1|2>`, `slabs reassign <src> <dst>`. Pages are a
+/// view here ([`slabs`]), so nothing moves: a reassignment memcached would
+/// make (the source, or with -1 some class, has a spare page) is
+/// acknowledged, the others get its refusals.
+fn slabs_command(shared: &Shared, t: &[&[u8]]) -> &'static [u8] {
+    match t {
+        [b"automove", level, ..] => match parse::<u32>(level) {
+            Some(l @ 0..=2) => {
+                shared.slab_automove.store(u64::from(l), Ordering::Relaxed);
+                b"OK"
+            }
+            Some(_) => b"ERROR",
+            None => b"CLIENT_ERROR bad command line format",
+        },
+        [b"reassign", src, dst, ..] => {
+            let (Some(src), Some(dst)) = (parse::<i64>(src), parse::<i64>(dst)) else {
+                return b"CLIENT_ERROR bad command line format";
+            };
+            let largest = slabs::chunk_sizes().len() as i64;
+            let classes = shared.store.class_stats();
+            let spare = |id: usize| classes.get(id).is_some_and(|c| c.pages(id) >= 2);
+            if src == dst {
+                b"SAME src and dst class are identical"
+            } else if !(-1..=largest).contains(&src) || !(0..=largest).contains(&dst) {
+                b"BADCLASS invalid src or dst class id"
+            } else if src == -1 {
+                if (1..classes.len()).any(|id| id as i64 != dst && spare(id)) {
+                    b"OK"
+                } else {
+                    b"BADCLASS invalid src or dst class id"
+                }
+            } else if spare(src as usize) {
+                b"OK"
+            } else {
+                b"NOSPARE source class has no spare pages"
+            }
+        }
+        _ => b"ERROR",
+    }
+}
+
+/// `lru tune|mode|temp_ttl ...`: checked as memcached checks them.
+fn lru(t: &[&[u8]]) -> &'static [u8] {
+    match t {
+        [b"tune", hot, warm, hot_f, warm_f, ..] => {
+            match (
+                parse::<u32>(hot),
+                parse::<u32>(warm),
+                parse::<f64>(hot_f),
+                parse::<f64>(warm_f),
+            ) {
+                (Some(h), Some(w), Some(_), Some(_)) if u64::from(h) + u64::from(w) > 80 => {
+                    b"ERROR hot and warm pcts must not exceed 80"
+                }
+                (Some(_), Some(_), Some(_), Some(_)) => b"OK",
+                _ => b"ERROR",
+            }
+        }
+        [b"mode", b"flat" | b"segmented", ..] => b"OK",
+        [b"temp_ttl", ttl, ..] if parse::<i32>(ttl).is_some() => b"OK",
+        _ => b"ERROR",
+    }
+}
+
+/// The classes an `lru_crawler` argument names: `all`, or ids separated
+/// by commas; `None` for a bad one.
+fn classes(arg: &[u8]) -> Option<Vec<usize>> {
+    if arg == b"all" {
+        return Some((1..=slabs::MAX_CLASSES).collect());
+    }
+    arg.split(|&b| b == b',')
+        .map(|id| parse::<usize>(id).filter(|id| (1..=slabs::MAX_CLASSES).contains(id)))
+        .collect()
+}
+
+fn lru_crawler(shared: &Shared, t: &[&[u8]], out: &mut Vec<u8>) -> Flow {
+    let enabled = &shared.crawler_enabled;
+    let on = enabled.load(Ordering::Relaxed);
+    let reply: &[u8] = match t {
+        [b"enable", ..] if on => b"ERROR failed to start lru crawler thread",
+        [b"enable", ..] => {
+            enabled.store(true, Ordering::Relaxed);
+            b"OK"
+        }
+        [b"disable", ..] => {
+            enabled.store(false, Ordering::Relaxed);
+            b"OK"
+        }
+        [b"sleep" | b"tocrawl", n, ..] if parse::<u32>(n).is_some() => b"OK",
+        [b"crawl" | b"metadump", ..] if !on => b"CLIENT_ERROR lru crawler disabled",
+        [b"crawl", arg, ..] => match classes(arg) {
+            Some(_) => {
+                shared.store.crawl();
+                b"OK"
+            }
+            None => b"BADCLASS invalid class id",
+        },
+        [b"metadump", b"hash", ..] => {
+            metadump(shared, None, out);
+            return Flow::Continue;
+        }
+        [b"metadump", arg, ..] => match classes(arg) {
+            Some(ids) => {
+                metadump(shared, Some(&ids), out);
+                return Flow::Continue;
+            }
+            None => b"BADCLASS invalid class id",
+        },
+        _ => b"ERROR",
+    };
+    out.extend_from_slice(reply);
+    out.extend_from_slice(b"\r\n");
+    Flow::Continue
+}
+
+/// One line per live item of the named classes (all for `None`), in
+/// memcached's format: the key URI-encoded, expiry and last access as unix
+/// times, then `END`.
+fn metadump(shared: &Shared, ids: Option<&[usize]>, out: &mut Vec<u8>) {
+    let store = &shared.store;
+    let clock = store.clock();
+    let unix = |t: u32| clock.start_unix() + i64::from(t) - 1;
+    store.for_each_item(|it| {
+        let cls = it.class();
+        if ids.is_some_and(|ids| !ids.contains(&cls)) {
+            return;
+        }
+        out.extend_from_slice(b"key=");
+        for &b in it.key.iter() {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                out.push(b);
+            } else {
+                let _ = write!(out, "%{b:02X}");
+            }
+        }
+        let exp = if it.exptime == 0 {
+            -1
+        } else {
+            unix(it.exptime)
+        };
+        let _ = writeln!(
+            out,
+            " exp={exp} la={} cas={} fetch={} cls={cls} size={}",
+            unix(it.last_access),
+            it.cas,
+            if it.fetched { "yes" } else { "no" },
+            it.ntotal()
+        );
+    });
+    out.extend_from_slice(b"END\r\n");
+}

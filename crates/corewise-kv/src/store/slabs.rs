@@ -1,0 +1,157 @@
+//! memcached's slab classes, as a way of reporting where items would live.
+//!
+//! Why: operators' tools (`memcached-tool`, `damemtop`) and the
+//! `stats items`/`stats slabs`/`lru_crawler metadump` replies describe the
+//! cache per slab class. Items here are allocated one by one, not in slab
+//! pages, so the classes are a view: each item is counted in the class its
+//! size (as memcached counts it, [`super::item_size`]) falls into, and a
+//! class's pages are the 1 MiB pages its items would fill. The class sizes
+//! are memcached's defaults: 96 bytes, growing by a factor of 1.25 (rounded
+//! up to 8 bytes) up to the 512 KiB chunk limit; larger items are chunked
+//! in the largest class, as in memcached.
+
+use std::sync::OnceLock;
+
+/// memcached's slab page size (its default `-I`).
+pub const PAGE_SIZE: usize = 1024 * 1024;
+
+/// The largest chunk (memcached's `slab_chunk_max`: half a page).
+pub const CHUNK_MAX: usize = PAGE_SIZE / 2;
+
+/// Highest class id memcached can have.
+pub const MAX_CLASSES: usize = 63;
+
+/// The chunk sizes of classes 1.. (index 0 is class 1).
+///
+/// ```
+/// let c = corewise_kv::store::slabs::chunk_sizes();
+/// assert_eq!(&c[..4], &[96, 120, 152, 192]);
+/// assert_eq!(c.len(), 39);
+/// assert_eq!(*c.last().unwrap(), 512 * 1024);
+/// ```
+pub fn chunk_sizes() -> &'static [usize] {
+    static SIZES: OnceLock<Vec<usize>> = OnceLock::new();
+    SIZES.get_or_init(|| {
+        let factor = 1.25f64;
+        let mut v = Vec::new();
+        let mut size = 96usize;
+        while v.len() < MAX_CLASSES - 1 && (size as f64) < CHUNK_MAX as f64 / factor {
+            size = size.div_ceil(8) * 8;
+            v.push(size);
+            size = (size as f64 * factor) as usize;
+        }
+        v.push(CHUNK_MAX);
+        v
+    })
+}
+
+/// The class id (1-based) of an item of `ntotal` bytes.
+///
+/// ```
+/// use corewise_kv::store::slabs::class_of;
+/// assert_eq!(class_of(63), 1);
+/// assert_eq!(class_of(97), 2);
+/// assert_eq!(class_of(1 << 20), 39);
+/// ```
+pub fn class_of(ntotal: usize) -> usize {
+    let sizes = chunk_sizes();
+    sizes.partition_point(|&s| s < ntotal).min(sizes.len() - 1) + 1
+}
+
+/// Chunks of class `id` in one page.
+pub fn per_page(id: usize) -> usize {
+    chunk_sizes()
+        .get(id.wrapping_sub(1))
+        .map_or(1, |&s| (PAGE_SIZE / s).max(1))
+}
+
+/// Chunks an item of `ntotal` bytes takes in its class (more than one only
+/// for items over [`CHUNK_MAX`]).
+pub fn chunks_for(ntotal: usize) -> usize {
+    if ntotal > CHUNK_MAX {
+        ntotal.div_ceil(CHUNK_MAX)
+    } else {
+        1
+    }
+}
+
+/// Per-class counters kept by each shard.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClassCounters {
+    /// Items evicted.
+    pub evicted: u64,
+    /// Evicted items that had an expiry.
+    pub evicted_nonzero: u64,
+    /// Seconds since the last access of the last evicted item.
+    pub evicted_time: u32,
+    /// Evicted items never read.
+    pub evicted_unfetched: u64,
+    /// Stores refused for want of memory.
+    pub outofmemory: u64,
+    /// Expired items whose memory was reclaimed.
+    pub reclaimed: u64,
+    /// Expired items never read.
+    pub expired_unfetched: u64,
+    /// Reads that found an item of the class.
+    pub get_hits: u64,
+    /// Storage requests whose new item falls in the class.
+    pub cmd_set: u64,
+    /// Deletes of an item of the class.
+    pub delete_hits: u64,
+    /// Increments of an item of the class.
+    pub incr_hits: u64,
+    /// Decrements of an item of the class.
+    pub decr_hits: u64,
+    /// CAS stores that replaced an item of the class.
+    pub cas_hits: u64,
+    /// CAS stores refused by an item of the class.
+    pub cas_badval: u64,
+    /// Touches of an item of the class.
+    pub touch_hits: u64,
+}
+
+/// What `stats items` and `stats slabs` report for one class.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClassStats {
+    /// Items in the class.
+    pub number: u64,
+    /// Of which read since they last reached an LRU tail (memcached's
+    /// active items; reported as warm).
+    pub active: u64,
+    /// Seconds since the last access of the least recently used item.
+    pub age: u32,
+    /// Bytes of its items, as memcached counts them.
+    pub mem_requested: u64,
+    /// Chunks its items take.
+    pub used_chunks: u64,
+    /// The shards' counters, summed.
+    pub counters: ClassCounters,
+}
+
+impl ClassStats {
+    /// Pages the class's chunks fill (none when empty).
+    pub fn pages(&self, id: usize) -> u64 {
+        self.used_chunks.div_ceil(per_page(id) as u64)
+    }
+}
+
+impl ClassCounters {
+    /// Adds `o` into `self` (`evicted_time`: the larger).
+    pub fn add(&mut self, o: &ClassCounters) {
+        self.evicted += o.evicted;
+        self.evicted_nonzero += o.evicted_nonzero;
+        self.evicted_time = self.evicted_time.max(o.evicted_time);
+        self.evicted_unfetched += o.evicted_unfetched;
+        self.outofmemory += o.outofmemory;
+        self.reclaimed += o.reclaimed;
+        self.expired_unfetched += o.expired_unfetched;
+        self.get_hits += o.get_hits;
+        self.cmd_set += o.cmd_set;
+        self.delete_hits += o.delete_hits;
+        self.incr_hits += o.incr_hits;
+        self.decr_hits += o.decr_hits;
+        self.cas_hits += o.cas_hits;
+        self.cas_badval += o.cas_badval;
+        self.touch_hits += o.touch_hits;
+    }
+}

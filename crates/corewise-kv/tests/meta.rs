@@ -1,0 +1,120 @@
+//! memcached 1.6.18's meta-protocol flags over TCP against the real
+//! binary: `N` (vivify on miss, the creator wins `W`, later readers see
+//! `Z`), `R` (recache: the first reader under the TTL threshold wins),
+//! `I` (`md ... I` marks stale instead of deleting: `X`, and `W` for the
+//! first reader; `ms ... I C<older>` stores as stale), `u` (no LRU bump:
+//! the item stays unfetched) and the `c` flag on `ms` replies that did not
+//! store (`c0`). The expected bytes are memcached 1.6.18's; when
+//! `memcached` is on PATH each exchange also runs against it, side by
+//! side. CAS values differ between the two servers, so every ` c<n>` with
+//! n > 0 is compared as ` c#`.
+
+mod common;
+
+use common::Pair;
+
+/// The reply with every non-zero CAS replaced by `#`.
+fn normalized(reply: &[u8]) -> String {
+    let text = String::from_utf8_lossy(reply);
+    let mut out = String::new();
+    let mut rest = text.as_ref();
+    while let Some(at) = rest.find(" c") {
+        let (head, tail) = rest.split_at(at + 2);
+        out.push_str(head);
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && !tail.starts_with('0') {
+            out.push('#');
+        } else {
+            out.push_str(&tail[..digits]);
+        }
+        rest = &tail[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn run(mode: &str) {
+    let both = Pair::start(&["--mode", mode]);
+    let check = |req: &str, want: &str| both.check(req.as_bytes(), want, normalized);
+
+    // N: a miss creates an empty item with the N TTL and wins; flags are
+    // read in order, so a `t` before `N` still sees no expiry.
+    check(
+        "mg nv1 s v t N30\r\nmg nv1 s v t N30\r\nmg nv1 s v t c\r\n\
+         ms nv1 2 T60\r\nhi\r\nmg nv1 s v t\r\n",
+        "VA 0 s0 t-1 W\r\n\r\nVA 0 s0 t30 Z\r\n\r\nVA 0 s0 t30 c# Z\r\n\r\n\
+         HD\r\nVA 2 s2 t60\r\nhi\r\n",
+    );
+    // ... with q (a hit is still answered), k and O, h and l.
+    check(
+        "mg nv2 v N30 q\r\nmg nv2 v N30 q k O1\r\nmg nv3 k O5 N30 s f h l\r\n\
+         mg nv3 k O5 N30 s f h l\r\n",
+        "VA 0 W\r\n\r\nVA 0 knv2 O1 Z\r\n\r\nHD knv3 O5 s0 f0 h0 l0 W\r\n\
+         HD knv3 O5 s0 f0 h1 l0 Z\r\n",
+    );
+    // T and t in order; N on a hit changes nothing.
+    check(
+        "mg nv4 t N30 T60 v\r\nmg nv4 t v\r\nmg nv4 T90 t\r\n",
+        "VA 0 t-1 W\r\n\r\nVA 0 t60 Z\r\n\r\nHD t90 Z\r\n",
+    );
+
+    // R: a TTL left under the threshold wins once; no TTL never wins.
+    check(
+        "ms rc1 2 T100\r\nhi\r\nmg rc1 v t R30\r\nmg rc1 v t R200\r\n\
+         mg rc1 v t R200\r\nmg rc1 v\r\nms rc2 2\r\nhi\r\nmg rc2 R100 v\r\n\
+         ms rc3 2 T10\r\nhi\r\nmg rc3 R0 v\r\nmg rc3 R-1 v\r\nmg rc3 R11 v\r\n",
+        "HD\r\nVA 2 t100\r\nhi\r\nVA 2 t100 W\r\nhi\r\nVA 2 t100 Z\r\nhi\r\n\
+         VA 2 Z\r\nhi\r\nHD\r\nVA 2\r\nhi\r\nHD\r\nVA 2\r\nhi\r\nVA 2\r\nhi\r\n\
+         VA 2 W\r\nhi\r\n",
+    );
+
+    // I: md marks stale (new CAS, optional new TTL, token cleared); the
+    // first reader gets X W, the next Z X; a new set clears it all.
+    check(
+        "ms iv1 2\r\nhi\r\nmd iv1 I T30\r\nmg iv1 v t c\r\nmg iv1 v t\r\n\
+         ms iv1 3 I\r\nnew\r\nmg iv1 v\r\n",
+        "HD\r\nHD\r\nVA 2 t30 c# X W\r\nhi\r\nVA 2 t30 Z X\r\nhi\r\n\
+         HD\r\nVA 3\r\nnew\r\n",
+    );
+    check(
+        "ms iv2 2 T100\r\nhi\r\nmd iv2 I\r\nmg iv2 t v\r\nmg iv2 R300 v\r\n\
+         md iv2 I q\r\nmg iv2 v\r\nmd nokey I\r\nmd nokey I q\r\n\
+         ms iv3 2\r\nhi\r\nmd iv3 I\r\nget iv3\r\n",
+        "HD\r\nHD\r\nVA 2 t100 X W\r\nhi\r\nVA 2 Z X\r\nhi\r\nVA 2 X W\r\nhi\r\n\
+         NF\r\nNF\r\nHD\r\nHD\r\nVALUE iv3 0 2\r\nhi\r\nEND\r\n",
+    );
+    // ms I with an older CAS stores, stale, keeping the TTL and token; a
+    // newer CAS is EX; append with I is a plain CAS check.
+    check(
+        "ms si1 2 T100\r\nhi\r\nmg si1 N30 v\r\nms si1 3 I C1 T50 c\r\nnew\r\n\
+         mg si1 v t\r\nmg si1 v t\r\nms si2 2\r\nhi\r\nms si2 3 I C99999999 c\r\nnew\r\n\
+         mg si2 v\r\nms si3 2\r\nhi\r\nms si3 3 I C1 MR\r\nnew\r\nmg si3 v\r\n\
+         ms si3 3 I C1 MA\r\nnew\r\nmg si3 v\r\n",
+        "HD\r\nVA 2\r\nhi\r\nHD c#\r\nVA 3 t100 X W\r\nnew\r\nVA 3 t100 Z X\r\nnew\r\n\
+         HD\r\nEX c0\r\nVA 2\r\nhi\r\nHD\r\nHD\r\nVA 3 X W\r\nnew\r\nEX\r\nVA 3 Z X\r\nnew\r\n",
+    );
+
+    // u: the read does not mark the item fetched.
+    check(
+        "ms u1 2\r\nhi\r\nmg u1 u v h l\r\nmg u1 v h l\r\nmg u1 v h l\r\n",
+        "HD\r\nVA 2 h0 l0\r\nhi\r\nVA 2 h0 l0\r\nhi\r\nVA 2 h1 l0\r\nhi\r\n",
+    );
+
+    // c on replies that did not store, and ms returns only O, k, c.
+    check(
+        "ms ex1 2\r\nhi\r\nms ex1 2 C1 c\r\nhi\r\nmd ex1 C1 c\r\nma ex1 C1 c\r\n\
+         ms x1 2 f s t T10 F5 k O9 c\r\nhi\r\nms x1 2 ME c k\r\nhi\r\n\
+         ms x2 2 MR c\r\nhi\r\nms x1 2 q c\r\nhi\r\n",
+        "HD\r\nEX c0\r\nEX\r\nEX\r\nHD kx1 O9 c#\r\nNS c0 kx1\r\nNS c0\r\n",
+    );
+}
+
+#[test]
+fn meta_flags_conn_mode() {
+    run("conn");
+}
+
+#[test]
+fn meta_flags_dispatch_mode() {
+    run("dispatch");
+}
