@@ -49,7 +49,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The reply to a connection over the limit.
-pub const TOO_MANY: &[u8] = b"SERVER_ERROR Too many open connections\r\n";
+pub const TOO_MANY: &[u8] = b"ERROR Too many open connections\r\n";
 
 const INITIAL_BUF: usize = 16 * 1024;
 

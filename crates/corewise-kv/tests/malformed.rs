@@ -170,7 +170,7 @@ fn connection_limit_refuses_politely() {
             Err(e) => panic!("read: {e}"),
         }
     };
-    assert_eq!(refusal, "SERVER_ERROR Too many open connections\r\n");
+    assert_eq!(refusal, "ERROR Too many open connections\r\n");
     assert!(!held.is_empty());
     // The accepted connections still work, and keep the data.
     for c in held.iter_mut() {
