@@ -9,7 +9,7 @@
 
 use crate::io::op::{self, Kind};
 use crate::io::Canceller;
-use crate::net::IoState;
+use crate::io::IoState;
 use std::ffi::CString;
 use std::io::{self, IoSlice, IoSliceMut, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, RawFd};
@@ -254,28 +254,12 @@ impl File {
 
     /// Scatter read at the file position.
     pub fn read_vectored(&self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        let kind = Kind::Readv {
-            fd: self.as_raw_fd(),
-            iov: bufs.as_ptr().cast(),
-            n: bufs.len().min(1024),
-            off: None,
-            pollable: false,
-        };
-        // SAFETY: `IoSliceMut` is ABI-compatible with iovec; borrowed for the call.
-        unsafe { self.state.read(kind) }
+        self.state.read_vectored(self.as_raw_fd(), bufs, false)
     }
 
     /// Gather write at the file position.
     pub fn write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let kind = Kind::Writev {
-            fd: self.as_raw_fd(),
-            iov: bufs.as_ptr().cast(),
-            n: bufs.len().min(1024),
-            off: None,
-            pollable: false,
-        };
-        // SAFETY: `IoSlice` is ABI-compatible with iovec; borrowed for the call.
-        unsafe { self.state.write(kind) }
+        self.state.write_vectored(self.as_raw_fd(), bufs, false)
     }
 
     /// Flushes data and metadata to the device (`fsync`).
