@@ -73,14 +73,28 @@ pub(crate) fn family(a: &SocketAddr) -> AddressFamily {
     }
 }
 
-/// Tries each address of `addrs` with `f`, returning the first success or
-/// the last error.
+/// The addresses `addrs` stands for. std's `to_socket_addrs` looks a
+/// host name up with `getaddrinfo`, which blocks its kernel thread for as
+/// long as DNS takes; on a user thread that would stall every thread of the
+/// core, so there it runs on a syscall thread ([`crate::blocking()`]) while
+/// only the caller waits. On an OS thread it is called directly.
+pub(crate) fn resolve<A: ToSocketAddrs + Send>(addrs: A) -> io::Result<Vec<SocketAddr>> {
+    if crate::thread::current().is_none() {
+        return Ok(addrs.to_socket_addrs()?.collect());
+    }
+    // SAFETY: `run_scoped` returns only after the closure has run and been
+    // dropped; it borrows nothing anyway (`addrs` is moved in).
+    unsafe { crate::blocking::run_scoped(move || addrs.to_socket_addrs().map(Iterator::collect)) }
+}
+
+/// Tries each address of `addrs` (see [`resolve`]) with `f`, returning the
+/// first success or the last error.
 pub(crate) fn each_addr<T>(
-    addrs: impl ToSocketAddrs,
+    addrs: impl ToSocketAddrs + Send,
     mut f: impl FnMut(&SocketAddr) -> io::Result<T>,
 ) -> io::Result<T> {
     let mut last = None;
-    for a in addrs.to_socket_addrs()? {
+    for a in resolve(addrs)? {
         match f(&a) {
             Ok(v) => return Ok(v),
             Err(e) => last = Some(e),

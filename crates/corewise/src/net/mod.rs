@@ -17,6 +17,34 @@
 //! (timeouts, cancel, the fd traits) and what every byte stream does
 //! (read, write, peek, shutdown) is written once, generically; each kind
 //! adds only what its protocol needs (bind, connect, accept, addresses).
+//!
+//! # Porting from `std::net`
+//!
+//! The std names, signatures and semantics hold, with these differences:
+//!
+//! - Adopting a socket (`From<std::net::TcpStream>` and the others,
+//!   `From<OwnedFd>`, `FromRawFd`) makes it non-blocking: the back ends
+//!   need that. The flag lives on the open file description, so other
+//!   handles to the same socket see it too; a socket given back
+//!   (`IntoRawFd`, `OwnedFd::from`) stays non-blocking.
+//! - There is no `set_nonblocking`: a call blocks only its user thread, and
+//!   [timeouts](Socket::set_read_timeout) and a
+//!   [`Canceller`](crate::io::Canceller) bound the wait instead.
+//! - `TcpStream::connect`, `TcpListener::bind`, `UdpSocket::bind` and
+//!   `UdpSocket::connect` look names up on a syscall thread
+//!   ([`crate::blocking()`]) when called from a user thread, so a slow DNS
+//!   answer does not stall the core: their address argument must be `Send`
+//!   (every std address form is), and each call costs one hand-off to that
+//!   thread and back. `UdpSocket::send_to` looks names up on the calling
+//!   thread (a hand-off per datagram would cost more than the send): give
+//!   it an address.
+//! - The streams' `read`, `write`, `peek` and their vectored forms are also
+//!   inherent methods taking `&self`, so no trait import is needed and one
+//!   stream can be read and written from two threads.
+//! - Listeners also have `set_timeout` (the `accept` timeout) and
+//!   `canceller`.
+//! - The five types are one generic type, [`Socket<K>`]: code generic over
+//!   sockets can name [`SocketKind`], [`StreamKind`] or [`ListenerKind`].
 
 mod addr;
 mod socket;
@@ -25,7 +53,7 @@ mod udp;
 mod unix;
 
 pub(crate) use addr::sockaddr_to_std;
-pub use socket::{Socket, SocketKind, StreamKind};
+pub use socket::{Incoming, ListenerKind, Socket, SocketKind, StreamKind};
 pub use tcp::{TcpListener, TcpStream};
 pub use udp::UdpSocket;
 pub use unix::{UnixListener, UnixStream};

@@ -8,7 +8,7 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 /// Listen backlog of listeners made here (the kernel caps it at somaxconn).
@@ -55,17 +55,42 @@ pub trait SocketKind: sealed::Sealed + AsFd + From<OwnedFd> + Into<OwnedFd> + fm
 /// ```
 pub trait StreamKind: SocketKind {}
 
-macro_rules! kinds {
-    ($($t:ty),* ; $($s:ty),*) => {
-        $(impl sealed::Sealed for $t {} impl SocketKind for $t {})*
-        $(impl StreamKind for $s {})*
-    };
+/// The listener kinds (`TcpListener`, `UnixListener`): `accept`'s streams
+/// are sockets of kind [`Stream`](Self::Stream).
+///
+/// ```
+/// fn first<L: corewise::net::ListenerKind>(
+///     l: &corewise::net::Socket<L>,
+/// ) -> std::io::Result<corewise::net::Socket<L::Stream>> {
+///     l.incoming().next().expect("incoming never ends")
+/// }
+/// let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+/// let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+/// assert!(first(&l).is_ok());
+/// ```
+pub trait ListenerKind: SocketKind {
+    /// The kind of the accepted connections.
+    type Stream: StreamKind;
 }
-kinds!(
-    std::net::TcpStream, std::net::TcpListener, std::net::UdpSocket,
-    std::os::unix::net::UnixStream, std::os::unix::net::UnixListener;
-    std::net::TcpStream, std::os::unix::net::UnixStream
-);
+
+impl sealed::Sealed for std::net::TcpStream {}
+impl sealed::Sealed for std::net::TcpListener {}
+impl sealed::Sealed for std::net::UdpSocket {}
+impl sealed::Sealed for std::os::unix::net::UnixStream {}
+impl sealed::Sealed for std::os::unix::net::UnixListener {}
+impl SocketKind for std::net::TcpStream {}
+impl SocketKind for std::net::TcpListener {}
+impl SocketKind for std::net::UdpSocket {}
+impl SocketKind for std::os::unix::net::UnixStream {}
+impl SocketKind for std::os::unix::net::UnixListener {}
+impl StreamKind for std::net::TcpStream {}
+impl StreamKind for std::os::unix::net::UnixStream {}
+impl ListenerKind for std::net::TcpListener {
+    type Stream = std::net::TcpStream;
+}
+impl ListenerKind for std::os::unix::net::UnixListener {
+    type Stream = std::os::unix::net::UnixStream;
+}
 
 /// A socket whose blocking calls block the user thread, not its core; `K`
 /// is the std socket type it stands in for. Use it through its names
@@ -132,25 +157,6 @@ impl<K: SocketKind> Socket<K> {
             sock: K::from(fd),
             state,
         })
-    }
-
-    /// Waits for a connection on a listener: the new fd (non-blocking) and
-    /// the peer's kernel address.
-    pub(crate) fn accept_fd(&self) -> io::Result<(OwnedFd, libc::sockaddr_storage)> {
-        // SAFETY: all-zero is a valid sockaddr_storage.
-        let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of_val(&addr) as libc::socklen_t;
-        let kind = Kind::Accept {
-            fd: self.as_raw_fd(),
-            addr: &mut addr,
-            len: &mut len,
-        };
-        // SAFETY: `addr`/`len` live on this stack until the call returns,
-        // which is after the kernel wrote them.
-        let fd = unsafe { self.state.read(kind) }?;
-        // SAFETY: accept returned a new fd that nobody else owns.
-        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) };
-        Ok((fd, addr))
     }
 
     /// Timeout of each read, receive or accept (`None`: wait forever).
@@ -232,7 +238,106 @@ impl<K: SocketKind> Socket<K> {
             .err()
             .map(io::Error::from))
     }
+
+    /// A second handle to the same socket (a `dup` of the fd, with its own
+    /// timeouts and cancel state).
+    ///
+    /// ```
+    /// let (a, b) = corewise::net::UnixStream::pair().unwrap();
+    /// a.try_clone().unwrap().write(b"x").unwrap();
+    /// assert_eq!(b.read(&mut [0u8; 1]).unwrap(), 1);
+    /// ```
+    pub fn try_clone(&self) -> io::Result<Self> {
+        let fd = rustix::io::fcntl_dupfd_cloexec(&self.sock, 0)?;
+        Ok(Self::from_nonblocking(K::from(fd)))
+    }
 }
+
+impl<L: ListenerKind> Socket<L> {
+    /// Waits for a connection on a listener: the new fd (non-blocking) and
+    /// the peer's kernel address.
+    pub(crate) fn accept_fd(&self) -> io::Result<(OwnedFd, libc::sockaddr_storage)> {
+        // SAFETY: all-zero is a valid sockaddr_storage.
+        let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of_val(&addr) as libc::socklen_t;
+        let kind = Kind::Accept {
+            fd: self.as_raw_fd(),
+            addr: &mut addr,
+            len: &mut len,
+        };
+        // SAFETY: `addr`/`len` live on this stack until the call returns,
+        // which is after the kernel wrote them.
+        let fd = unsafe { self.state.read(kind) }?;
+        // SAFETY: accept returned a new fd that nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        Ok((fd, addr))
+    }
+
+    /// An endless iterator of the connections, as std's: each `next` is an
+    /// [`accept`](Self::accept) without the peer address.
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// rt.block_on(|| {
+    ///     let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    ///     let addr = l.local_addr().unwrap();
+    ///     let c = corewise::spawn(move || {
+    ///         for _ in 0..3 {
+    ///             corewise::net::TcpStream::connect(addr).unwrap().write_all(b"x").unwrap();
+    ///         }
+    ///     }).unwrap();
+    ///     for s in l.incoming().take(3) {
+    ///         let mut b = [0u8; 1];
+    ///         assert_eq!(s.unwrap().read(&mut b).unwrap(), 1);
+    ///     }
+    ///     c.join().unwrap();
+    /// }).unwrap();
+    /// ```
+    pub fn incoming(&self) -> Incoming<'_, L> {
+        Incoming { listener: self }
+    }
+
+    /// Timeout of each `accept` (`None`: wait forever); the same setting as
+    /// [`set_read_timeout`](Socket::set_read_timeout).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    /// l.set_timeout(Some(Duration::from_millis(5))).unwrap();
+    /// assert_eq!(l.accept().unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+    /// ```
+    pub fn set_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(d)
+    }
+}
+
+/// The connections of a listener, as std's `Incoming`: endless, each item
+/// one `accept` (from [`Socket::incoming`]).
+///
+/// ```
+/// let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+/// let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+/// let mut incoming = l.incoming();
+/// assert!(incoming.next().unwrap().is_ok());
+/// ```
+#[derive(Debug)]
+pub struct Incoming<'a, L> {
+    listener: &'a Socket<L>,
+}
+
+impl<L: ListenerKind> Iterator for Incoming<'_, L> {
+    type Item = io::Result<Socket<L::Stream>>;
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(
+            self.listener
+                .accept_fd()
+                .map(|(fd, _)| Socket::from_nonblocking(fd.into())),
+        )
+    }
+}
+
+impl<L: ListenerKind> std::iter::FusedIterator for Incoming<'_, L> {}
 
 impl<K: StreamKind> Socket<K> {
     /// Reads into `buf`; `Ok(0)` at end of stream.
@@ -390,5 +495,96 @@ impl<K: SocketKind> AsFd for Socket<K> {
 impl<K: SocketKind> AsRawFd for Socket<K> {
     fn as_raw_fd(&self) -> RawFd {
         self.sock.as_fd().as_raw_fd()
+    }
+}
+
+/// Makes an adopted socket non-blocking, as the back ends need. The flag
+/// belongs to the open file description: other handles to the same socket
+/// (a `dup`, a `try_clone`) see it too.
+fn adopt(fd: BorrowedFd<'_>) {
+    // `FIONBIO` fails only on a closed fd, which a borrowed one is not; if
+    // it ever did, the socket's calls would block the core, as std's
+    // blocking calls do, but still complete.
+    let _ = rustix::io::ioctl_fionbio(fd, true);
+}
+
+/// Adopts a std socket (as `tokio`'s `from_std`, but infallible): sets it
+/// non-blocking (see the module docs).
+///
+/// ```
+/// let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+/// let l = corewise::net::TcpListener::from(std_listener);
+/// let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+/// assert!(l.accept().is_ok());
+/// ```
+impl<K: SocketKind> From<K> for Socket<K> {
+    fn from(sock: K) -> Self {
+        adopt(sock.as_fd());
+        Self::from_nonblocking(sock)
+    }
+}
+
+/// Adopts an owned socket fd, setting it non-blocking.
+///
+/// ```
+/// use std::os::fd::OwnedFd;
+/// let fd = OwnedFd::from(std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+/// let s = corewise::net::UdpSocket::from(fd);
+/// assert!(s.local_addr().unwrap().ip().is_loopback());
+/// ```
+impl<K: SocketKind> From<OwnedFd> for Socket<K> {
+    fn from(fd: OwnedFd) -> Self {
+        Self::from(K::from(fd))
+    }
+}
+
+/// Gives the fd up (it stays non-blocking).
+///
+/// ```
+/// use std::os::fd::OwnedFd;
+/// let s = corewise::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+/// let addr = s.local_addr().unwrap();
+/// let back = std::net::UdpSocket::from(OwnedFd::from(s));
+/// assert_eq!(back.local_addr().unwrap(), addr);
+/// ```
+impl<K: SocketKind> From<Socket<K>> for OwnedFd {
+    fn from(s: Socket<K>) -> Self {
+        s.sock.into()
+    }
+}
+
+/// Adopts a raw socket fd, setting it non-blocking.
+///
+/// ```
+/// use std::os::fd::{FromRawFd, IntoRawFd};
+/// let raw = std::net::TcpListener::bind("127.0.0.1:0").unwrap().into_raw_fd();
+/// // SAFETY: `raw` is an open socket that nothing else owns.
+/// let l = unsafe { corewise::net::TcpListener::from_raw_fd(raw) };
+/// assert!(l.local_addr().is_ok());
+/// ```
+impl<K: SocketKind> FromRawFd for Socket<K> {
+    /// # Safety
+    /// As `std`'s: `fd` is an open socket of kind `K` that nothing else
+    /// owns (it is closed when the socket drops).
+    unsafe fn from_raw_fd(fd: RawFd) -> Self {
+        // SAFETY: per our contract, `fd` is open and ours to own.
+        Self::from(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// Gives the raw fd up without closing it (it stays non-blocking).
+///
+/// ```
+/// use std::os::fd::{FromRawFd, IntoRawFd};
+/// let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+/// let addr = l.local_addr().unwrap();
+/// let raw = l.into_raw_fd();
+/// // SAFETY: `raw` came from `into_raw_fd`, so it is open and unowned.
+/// let back = unsafe { std::net::TcpListener::from_raw_fd(raw) };
+/// assert_eq!(back.local_addr().unwrap(), addr);
+/// ```
+impl<K: SocketKind> IntoRawFd for Socket<K> {
+    fn into_raw_fd(self) -> RawFd {
+        OwnedFd::from(self).into_raw_fd()
     }
 }

@@ -55,7 +55,7 @@ impl Socket<std::net::TcpListener> {
     /// let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
     /// assert!(l.local_addr().unwrap().ip().is_loopback());
     /// ```
-    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<Self> {
+    pub fn bind(addr: impl ToSocketAddrs + Send) -> io::Result<Self> {
         each_addr(addr, |a| {
             let fd = Self::open(family(a), SocketType::STREAM)?;
             rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
@@ -89,30 +89,22 @@ impl Socket<std::net::TcpListener> {
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.sock.local_addr()
     }
-
-    /// Timeout of each `accept` (`None`: wait forever); the same setting as
-    /// [`set_read_timeout`](Socket::set_read_timeout).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    /// l.set_timeout(Some(Duration::from_millis(5))).unwrap();
-    /// assert_eq!(l.accept().unwrap_err().kind(), std::io::ErrorKind::TimedOut);
-    /// ```
-    pub fn set_timeout(&self, d: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(d)
-    }
 }
 
 impl Socket<std::net::TcpStream> {
-    /// Connects to `addr` (each address in turn).
+    /// Connects to `addr` (each address it resolves to in turn, as std).
+    /// On a user thread the name lookup runs on a syscall thread, so a slow
+    /// DNS answer blocks only the caller, not its core; hence the `Send`
+    /// bound, which every std address form meets.
     ///
     /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
     /// let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    /// let c = corewise::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    /// assert_eq!(c.peer_addr().unwrap(), l.local_addr().unwrap());
+    /// let port = l.local_addr().unwrap().port();
+    /// let c = rt.block_on(move || corewise::net::TcpStream::connect(("127.0.0.1", port))).unwrap();
+    /// assert_eq!(c.unwrap().peer_addr().unwrap().port(), port);
     /// ```
-    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<Self> {
+    pub fn connect(addr: impl ToSocketAddrs + Send) -> io::Result<Self> {
         each_addr(addr, |a| Self::connect_inner(a, None))
     }
 
@@ -177,21 +169,5 @@ impl Socket<std::net::TcpStream> {
     /// ```
     pub fn nodelay(&self) -> io::Result<bool> {
         self.sock.nodelay()
-    }
-
-    /// A second handle to the same connection (its own timeouts and
-    /// cancel state).
-    ///
-    /// ```
-    /// use std::io::{Read, Write};
-    /// let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    /// let c = corewise::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    /// let (mut s, _) = l.accept().unwrap();
-    /// c.try_clone().unwrap().write_all(b"x").unwrap();
-    /// let mut b = [0u8; 1];
-    /// s.read_exact(&mut b).unwrap();
-    /// ```
-    pub fn try_clone(&self) -> io::Result<Self> {
-        Ok(Self::from_nonblocking(self.sock.try_clone()?))
     }
 }

@@ -1,7 +1,7 @@
 //! UDP: datagrams to and from any peer, or a connected one, on top of the
 //! generic [`Socket`].
 
-use super::addr::{each_addr, family, sockaddr_to_std, std_to_sockaddr};
+use super::addr::{each_addr, family, resolve, sockaddr_to_std, std_to_sockaddr};
 use super::socket::Socket;
 use crate::io::op::Kind;
 use rustix::net::SocketType;
@@ -25,13 +25,14 @@ use std::os::fd::AsRawFd;
 pub type UdpSocket = Socket<std::net::UdpSocket>;
 
 impl Socket<std::net::UdpSocket> {
-    /// Binds to `addr`.
+    /// Binds to `addr` (a name is looked up as in
+    /// [`TcpStream::connect`](super::TcpStream::connect)).
     ///
     /// ```
     /// let s = corewise::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     /// assert_ne!(s.local_addr().unwrap().port(), 0);
     /// ```
-    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<Self> {
+    pub fn bind(addr: impl ToSocketAddrs + Send) -> io::Result<Self> {
         each_addr(addr, |a| {
             let fd = Self::open(family(a), SocketType::DGRAM)?;
             rustix::net::bind(&fd, a)?;
@@ -39,7 +40,8 @@ impl Socket<std::net::UdpSocket> {
         })
     }
 
-    /// Sets the default peer (no system call blocks here).
+    /// Sets the default peer (no system call blocks here; a name is looked
+    /// up as in [`TcpStream::connect`](super::TcpStream::connect)).
     ///
     /// ```
     /// let a = corewise::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -47,8 +49,8 @@ impl Socket<std::net::UdpSocket> {
     /// a.connect(b.local_addr().unwrap()).unwrap();
     /// assert_eq!(a.peer_addr().unwrap(), b.local_addr().unwrap());
     /// ```
-    pub fn connect(&self, addr: impl ToSocketAddrs) -> io::Result<()> {
-        self.sock.connect(addr)
+    pub fn connect(&self, addr: impl ToSocketAddrs + Send) -> io::Result<()> {
+        self.sock.connect(&resolve(addr)?[..])
     }
 
     /// Sends to the connected peer.
@@ -94,7 +96,9 @@ impl Socket<std::net::UdpSocket> {
         unsafe { self.state.read(kind) }
     }
 
-    /// Sends one datagram to `addr`.
+    /// Sends one datagram to `addr`. Unlike `connect`, a name is looked up
+    /// on the calling thread (a syscall thread per datagram would cost more
+    /// than most sends): on a user thread give it an address, not a name.
     ///
     /// ```
     /// let a = corewise::net::UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -86,22 +86,6 @@ impl Socket<std::os::unix::net::UnixListener> {
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.sock.local_addr()
     }
-
-    /// Timeout of each `accept`; the same setting as
-    /// [`set_read_timeout`](Socket::set_read_timeout).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let p = std::env::temp_dir().join(format!("cw-doc-to-{}.sock", std::process::id()));
-    /// let _ = std::fs::remove_file(&p);
-    /// let l = corewise::net::UnixListener::bind(&p).unwrap();
-    /// l.set_timeout(Some(Duration::from_millis(5))).unwrap();
-    /// assert_eq!(l.accept().unwrap_err().kind(), std::io::ErrorKind::TimedOut);
-    /// std::fs::remove_file(&p).unwrap();
-    /// ```
-    pub fn set_timeout(&self, d: Option<std::time::Duration>) -> io::Result<()> {
-        self.set_read_timeout(d)
-    }
 }
 
 impl Socket<std::os::unix::net::UnixStream> {
