@@ -76,15 +76,10 @@ pub(crate) fn family(a: &SocketAddr) -> AddressFamily {
 /// The addresses `addrs` stands for. std's `to_socket_addrs` looks a
 /// host name up with `getaddrinfo`, which blocks its kernel thread for as
 /// long as DNS takes; on a user thread that would stall every thread of the
-/// core, so there it runs on a syscall thread ([`crate::blocking()`]) while
-/// only the caller waits. On an OS thread it is called directly.
+/// core, so there it runs on a syscall thread while only the caller waits
+/// (see `blocking::off_core`). On an OS thread it is called directly.
 pub(crate) fn resolve<A: ToSocketAddrs + Send>(addrs: A) -> io::Result<Vec<SocketAddr>> {
-    if crate::thread::current().is_none() {
-        return Ok(addrs.to_socket_addrs()?.collect());
-    }
-    // SAFETY: `run_scoped` returns only after the closure has run and been
-    // dropped; it borrows nothing anyway (`addrs` is moved in).
-    unsafe { crate::blocking::run_scoped(move || addrs.to_socket_addrs().map(Iterator::collect)) }
+    crate::blocking::off_core(move || addrs.to_socket_addrs().map(Iterator::collect))
 }
 
 /// Tries each address of `addrs` (see [`resolve`]) with `f`, returning the
