@@ -8,7 +8,7 @@
 //! `ftruncate`) are made directly.
 //!
 //! The `std::fs` helpers have std's signatures. [`read`],
-//! [`read_to_string`] and [`write`] open and transfer through the path
+//! [`read_to_string`] and [`write()`] open and transfer through the path
 //! above. [`metadata`], [`create_dir_all`] and [`read_dir`] have no ring
 //! operation that fits (a `Metadata` can only come from std, the ring has
 //! no `getdents`, and `create_dir_all` is a loop of `stat`s and `mkdir`s),
