@@ -24,7 +24,7 @@ use crate::shim::{AtomicUsize, Ordering};
 ///     let b = b.clone();
 ///     rt.spawn(move || b.wait().is_leader()).unwrap()
 /// }).collect();
-/// let leaders = hs.into_iter().filter(|_| true).map(|h| h.join().unwrap()).filter(|&l| l).count();
+/// let leaders = hs.into_iter().map(|h| h.join().unwrap()).filter(|&l| l).count();
 /// assert_eq!(leaders, 1);
 /// ```
 pub struct Barrier {
