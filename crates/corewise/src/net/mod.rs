@@ -35,9 +35,11 @@
 //!   ([`crate::blocking()`]) when called from a user thread, so a slow DNS
 //!   answer does not stall the core: their address argument must be `Send`
 //!   (every std address form is), and each call costs one hand-off to that
-//!   thread and back. `UdpSocket::send_to` looks names up on the calling
-//!   thread (a hand-off per datagram would cost more than the send): give
-//!   it an address.
+//!   thread and back (about 17 µs, measured on a loaded 2-CPU machine);
+//!   `TcpStream::connect_timeout`, which takes a resolved address, skips
+//!   it. `UdpSocket::send_to` looks names up on the calling thread (a
+//!   hand-off per datagram would cost more than the send): give it an
+//!   address.
 //! - The streams' `read`, `write`, `peek` and their vectored forms are also
 //!   inherent methods taking `&self`, so no trait import is needed and one
 //!   stream can be read and written from two threads.
