@@ -94,6 +94,43 @@ fn incoming_reports_accept_errors_and_goes_on() {
     }
 }
 
+#[test]
+fn unix_incoming_yields_streams() {
+    for b in BACKENDS {
+        let rt = rt(b);
+        let dir =
+            std::env::temp_dir().join(format!("corewise-net-port-unix-{}-{b}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("l.sock");
+        let _ = std::fs::remove_file(&path);
+        let p = path.clone();
+        let got = rt
+            .block_on(move || {
+                let l = UnixListener::bind(&p).unwrap();
+                let c = corewise::spawn(move || {
+                    for i in 0..3u8 {
+                        UnixStream::connect(&p).unwrap().write_all(&[i]).unwrap();
+                    }
+                })
+                .unwrap();
+                let got: Vec<u8> = l
+                    .incoming()
+                    .take(3)
+                    .map(|s| {
+                        let mut b = [0u8; 1];
+                        s.unwrap().read_exact(&mut b).unwrap();
+                        b[0]
+                    })
+                    .collect();
+                c.join().unwrap();
+                got
+            })
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(got, [0, 1, 2], "{b}");
+    }
+}
+
 /// A std listener and a std stream, blocking, adopted by `From`: they
 /// become non-blocking, and a read that waits on an adopted stream blocks
 /// only its user thread: on a single core, the thread that sends the data
