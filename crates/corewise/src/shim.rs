@@ -45,6 +45,12 @@ impl<T> UnsafeCell<T> {
         Self(loom::cell::UnsafeCell::new(value))
     }
 
+    /// The contents.
+    #[inline]
+    pub(crate) fn into_inner(self) -> T {
+        self.0.into_inner()
+    }
+
     /// Calls `f` with a shared raw pointer to the contents.
     #[inline]
     pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {

@@ -160,6 +160,35 @@ impl<T> OnceLock<T> {
         }
     }
 
+    /// Takes the value out, leaving the cell empty.
+    ///
+    /// ```
+    /// let mut c = corewise::sync::OnceLock::new();
+    /// c.set(String::from("v")).unwrap();
+    /// assert_eq!(c.take().as_deref(), Some("v"));
+    /// assert!(c.get().is_none());
+    /// ```
+    pub fn take(&mut self) -> Option<T> {
+        if self.state.load(Ordering::Acquire) != COMPLETE {
+            return None;
+        }
+        self.state.store(EMPTY, Ordering::Relaxed);
+        // SAFETY: it was complete, so initialised; marked empty first, so
+        // it is neither read again nor dropped twice.
+        Some(self.value.with_mut(|p| unsafe { (*p).assume_init_read() }))
+    }
+
+    /// The value, if it was set, taking the cell apart.
+    ///
+    /// ```
+    /// let c = corewise::sync::OnceLock::new();
+    /// c.set(3).unwrap();
+    /// assert_eq!(c.into_inner(), Some(3));
+    /// ```
+    pub fn into_inner(mut self) -> Option<T> {
+        self.take()
+    }
+
     /// Runs `f` if the cell is empty and nobody runs an initialiser, waits
     /// if somebody does; the value, or `f`'s error (the cell stays empty).
     fn initialize<E>(&self, f: impl FnOnce() -> Result<T, E>) -> Result<&T, E> {

@@ -305,6 +305,16 @@ impl<T> RwLock<T> {
         }
     }
 
+    /// The value, taking the lock apart.
+    ///
+    /// ```
+    /// let l = corewise::sync::RwLock::new(String::from("x"));
+    /// assert_eq!(l.into_inner(), "x");
+    /// ```
+    pub fn into_inner(self) -> T {
+        self.value.into_inner()
+    }
+
     /// The value, through exclusive access to the lock.
     ///
     /// ```
@@ -315,6 +325,19 @@ impl<T> RwLock<T> {
     pub fn get_mut(&mut self) -> &mut T {
         // SAFETY: `&mut self` is exclusive, so no other pointer is in use.
         self.value.with_mut(|p| unsafe { &mut *p })
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for RwLock<T> {
+    /// The value if it can be read now (as std's, which shows
+    /// `<locked>` otherwise).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("RwLock");
+        match self.try_read() {
+            Some(g) => d.field("data", &&*g),
+            None => d.field("data", &format_args!("<locked>")),
+        };
+        d.finish_non_exhaustive()
     }
 }
 
