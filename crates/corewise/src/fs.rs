@@ -530,6 +530,10 @@ pub struct ReadDir {
 
 impl ReadDir {
     /// Entries fetched per hand-off to a syscall thread.
+    ///
+    /// ```
+    /// assert!(corewise::fs::ReadDir::BATCH > 1);
+    /// ```
     pub const BATCH: usize = 64;
 }
 

@@ -70,6 +70,14 @@ pub trait StreamKind: SocketKind {}
 /// ```
 pub trait ListenerKind: SocketKind {
     /// The kind of the accepted connections.
+    ///
+    /// ```
+    /// use corewise::net::ListenerKind;
+    /// let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    /// let s: <std::net::TcpListener as ListenerKind>::Stream =
+    ///     std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    /// assert_eq!(s.peer_addr().unwrap(), l.local_addr().unwrap());
+    /// ```
     type Stream: StreamKind;
 }
 
