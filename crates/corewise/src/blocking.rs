@@ -77,6 +77,24 @@ where
     unsafe { run_scoped(f) }
 }
 
+/// Runs `f` where it cannot stall a core: on a syscall thread when called
+/// from a user thread (as [`blocking`]), directly on an OS thread (which
+/// has no core to stall, so the hand-off would only cost). For the
+/// library's own blocking calls that have no ring operation (name lookups,
+/// directory listings, `stat`); `f` may borrow from the caller.
+pub(crate) fn off_core<'f, F, T>(f: F) -> T
+where
+    F: FnOnce() -> T + Send + 'f,
+    T: Send + 'f,
+{
+    if crate::thread::current().is_none() {
+        return f();
+    }
+    // SAFETY: `run_scoped` returns only after `f` has run and been dropped,
+    // so whatever `f` borrows outlives its use.
+    unsafe { run_scoped(f) }
+}
+
 struct Done<T> {
     /// 0: running, 1: done.
     state: AtomicU32,

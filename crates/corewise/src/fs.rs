@@ -6,10 +6,25 @@
 //! the user thread blocks; on a plain OS thread it is the system call.
 //! Metadata calls that never wait for the disk (`fstat`, `lseek`,
 //! `ftruncate`) are made directly.
+//!
+//! The `std::fs` helpers have std's signatures. [`read`],
+//! [`read_to_string`] and [`write()`] open and transfer through the path
+//! above. [`metadata`], [`create_dir_all`] and [`read_dir`] have no ring
+//! operation that fits (a `Metadata` can only come from std, the ring has
+//! no `getdents`, and `create_dir_all` is a loop of `stat`s and `mkdir`s),
+//! so from a user thread they run on a syscall thread
+//! ([`crate::blocking()`]) and from an OS thread directly; [`ReadDir`]
+//! fetches its entries that way a batch at a time.
+//!
+//! Differences from `std::fs`: the [`DirEntry`](std::fs::DirEntry)s
+//! [`read_dir`] yields are std's, and their `metadata()` is std's call on
+//! the calling thread (a `statx` that may wait for the disk, stalling the
+//! core): call [`metadata`] with `entry.path()` instead. `file_type()` is
+//! free on most file systems.
 
 use crate::io::op::{self, Kind};
 use crate::io::Canceller;
-use crate::net::IoState;
+use crate::io::IoState;
 use std::ffi::CString;
 use std::io::{self, IoSlice, IoSliceMut, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, RawFd};
@@ -254,28 +269,12 @@ impl File {
 
     /// Scatter read at the file position.
     pub fn read_vectored(&self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        let kind = Kind::Readv {
-            fd: self.as_raw_fd(),
-            iov: bufs.as_ptr().cast(),
-            n: bufs.len().min(1024),
-            off: None,
-            pollable: false,
-        };
-        // SAFETY: `IoSliceMut` is ABI-compatible with iovec; borrowed for the call.
-        unsafe { self.state.read(kind) }
+        self.state.read_vectored(self.as_raw_fd(), bufs, false)
     }
 
     /// Gather write at the file position.
     pub fn write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let kind = Kind::Writev {
-            fd: self.as_raw_fd(),
-            iov: bufs.as_ptr().cast(),
-            n: bufs.len().min(1024),
-            off: None,
-            pollable: false,
-        };
-        // SAFETY: `IoSlice` is ABI-compatible with iovec; borrowed for the call.
-        unsafe { self.state.write(kind) }
+        self.state.write_vectored(self.as_raw_fd(), bufs, false)
     }
 
     /// Flushes data and metadata to the device (`fsync`).
@@ -372,3 +371,188 @@ impl AsFd for File {
         self.file.as_fd()
     }
 }
+
+/// The whole file at `path`, as `std::fs::read`.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let p = std::env::temp_dir().join(format!("cw-doc-read-{}", std::process::id()));
+/// std::fs::write(&p, b"bytes").unwrap();
+/// let got = rt.block_on({
+///     let p = p.clone();
+///     move || corewise::fs::read(&p)
+/// }).unwrap();
+/// assert_eq!(got.unwrap(), b"bytes");
+/// std::fs::remove_file(&p).unwrap();
+/// ```
+pub fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+    /// The first read's size when the file reports none (procfs, pipes).
+    const FIRST: usize = 8 << 10;
+    let file = File::open(path)?;
+    let hint = file.metadata().map(|m| m.len() as usize).unwrap_or(0);
+    // One more than the size, so the end shows in the first read's result
+    // when the size was right; the next read (0 bytes) confirms it.
+    let mut buf = vec![0u8; if hint == 0 { FIRST } else { hint + 1 }];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(2 * buf.len(), 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// The whole file at `path` as a string, as `std::fs::read_to_string`
+/// (`InvalidData` if it is not UTF-8).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let p = std::env::temp_dir().join(format!("cw-doc-rts-{}", std::process::id()));
+/// std::fs::write(&p, "text").unwrap();
+/// let got = rt.block_on({
+///     let p = p.clone();
+///     move || corewise::fs::read_to_string(&p)
+/// }).unwrap();
+/// assert_eq!(got.unwrap(), "text");
+/// std::fs::remove_file(&p).unwrap();
+/// ```
+pub fn read_to_string(path: impl AsRef<Path>) -> io::Result<String> {
+    String::from_utf8(read(path)?).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        )
+    })
+}
+
+/// Writes `contents` as the whole file at `path`, creating or truncating
+/// it, as `std::fs::write`.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let p = std::env::temp_dir().join(format!("cw-doc-write-{}", std::process::id()));
+/// rt.block_on({
+///     let p = p.clone();
+///     move || corewise::fs::write(&p, "written")
+/// }).unwrap().unwrap();
+/// assert_eq!(std::fs::read_to_string(&p).unwrap(), "written");
+/// std::fs::remove_file(&p).unwrap();
+/// ```
+pub fn write(path: impl AsRef<Path>, contents: impl AsRef<[u8]>) -> io::Result<()> {
+    File::create(path)?.write_all(contents.as_ref())
+}
+
+/// The metadata of `path`, following symbolic links, as
+/// `std::fs::metadata` (on a syscall thread from a user thread; see the
+/// module docs).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let dir = std::env::temp_dir();
+/// let m = rt.block_on(move || corewise::fs::metadata(dir)).unwrap().unwrap();
+/// assert!(m.is_dir());
+/// ```
+pub fn metadata(path: impl AsRef<Path>) -> io::Result<std::fs::Metadata> {
+    let path = path.as_ref();
+    crate::blocking::off_core(move || std::fs::metadata(path))
+}
+
+/// Creates `path` and every missing parent, as `std::fs::create_dir_all`
+/// (on a syscall thread from a user thread).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let top = std::env::temp_dir().join(format!("cw-doc-mkdir-{}", std::process::id()));
+/// let deep = top.join("a/b/c");
+/// rt.block_on({
+///     let deep = deep.clone();
+///     move || corewise::fs::create_dir_all(&deep)
+/// }).unwrap().unwrap();
+/// assert!(deep.is_dir());
+/// std::fs::remove_dir_all(&top).unwrap();
+/// ```
+pub fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
+    let path = path.as_ref();
+    crate::blocking::off_core(move || std::fs::create_dir_all(path))
+}
+
+/// The entries of the directory at `path`, as `std::fs::read_dir`
+/// (without `.` and `..`, in no particular order).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let dir = std::env::temp_dir().join(format!("cw-doc-readdir-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// std::fs::write(dir.join("x"), b"").unwrap();
+/// let names = rt.block_on({
+///     let dir = dir.clone();
+///     move || -> std::io::Result<Vec<_>> {
+///         corewise::fs::read_dir(&dir)?.map(|e| Ok(e?.file_name())).collect()
+///     }
+/// }).unwrap().unwrap();
+/// assert_eq!(names, ["x"]);
+/// std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+pub fn read_dir(path: impl AsRef<Path>) -> io::Result<ReadDir> {
+    let path = path.as_ref();
+    let dir = crate::blocking::off_core(move || std::fs::read_dir(path))?;
+    Ok(ReadDir {
+        dir: Some(dir),
+        batch: Vec::new().into_iter(),
+    })
+}
+
+/// The iterator [`read_dir`] returns: std's entries, fetched
+/// [`ReadDir::BATCH`] at a time on a syscall thread (from a user thread).
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("cw-doc-rd-{}", std::process::id()));
+/// std::fs::create_dir_all(dir.join("sub")).unwrap();
+/// let mut entries = corewise::fs::read_dir(&dir).unwrap();
+/// let e = entries.next().unwrap().unwrap();
+/// assert_eq!(e.path(), dir.join("sub"));
+/// assert!(entries.next().is_none());
+/// std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct ReadDir {
+    /// `None` once std's iterator has ended.
+    dir: Option<std::fs::ReadDir>,
+    batch: std::vec::IntoIter<io::Result<std::fs::DirEntry>>,
+}
+
+impl ReadDir {
+    /// Entries fetched per hand-off to a syscall thread.
+    ///
+    /// ```
+    /// assert!(corewise::fs::ReadDir::BATCH > 1);
+    /// ```
+    pub const BATCH: usize = 64;
+}
+
+impl Iterator for ReadDir {
+    type Item = io::Result<std::fs::DirEntry>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(e) = self.batch.next() {
+            return Some(e);
+        }
+        let dir = self.dir.as_mut()?;
+        let batch: Vec<_> =
+            crate::blocking::off_core(move || dir.by_ref().take(Self::BATCH).collect());
+        if batch.len() < Self::BATCH {
+            self.dir = None;
+        }
+        self.batch = batch.into_iter();
+        self.batch.next()
+    }
+}
+
+impl std::iter::FusedIterator for ReadDir {}

@@ -45,6 +45,21 @@ impl<T> UnsafeCell<T> {
         Self(loom::cell::UnsafeCell::new(value))
     }
 
+    /// The contents.
+    #[inline]
+    pub(crate) fn into_inner(self) -> T {
+        self.0.into_inner()
+    }
+
+    /// Calls `f` with a shared raw pointer to the contents.
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        #[cfg(loom)]
+        return self.0.with(f);
+        #[cfg(not(loom))]
+        f(self.0.get())
+    }
+
     /// Calls `f` with a mutable raw pointer to the contents.
     #[inline]
     pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
@@ -85,5 +100,39 @@ impl<T> UnsafeCell<T> {
         return self.0.get_mut();
         #[cfg(not(loom))]
         MutPtr(self.0.get())
+    }
+}
+
+/// A checked shared pointer into an [`UnsafeCell`] (loom tracks its use).
+#[cfg(loom)]
+pub(crate) type ConstPtr<T> = loom::cell::ConstPtr<T>;
+
+/// A shared pointer into an [`UnsafeCell`].
+#[cfg(not(loom))]
+#[derive(Debug)]
+pub(crate) struct ConstPtr<T: ?Sized>(*const T);
+
+#[cfg(not(loom))]
+impl<T: ?Sized> ConstPtr<T> {
+    /// The pointee.
+    ///
+    /// # Safety
+    /// The caller guarantees that nothing writes it for the reference's
+    /// lifetime.
+    pub(crate) unsafe fn deref(&self) -> &T {
+        // SAFETY: per the function's contract.
+        unsafe { &*self.0 }
+    }
+}
+
+impl<T> UnsafeCell<T> {
+    /// A pointer for a guard that hands out shared references (a read
+    /// lock's).
+    #[inline]
+    pub(crate) fn get(&self) -> ConstPtr<T> {
+        #[cfg(loom)]
+        return self.0.get();
+        #[cfg(not(loom))]
+        ConstPtr(self.0.get())
     }
 }

@@ -1,11 +1,16 @@
 //! Synchronization under load: many user threads on both cores, millions of
 //! operations, and the checks that no wakeup is lost and nothing deadlocks
-//! (a lost wakeup shows up as a hang, which the harness reports).
+//! (a lost wakeup shows up as a hang, which the harness reports). The
+//! std-shaped primitives (`RwLock`, `OnceLock`, `Once`, `Barrier`) also
+//! check exclusion, that nothing runs twice, and that a writer gets in
+//! while readers keep coming (that check fails rather than hangs).
 
-use corewise::sync::{channel, Condvar, Mutex, RecvTimeoutError, Semaphore, SpinLock};
+use corewise::sync::{
+    channel, Barrier, Condvar, Mutex, Once, OnceLock, RecvTimeoutError, RwLock, Semaphore, SpinLock,
+};
 use corewise::thread::Builder;
 use corewise::Runtime;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -248,4 +253,265 @@ fn mutex_try_lock_for_times_out_while_held_by_a_user_thread() {
     release.release();
     holder.join().unwrap();
     assert!(m.try_lock_for(Duration::from_millis(5)).is_some());
+}
+
+#[test]
+fn rwlock_writers_exclude_readers_across_cores() {
+    const WRITERS: usize = 8;
+    const WRITES: usize = 2_000;
+    let rt = both_cores();
+    let l = Arc::new(RwLock::new((0usize, 0usize)));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    // An OS thread reads too, so user and OS waiters share the queues.
+    let os_reader = {
+        let (l, done) = (l.clone(), done.clone());
+        std::thread::spawn(move || {
+            while done.load(Ordering::Relaxed) < WRITERS {
+                let g = l.read();
+                assert_eq!(g.0, g.1, "a reader saw half a write");
+            }
+        })
+    };
+    spawn_all(&rt, 64, |i| {
+        let (l, reads, done) = (l.clone(), reads.clone(), done.clone());
+        if i < WRITERS {
+            Box::new(move || {
+                for k in 0..WRITES {
+                    let mut g = l.write();
+                    g.0 += 1;
+                    if k % 64 == 0 {
+                        // Switched out while holding it: the others block.
+                        corewise::yield_now();
+                    }
+                    g.1 += 1;
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            })
+        } else {
+            Box::new(move || {
+                while done.load(Ordering::Relaxed) < WRITERS {
+                    let g = l.read();
+                    assert_eq!(g.0, g.1, "a reader saw half a write");
+                    reads.fetch_add(1, Ordering::Relaxed);
+                    drop(g);
+                    corewise::yield_now();
+                }
+            })
+        }
+    });
+    os_reader.join().unwrap();
+    assert_eq!(*l.read(), (WRITERS * WRITES, WRITERS * WRITES));
+    assert!(reads.load(Ordering::Relaxed) > 0);
+}
+
+/// Readers that overlap (each holds its lock across a yield, so the count
+/// of readers never drops to zero by itself) would keep a writer out for
+/// ever if new readers could pass a waiting one.
+#[test]
+fn rwlock_writer_is_not_starved_by_overlapping_readers() {
+    let rt = both_cores();
+    let l = Arc::new(RwLock::new(0u64));
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..16)
+        .map(|_| {
+            let (l, stop) = (l.clone(), stop.clone());
+            rt.spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let g = l.read();
+                    corewise::yield_now();
+                    n += *g;
+                    drop(g);
+                }
+                n
+            })
+            .unwrap()
+        })
+        .collect();
+    let writer = {
+        let (l, stop) = (l.clone(), stop.clone());
+        rt.spawn(move || {
+            let mut got = 0;
+            for _ in 0..200 {
+                match l.try_write_for(Duration::from_secs(20)) {
+                    Some(mut g) => {
+                        *g += 1;
+                        got += 1;
+                    }
+                    None => break,
+                }
+                corewise::yield_now();
+            }
+            stop.store(true, Ordering::Relaxed);
+            got
+        })
+        .unwrap()
+    };
+    assert_eq!(writer.join().unwrap(), 200, "the writer was starved");
+    for r in readers {
+        r.join().unwrap();
+    }
+    assert_eq!(*l.read(), 200);
+}
+
+/// Timed readers and writers giving up while others hold and release the
+/// lock: every success is counted, every thread finishes, and an untimed
+/// writer and reader get in at the end.
+#[test]
+fn rwlock_timeouts_lose_no_wakeup() {
+    let rt = both_cores();
+    let l = Arc::new(RwLock::new(0usize));
+    let wins = spawn_all(&rt, 48, |i| {
+        let l = l.clone();
+        Box::new(move || {
+            let mut wins = 0;
+            for k in 0..300 {
+                let t = Duration::from_micros(((i * 7 + k) % 50) as u64);
+                if (i + k) % 3 == 0 {
+                    if let Some(mut g) = l.try_write_for(t) {
+                        *g += 1;
+                        wins += 1;
+                        if k % 5 == 0 {
+                            corewise::yield_now();
+                        }
+                    }
+                } else if let Some(g) = l.try_read_for(t) {
+                    if k % 5 == 0 {
+                        corewise::yield_now();
+                    }
+                    drop(g);
+                }
+            }
+            *l.write() += 0;
+            drop(l.read());
+            wins
+        })
+    });
+    assert_eq!(*l.read(), wins.iter().sum::<usize>());
+}
+
+#[test]
+fn once_lock_runs_one_initialiser_among_many_threads() {
+    let rt = both_cores();
+    for round in 0..20 {
+        let cell = Arc::new(OnceLock::new());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let seen = spawn_all(&rt, 100, |i| {
+            let (cell, runs) = (cell.clone(), runs.clone());
+            Box::new(move || {
+                *cell.get_or_init(|| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    // Others arrive while this runs and must wait.
+                    corewise::yield_now();
+                    corewise::sleep(Duration::from_millis(1));
+                    (round, i)
+                })
+            })
+        });
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "round {round}");
+        assert!(seen.iter().all(|v| *v == seen[0]), "round {round}");
+        assert_eq!(cell.get(), Some(&seen[0]));
+        // `set` after the fact gives the value back.
+        assert_eq!(cell.set((0, 0)), Err((0, 0)));
+    }
+}
+
+/// An initialiser that panics leaves the cell empty, and a thread that
+/// waited for it (or comes later) initialises it.
+#[test]
+fn once_lock_recovers_from_a_panicking_initialiser() {
+    let rt = both_cores();
+    let cell = Arc::new(OnceLock::new());
+    let started = Arc::new(AtomicBool::new(false));
+    let panicker = {
+        let (cell, started) = (cell.clone(), started.clone());
+        rt.spawn(move || {
+            cell.get_or_init(|| {
+                started.store(true, Ordering::SeqCst);
+                corewise::sleep(Duration::from_millis(20));
+                panic!("initialiser failed");
+            });
+        })
+        .unwrap()
+    };
+    let waiter = {
+        let (cell, started) = (cell.clone(), started.clone());
+        rt.spawn(move || {
+            while !started.load(Ordering::SeqCst) {
+                corewise::yield_now();
+            }
+            *cell.get_or_init(|| 5)
+        })
+        .unwrap()
+    };
+    assert!(panicker.join().is_err());
+    assert_eq!(waiter.join().unwrap(), 5);
+    assert_eq!(cell.get(), Some(&5));
+}
+
+#[test]
+fn once_runs_once_and_publishes_its_effects() {
+    let rt = both_cores();
+    for _ in 0..20 {
+        let once = Arc::new(Once::new());
+        let value = Arc::new(AtomicUsize::new(0));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let seen = spawn_all(&rt, 64, |_| {
+            let (once, value, runs) = (once.clone(), value.clone(), runs.clone());
+            Box::new(move || {
+                once.call_once(|| {
+                    runs.fetch_add(1, Ordering::Relaxed);
+                    corewise::yield_now();
+                    value.store(42, Ordering::Relaxed);
+                });
+                assert!(once.is_completed());
+                value.load(Ordering::Relaxed)
+            })
+        });
+        assert_eq!(runs.load(Ordering::Relaxed), 1);
+        assert!(seen.iter().all(|&v| v == 42));
+    }
+}
+
+/// 32 user threads and one OS thread meet 200 times: in each round one
+/// leader, and nobody leaves a round before everyone has arrived.
+#[test]
+fn barrier_rounds_across_cores_and_an_os_thread() {
+    const USER: usize = 32;
+    const N: usize = USER + 1;
+    const ROUNDS: usize = 200;
+    let rt = both_cores();
+    let barrier = Arc::new(Barrier::new(N));
+    let arrived: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..ROUNDS).map(|_| AtomicUsize::new(0)).collect());
+    let leaders: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..ROUNDS).map(|_| AtomicUsize::new(0)).collect());
+    let body = {
+        let (barrier, arrived, leaders) = (barrier.clone(), arrived.clone(), leaders.clone());
+        move |yielding: bool| {
+            for r in 0..ROUNDS {
+                arrived[r].fetch_add(1, Ordering::SeqCst);
+                if yielding && r % 7 == 0 {
+                    corewise::yield_now();
+                }
+                if barrier.wait().is_leader() {
+                    leaders[r].fetch_add(1, Ordering::SeqCst);
+                }
+                assert_eq!(arrived[r].load(Ordering::SeqCst), N, "left round {r} early");
+            }
+        }
+    };
+    let os = {
+        let body = body.clone();
+        std::thread::spawn(move || body(false))
+    };
+    spawn_all(&rt, USER, |_| {
+        let body = body.clone();
+        Box::new(move || body(true))
+    });
+    os.join().unwrap();
+    for r in 0..ROUNDS {
+        assert_eq!(leaders[r].load(Ordering::SeqCst), 1, "round {r}");
+    }
 }

@@ -399,7 +399,7 @@ impl<'a> Batch<'a> {
                 // SAFETY: the kernel returned a new, owned socket fd.
                 let s = unsafe { std::net::TcpStream::from_raw_fd(fd as RawFd) };
                 let peer = sockaddr_to_std(&addr.0)?;
-                Ok((TcpStream::from_std_nonblocking(s), peer))
+                Ok((TcpStream::from_nonblocking(s), peer))
             })),
             Data::Read(mut buf) => {
                 if let Ok(n) = r {

@@ -32,11 +32,13 @@ mod cancel;
 mod epoll;
 pub(crate) mod op;
 mod slab;
+mod state;
 mod uring;
 
 pub use batch::{Batch, Completion, Token};
 pub(crate) use cancel::CancelState;
 pub use cancel::{is_cancelled, Cancelled, Canceller};
+pub(crate) use state::IoState;
 
 use crate::sched::idle::IdleGate;
 use std::cell::UnsafeCell;

@@ -123,6 +123,17 @@ impl<T> Mutex<T> {
         }
     }
 
+    /// The value, taking the mutex apart (std's returns a `LockResult`;
+    /// there is no poisoning here).
+    ///
+    /// ```
+    /// let m = corewise::sync::Mutex::new(vec![1, 2]);
+    /// assert_eq!(m.into_inner(), [1, 2]);
+    /// ```
+    pub fn into_inner(self) -> T {
+        self.value.into_inner()
+    }
+
     /// The value, through exclusive access to the mutex.
     pub fn get_mut(&mut self) -> &mut T {
         // SAFETY: `&mut self` is exclusive, so no other pointer is in use.

@@ -40,12 +40,27 @@ pub struct SpinLockGuard<'a, T> {
 const SPINS_BEFORE_YIELD: u32 = 64;
 
 impl<T> SpinLock<T> {
+    /// An unlocked lock holding `value` (usable in a `static`).
+    ///
+    /// ```
+    /// static L: corewise::sync::SpinLock<u32> = corewise::sync::SpinLock::new(0);
+    /// *L.lock() += 1;
+    /// assert_eq!(*L.lock(), 1);
+    /// ```
+    #[cfg(not(loom))]
+    pub const fn new(value: T) -> Self {
+        Self {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
     /// An unlocked lock holding `value`.
+    #[cfg(loom)]
     pub fn new(value: T) -> Self {
         Self {
             locked: AtomicBool::new(false),
             value: UnsafeCell::new(value),
-            #[cfg(loom)]
             model: ModelGate::new(),
         }
     }

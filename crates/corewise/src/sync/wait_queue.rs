@@ -77,6 +77,11 @@ struct List {
 unsafe impl Send for List {}
 
 impl List {
+    const EMPTY: Self = Self {
+        head: std::ptr::null(),
+        tail: std::ptr::null(),
+    };
+
     fn push_back(&mut self, link: &Link) {
         link.next.store(std::ptr::null_mut(), Ordering::Relaxed);
         let p: *const Link = link;
@@ -151,12 +156,21 @@ pub(crate) struct WaitQueue {
 }
 
 impl WaitQueue {
+    /// An empty queue (`const` outside the models, for primitives that
+    /// live in a `static`).
+    #[cfg(not(loom))]
+    pub(crate) const fn new() -> Self {
+        Self {
+            links: SpinLock::new(List::EMPTY),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    /// An empty queue.
+    #[cfg(loom)]
     pub(crate) fn new() -> Self {
         Self {
-            links: SpinLock::new(List {
-                head: std::ptr::null(),
-                tail: std::ptr::null(),
-            }),
+            links: SpinLock::new(List::EMPTY),
             len: AtomicUsize::new(0),
         }
     }
