@@ -295,6 +295,9 @@ impl Builder {
             .neighbour(if n > 1 { self.neighbour } else { None })
             .spawn()
             .map_err(|e| BuildError::Invalid(format!("CPU budget: {e}")))?;
+        // The dispatchers report their kernel sleeps: the watcher reads
+        // nothing while all of them sleep.
+        watcher.handle().track_activity();
         let mut policy_config = self.policy_config.clone();
         policy_config.max_cores = policy_config.max_cores.min(n as u32).max(1);
         policy_config.min_cores = policy_config.min_cores.clamp(1, policy_config.max_cores);
@@ -665,7 +668,9 @@ fn kernel_thread(
         core.active.store(true, Ordering::SeqCst);
         shared.active_mask.fetch_or(1 << k, Ordering::AcqRel);
         shared.policy.core_added(k);
+        shared.budget.dispatcher_awake();
         crate::dispatch::run(core);
+        shared.budget.dispatcher_asleep();
         // `dispatch::run` took the core out of the active set before it
         // moved the threads away.
         shared.arbiter.core_released(k);
