@@ -547,6 +547,18 @@ impl Runtime {
         request_cores(self.shared);
     }
 
+    /// The CPU budget and neighbour cap the runtime follows (the cap is
+    /// [`BudgetHandle::active_cores`](crate::budget::BudgetHandle::active_cores)).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let b = rt.budget();
+    /// assert!(b.active_cores() >= 1 && b.active_cores() <= b.cores());
+    /// ```
+    pub fn budget(&self) -> &crate::budget::BudgetHandle {
+        &self.shared.budget
+    }
+
     /// Number of cores the runtime holds now.
     pub fn active_cores(&self) -> usize {
         self.shared.active_mask.load(Ordering::Acquire).count_ones() as usize

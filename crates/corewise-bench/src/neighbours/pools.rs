@@ -70,6 +70,11 @@ pub trait Submit {
     /// workers) the pool uses; it answers `None` once the pool is shutting
     /// down.
     fn probe(&self) -> Probe;
+    /// The runtime's budget handle (its published neighbour cap and how
+    /// often it changed), for pools that have one.
+    fn budget(&self) -> Option<corewise::budget::BudgetHandle> {
+        None
+    }
 }
 
 /// See [`Submit::probe`].
@@ -269,6 +274,10 @@ impl Submit for CorewisePool {
             }
             None => Ok(()),
         }
+    }
+
+    fn budget(&self) -> Option<corewise::budget::BudgetHandle> {
+        self.rt.as_ref().map(|rt| rt.budget().clone())
     }
 
     fn probe(&self) -> Probe {

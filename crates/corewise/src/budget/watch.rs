@@ -62,6 +62,8 @@ struct Shared {
     next_due_ns: AtomicU64,
     /// Budget re-reads and share samples taken.
     reads: AtomicU64,
+    /// Times the published `active` changed.
+    active_changes: AtomicU64,
     snapshot: Mutex<Arc<CpuBudget>>,
     last_error: Mutex<Option<Arc<BudgetError>>>,
     worker: Mutex<Worker>,
@@ -176,7 +178,9 @@ impl Shared {
                 active = n.cap().min(cores);
             }
         }
-        self.active.store(active.max(1), Ordering::Relaxed);
+        if self.active.swap(active.max(1), Ordering::Relaxed) != active.max(1) {
+            self.active_changes.fetch_add(1, Ordering::Relaxed);
+        }
         let due = match w.next_share {
             Some(s) => s.min(w.next_budget),
             None => w.next_budget,
@@ -239,6 +243,17 @@ impl BudgetHandle {
     /// ```
     pub fn reads(&self) -> u64 {
         self.shared.reads.load(Ordering::Relaxed)
+    }
+
+    /// How many times [`active_cores`](Self::active_cores) changed so far
+    /// (a flapping cap shows here).
+    ///
+    /// ```
+    /// let w = corewise::budget::BudgetWatcher::builder().build().unwrap();
+    /// assert_eq!(w.handle().active_changes(), 0);
+    /// ```
+    pub fn active_changes(&self) -> u64 {
+        self.shared.active_changes.load(Ordering::Relaxed)
     }
 
     /// The whole current budget (takes a short lock).
@@ -361,6 +376,7 @@ impl WatcherBuilder {
             generation: AtomicU64::new(0),
             next_due_ns: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            active_changes: AtomicU64::new(0),
             snapshot: Mutex::new(Arc::new(first)),
             last_error: Mutex::new(None),
             worker: Mutex::new(Worker {
