@@ -20,7 +20,8 @@
 //! - `corewise`: one corewise user thread per task, created from the
 //!   generator with `wait_for_slot(true)`; the runtime's default policy and
 //!   neighbour awareness (cap `ceil(O · cpu_self / cpu_all · CPUs)`, O =
-//!   `--overcommit`, 1 by default, 10 ms sampling) choose how many cores it
+//!   `--overcommit`, 1 by default, from nanosecond counters every 10 ms
+//!   through a moving average and a dead band) choose how many cores it
 //!   holds (the paper's "Collaborative" friendlypool, built into the
 //!   runtime).
 //! - `optimal`: a static pool with `ceil(CPUs / processes)` workers
@@ -66,10 +67,11 @@
 //! whole host's busy CPUs (/proc/stat: on a shared machine this shows the
 //! background load, e.g. other people's builds, which the neighbour cap
 //! counts as neighbours too), and, sampled every 10 ms by a separate
-//! thread, the cores (workers) the pool holds and the paper's cap for the
-//! measured process (the runtime's own `NeighbourShare`, so the same
-//! formula and window the runtime applies; for ignorant and optimal only
-//! informative). A run whose tasks do not drain within the
+//! thread, the cores (workers) the pool holds and the cap: for corewise the
+//! one its runtime publishes and applies, with the number of times it
+//! changed per second (every change, counted by the runtime); for ignorant
+//! and optimal the same formula measured by the benchmark (informative).
+//! A run whose tasks do not drain within the
 //! drain limit (the cell duration, at least 3 s, after the last
 //! submission) is abandoned: tasks not yet started are skipped, and every
 //! unfinished task enters the statistics *censored* at the abandonment
@@ -79,6 +81,13 @@
 //! rate exceeds every pool's share, so their queues grow and most such
 //! cells are censored: their queue latency says "overloaded", not by how
 //! much.
+//!
+//! **On/off scenario** (after the cells, `--on-off-cycles`, see
+//! [`onoff`]): one ignorant neighbour starts and stops every
+//! `--on-off-period` seconds (2) beside a corewise pool under the same
+//! load; corewise's published cap and held cores are plotted against time
+//! with the neighbour's on/off, and the time each takes to follow a start
+//! or a stop is reported.
 //!
 //! **Runtime behaviour that shapes the corewise rows** (found with this
 //! benchmark, November 2026; the `nb CPUs`, `host busy` and `mean cores`

@@ -24,17 +24,9 @@
 //!   `[1, budget]`). A demand hovering within `band` of a boundary never
 //!   flips the cap.
 //!
-//! Signal measurements (this 2-CPU kernel, shared with other builds, so
-//! approximate; open+read+close from a Python loop of 5000, interpreter
-//! overhead included): `/proc/self/schedstat` 9.5 µs and
-//! `/proc/self/task/N/schedstat` 11.4 µs per read, nanosecond run and wait
-//! time; `/proc/stat` 19.6 µs, 10 ms ticks; `/proc/self/stat` 14.3 µs, ticks;
-//! `/proc/loadavg` 7.7 µs, an instantaneous runnable count (noisy, includes
-//! the reader); `/proc/pressure/cpu` 10.3 µs, `total` in µs of stall. The
-//! cgroup `cpu.stat` was not mounted in this sandbox. The nanosecond
-//! schedstat counters are the only per-process source with sub-tick
-//! resolution, which is why the share should be read from them while busy;
-//! at 10 ms windows one read costs about 0.1 % of a core.
+//! The samples come from nanosecond counters (the process CPU clock and
+//! the `cpuacct` root's usage, see [`NeighbourShare`](super::NeighbourShare));
+//! the measurements behind that choice are in `docs/architecture.md`.
 //!
 //! The filter is pure (no clock, no I/O), so it is unit-tested
 //! deterministically; [`NeighbourShare`](super::NeighbourShare) feeds it
