@@ -368,6 +368,11 @@ impl Builder {
         let manager = std::thread::Builder::new()
             .name("corewise-cores".into())
             .spawn(move || manage_cores(shared, watcher))?;
+        // A new neighbour cap is applied at once, not at the next window.
+        let manager_thread = manager.thread().clone();
+        shared
+            .budget
+            .on_active_change(Box::new(move || manager_thread.unpark()));
         rt.manager = Some(manager);
         Ok(rt)
     }

@@ -64,6 +64,9 @@ struct Shared {
     reads: AtomicU64,
     /// Times the published `active` changed.
     active_changes: AtomicU64,
+    /// Called after `active` changed (the runtime applies the new cap at
+    /// once instead of at its next estimation window).
+    on_change: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     snapshot: Mutex<Arc<CpuBudget>>,
     last_error: Mutex<Option<Arc<BudgetError>>>,
     worker: Mutex<Worker>,
@@ -180,6 +183,9 @@ impl Shared {
         }
         if self.active.swap(active.max(1), Ordering::Relaxed) != active.max(1) {
             self.active_changes.fetch_add(1, Ordering::Relaxed);
+            if let Some(f) = self.on_change.get() {
+                f();
+            }
         }
         let due = match w.next_share {
             Some(s) => s.min(w.next_budget),
@@ -299,6 +305,13 @@ impl BudgetHandle {
         self.shared.tracking.store(true, Ordering::SeqCst);
     }
 
+    /// Calls `f` (from the watcher's thread, so it must be quick) whenever
+    /// [`active_cores`](Self::active_cores) changes; the first call of this
+    /// sets it.
+    pub(crate) fn on_active_change(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.shared.on_change.set(f);
+    }
+
     /// A dispatcher starts running or woke from a kernel sleep.
     #[inline]
     pub(crate) fn dispatcher_awake(&self) {
@@ -377,6 +390,7 @@ impl WatcherBuilder {
             next_due_ns: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             active_changes: AtomicU64::new(0),
+            on_change: std::sync::OnceLock::new(),
             snapshot: Mutex::new(Arc::new(first)),
             last_error: Mutex::new(None),
             worker: Mutex::new(Worker {
