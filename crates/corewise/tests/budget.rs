@@ -604,3 +604,41 @@ fn share_hovering_at_a_boundary_keeps_the_cap() {
         assert_eq!(f.push(0.625), 2);
     }
 }
+
+/// The host's `cpuacct` root passes the once-a-second cross-check against
+/// `/proc/stat` while the host is busy (the test keeps a CPU busy itself):
+/// the nanosecond counter stays in use.
+#[test]
+fn the_cpuacct_root_counts_the_whole_host() {
+    if !Path::new(cpuacct_root()).join("cpuacct.usage").exists() {
+        eprintln!("skipping: no cpuacct hierarchy");
+        return;
+    }
+    let _serial = share_test_lock();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::hint::black_box(std::time::Instant::now());
+            }
+        })
+    };
+    let config = NeighbourConfig {
+        window: Duration::from_millis(100),
+        ..NeighbourConfig::default()
+    };
+    let result = NeighbourShare::new(2, config).and_then(|mut s| {
+        for _ in 0..25 {
+            s.sample()?;
+        }
+        Ok(s)
+    });
+    stop.store(true, Ordering::Relaxed);
+    spinner.join().unwrap();
+    let s = result.unwrap();
+    assert!(
+        s.host_counter_is_ns(),
+        "the cpuacct root was dropped for /proc/stat"
+    );
+}

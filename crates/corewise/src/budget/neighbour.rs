@@ -22,9 +22,10 @@
 //!   file, every thread included.
 //! * `cpu_all`: `cpuacct.usage` of the root of the cgroup v1 `cpuacct`
 //!   hierarchy (every task of the host, in ns), read with `pread` on a file
-//!   kept open. Without that hierarchy (a v2-only host) the busy time of
-//!   `/proc/stat` in clock ticks is the fallback; smoothing then does more
-//!   of the work. [`NeighbourShare::host_cgroup`] measures the share among
+//!   kept open. Without that hierarchy (a v2-only host), or if a
+//!   once-a-second comparison shows that it misses most of the host's busy
+//!   time (a cgroup namespace), the busy time of `/proc/stat` in clock
+//!   ticks is the fallback; smoothing then does more of the work. [`NeighbourShare::host_cgroup`] measures the share among
 //!   the processes of one cgroup instead (the tests use it).
 //!
 //! The raw share of each window goes through a [`ShareFilter`] (a moving
@@ -311,6 +312,19 @@ impl HostCounter {
     }
 }
 
+/// Whether the `cpuacct` root really counts the whole host: inside a cgroup
+/// namespace it counts the namespace only. Once a second (while sampled)
+/// its busy time is compared with `/proc/stat`'s, which always covers the
+/// host.
+#[derive(Debug)]
+struct CrossCheck {
+    stat: HostCounter,
+    every: Duration,
+    at: Instant,
+    stat_ns: u64,
+    host_ns: u64,
+}
+
 /// The neighbour-aware cap on active cores, updated from CPU-time deltas.
 ///
 /// Call [`update`](Self::update) once per window from a control thread (or
@@ -331,6 +345,9 @@ pub struct NeighbourShare {
     budget: usize,
     own: OwnClock,
     host: HostCounter,
+    /// While `host` is the `cpuacct` root: `/proc/stat` and the time and
+    /// host count of the last cross-check (see [`Self::cross_check`]).
+    check: Option<CrossCheck>,
     host_cpus: usize,
     last: CpuTimes,
     share: Option<f64>,
@@ -364,12 +381,26 @@ impl NeighbourShare {
         let stat = under_root(root, Path::new("/proc/stat"));
         let (_, host_cpus) = parse_proc_stat(&read_required(&stat)?, &stat)?;
         let host = HostCounter::host(root)?;
+        let check = if host.is_ns() {
+            let hz = rustix::param::clock_ticks_per_second().max(1);
+            let stat = HostCounter::open(stat, Some(1_000_000_000 / hz))?;
+            Some(CrossCheck {
+                stat_ns: stat.read_ns()?,
+                host_ns: host.read_ns()?,
+                stat,
+                every: Duration::from_secs(1),
+                at: Instant::now(),
+            })
+        } else {
+            None
+        };
         let budget = budget.max(1);
         let mut share = NeighbourShare {
             config,
             budget,
             own,
             host,
+            check,
             host_cpus,
             last: CpuTimes {
                 self_ns: 0,
@@ -396,6 +427,7 @@ impl NeighbourShare {
     /// ```
     pub fn host_cgroup(mut self, dir: impl AsRef<Path>) -> Result<Self, BudgetError> {
         self.host = HostCounter::open(dir.as_ref().join("cpuacct.usage"), None)?;
+        self.check = None;
         self.rebase()?;
         Ok(self)
     }
@@ -439,8 +471,35 @@ impl NeighbourShare {
         };
         self.share = Some(share);
         self.filter.push(share);
+        self.cross_check()?;
         self.last = now;
         Ok(self.cap())
+    }
+
+    /// Falls back to `/proc/stat` for good if, over the last check period
+    /// with the host at least half a CPU busy by `/proc/stat`, the
+    /// `cpuacct` root saw less than half of that busy time: it does not
+    /// count the whole host (a cgroup namespace), and a share of the
+    /// namespace would ignore the neighbours outside it.
+    fn cross_check(&mut self) -> Result<(), BudgetError> {
+        let Some(c) = &mut self.check else {
+            return Ok(());
+        };
+        let elapsed = c.at.elapsed();
+        if elapsed < c.every {
+            return Ok(());
+        }
+        let (stat_ns, host_ns) = (c.stat.read_ns()?, self.host.read_ns()?);
+        let d_stat = stat_ns.saturating_sub(c.stat_ns) as f64;
+        let d_host = host_ns.saturating_sub(c.host_ns) as f64;
+        (c.at, c.stat_ns, c.host_ns) = (Instant::now(), stat_ns, host_ns);
+        if d_stat >= 0.5 * elapsed.as_nanos() as f64 && d_host < 0.5 * d_stat {
+            if let Some(c) = self.check.take() {
+                self.host = c.stat;
+                self.last = self.read_times()?;
+            }
+        }
+        Ok(())
     }
 
     /// Sleeps until a full window has passed since the last update, then
@@ -655,5 +714,45 @@ mod tests {
         assert_eq!(s.host_cpus(), 2);
         let hz = rustix::param::clock_ticks_per_second().max(1);
         assert_eq!(s.last.busy_ns, 15 * (1_000_000_000 / hz));
+    }
+
+    #[test]
+    fn a_cpuacct_root_that_misses_host_load_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("corewise-nb-ns-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("proc/self")).unwrap();
+        std::fs::create_dir_all(dir.join("acct")).unwrap();
+        let stat = |busy: u64| {
+            std::fs::write(
+                dir.join("proc/stat"),
+                format!("cpu  {busy} 0 0 100 0 0 0 0 0 0\ncpu0 0 0 0 0\ncpu1 0 0 0 0\n"),
+            )
+            .unwrap();
+        };
+        stat(10);
+        std::fs::write(dir.join("acct/cpuacct.usage"), "1000\n").unwrap();
+        std::fs::write(
+            dir.join("proc/self/mountinfo"),
+            "40 30 0:35 / /acct rw - cgroup cgroup rw,cpuacct\n",
+        )
+        .unwrap();
+        let built = NeighbourShare::build(OwnClock::Process, &dir, 2, NeighbourConfig::default());
+        let mut s = built.unwrap();
+        assert!(s.host_counter_is_ns());
+        s.check.as_mut().unwrap().every = Duration::ZERO;
+        // The host's busy time grows, the cgroup root's keeps up: kept.
+        let hz = rustix::param::clock_ticks_per_second().max(1);
+        std::thread::sleep(Duration::from_millis(20));
+        stat(10 + hz); // a whole CPU-second more
+        std::fs::write(dir.join("acct/cpuacct.usage"), "990001000\n").unwrap();
+        s.update().unwrap();
+        assert!(s.host_counter_is_ns());
+        // It grows, the cgroup root's does not: /proc/stat from now on.
+        std::thread::sleep(Duration::from_millis(20));
+        stat(10 + 2 * hz);
+        s.update().unwrap();
+        let dropped = !s.host_counter_is_ns();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(dropped, "the cpuacct root was kept");
     }
 }
