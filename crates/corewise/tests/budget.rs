@@ -642,3 +642,39 @@ fn the_cpuacct_root_counts_the_whole_host() {
         "the cpuacct root was dropped for /proc/stat"
     );
 }
+
+/// A default runtime's watcher reads nothing while every core sleeps, and
+/// reads again (the share every window, the budget every second) as soon
+/// as a thread runs.
+#[test]
+fn an_idle_runtime_reads_nothing() {
+    let rt = corewise::Runtime::new().unwrap();
+    rt.block_on(|| ()).unwrap();
+    let b = rt.budget().clone();
+    // Idle: the count stops moving (within 5 s), and stays put.
+    let start = std::time::Instant::now();
+    let mut last = b.reads();
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = b.reads();
+        if now == last {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "reads never stopped"
+        );
+        last = now;
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(b.reads(), last, "an idle runtime's watcher read");
+    // Busy for 1.5 s: reads resume.
+    rt.block_on(|| {
+        let until = std::time::Instant::now() + Duration::from_millis(1500);
+        while std::time::Instant::now() < until {
+            std::hint::black_box(0);
+        }
+    })
+    .unwrap();
+    assert!(b.reads() > last, "a busy runtime's watcher did not read");
+}
