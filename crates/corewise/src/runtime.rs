@@ -84,6 +84,7 @@ pub struct Builder {
     io: crate::io::IoConfig,
     policy_config: PolicyConfig,
     neighbour: Option<NeighbourConfig>,
+    neighbour_cgroup: Option<std::path::PathBuf>,
     arbiter: ArbiterChoice,
     priority: usize,
     max_threads: Option<usize>,
@@ -99,6 +100,7 @@ impl Default for Builder {
             io: crate::io::IoConfig::default(),
             policy_config: PolicyConfig::default(),
             neighbour: Some(NeighbourConfig::default()),
+            neighbour_cgroup: None,
             arbiter: ArbiterChoice::Auto,
             priority: 0,
             max_threads: None,
@@ -182,6 +184,20 @@ impl Builder {
     /// `None` switches the cap off. Default: on, `O = 1`.
     pub fn neighbour_awareness(mut self, config: Option<NeighbourConfig>) -> Self {
         self.neighbour = config;
+        self
+    }
+
+    /// Neighbour awareness among the processes of one cgroup (its v1
+    /// `cpuacct` directory `dir`, e.g. the processes of one job) instead of
+    /// the whole host: `cpu_all` is their CPU time. The build fails if
+    /// `dir` has no `cpuacct.usage`.
+    ///
+    /// ```
+    /// let built = corewise::Runtime::builder().neighbour_cgroup("/nonexistent").build();
+    /// assert!(built.is_err());
+    /// ```
+    pub fn neighbour_cgroup(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.neighbour_cgroup = Some(dir.into());
         self
     }
 
@@ -291,8 +307,17 @@ impl Builder {
         // one CPU the share could only ever cap at 1 core, so it is not
         // sampled: its 100 wakeups a second would each preempt the one
         // dispatcher for tens of microseconds, for nothing.
+        if let Some(dir) = &self.neighbour_cgroup {
+            if !dir.join("cpuacct.usage").is_file() {
+                return Err(BuildError::Invalid(format!(
+                    "neighbour cgroup {}: no cpuacct.usage",
+                    dir.display()
+                )));
+            }
+        }
         let watcher = BudgetWatcher::builder()
             .neighbour(if n > 1 { self.neighbour } else { None })
+            .neighbour_cgroup(self.neighbour_cgroup.clone())
             .spawn()
             .map_err(|e| BuildError::Invalid(format!("CPU budget: {e}")))?;
         // The dispatchers report their kernel sleeps: the watcher reads

@@ -165,6 +165,11 @@ pub struct Args {
     /// On/off scenario: plot of cap and cores against time.
     #[arg(long, default_value = "neighbours-onoff.png")]
     pub on_off_png: PathBuf,
+    /// On/off scenario: measure corewise's share among the benchmark's own
+    /// processes (a cpuacct cgroup of its own) instead of the whole host,
+    /// so that other load on a shared machine is not a neighbour.
+    #[arg(long)]
+    pub on_off_cgroup: bool,
     /// On/off scenario: write its samples and follow times as JSON here.
     #[arg(long)]
     pub on_off_json: Option<PathBuf>,
@@ -877,12 +882,18 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             overcommit: args.overcommit,
             period: Duration::from_secs_f64(args.on_off_period),
             cycles,
+            own_cgroup: args.on_off_cgroup,
         };
         println!(
             "\non/off: corewise at {rate:.1} tasks/s beside an ignorant neighbour ({budget} \
              workers, closed loop) that starts and stops every {:.1} s, {cycles} cycles; \
-             sampled every 5 ms",
-            args.on_off_period
+             sampled every 5 ms; share measured among {}",
+            args.on_off_period,
+            if args.on_off_cgroup {
+                "the benchmark's own processes (--on-off-cgroup)"
+            } else {
+                "all of the host's"
+            }
         );
         let report = onoff::run(&settings)?;
         println!("{}", onoff::summary(&report));

@@ -12,6 +12,16 @@
 //! a transition is the time from the transition to the first sample with
 //! the new state's settled value (none if it is not reached within the
 //! phase). Changes within the second halves count as flapping.
+//!
+//! **On a shared host** (`--on-off-cgroup`): other load counts as
+//! neighbours too, and on a busy machine it alone can hold the cap at one
+//! core, so there is nothing to follow. With this flag the benchmark moves
+//! itself into a `cpuacct` cgroup of its own (the neighbour, started later,
+//! inherits it) and the runtime measures its share among the processes of
+//! that cgroup ([`corewise::Builder::neighbour_cgroup`]): the
+//! benchmark's neighbour is then the only neighbour. Needs root and the
+//! cgroup v1 `cpuacct` hierarchy; the process moves back and the directory
+//! is removed when the scenario ends.
 
 use super::children::{Neighbours, PoolSpec};
 use super::plot::{Canvas, Chart, Series, PALETTE};
@@ -41,6 +51,50 @@ pub struct Settings {
     pub period: Duration,
     /// On/off cycles (each two periods), after one period off.
     pub cycles: usize,
+    /// Measure the share among the benchmark's own processes only.
+    pub own_cgroup: bool,
+}
+
+/// A `cpuacct` cgroup holding this process, for `--on-off-cgroup`; dropping
+/// moves the process back to the hierarchy's root and removes it.
+struct OwnGroup {
+    root: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+impl OwnGroup {
+    fn create() -> Result<Self, BenchError> {
+        let root = ["/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/cpu,cpuacct"]
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|r| r.join("cpuacct.usage").is_file())
+            .ok_or_else(|| BenchError::Machine("no cgroup v1 cpuacct hierarchy".into()))?;
+        let dir = root.join(format!("corewise-bench-onoff-{}", std::process::id()));
+        std::fs::create_dir(&dir)
+            .map_err(|e| BenchError::io(format!("creating {}", dir.display()), e))?;
+        let group = OwnGroup { root, dir };
+        std::fs::write(
+            group.dir.join("cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .map_err(|e| BenchError::io(format!("moving into {}", group.dir.display()), e))?;
+        Ok(group)
+    }
+}
+
+impl Drop for OwnGroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(
+            self.root.join("cgroup.procs"),
+            std::process::id().to_string(),
+        );
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// One 5 ms sample.
@@ -194,7 +248,16 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         stamps: Arc::clone(&stamps),
         n: s.n,
     };
-    let pool = CorewisePool::start(&work.task(), Some(s.overcommit))?;
+    let group = if s.own_cgroup {
+        Some(OwnGroup::create()?)
+    } else {
+        None
+    };
+    let pool = CorewisePool::start_in(
+        &work.task(),
+        Some(s.overcommit),
+        group.as_ref().map(|g| g.dir.as_path()),
+    )?;
     let probe = pool.probe();
     let handle = pool
         .budget()

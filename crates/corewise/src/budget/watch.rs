@@ -345,6 +345,7 @@ pub struct WatcherBuilder {
     probe: BudgetProbe,
     interval: Duration,
     neighbour: Option<NeighbourConfig>,
+    neighbour_cgroup: Option<std::path::PathBuf>,
 }
 
 impl WatcherBuilder {
@@ -368,6 +369,24 @@ impl WatcherBuilder {
         self
     }
 
+    /// Measures the neighbour share among the processes of cgroup `dir`
+    /// (of the v1 `cpuacct` hierarchy) instead of the whole host: see
+    /// [`NeighbourShare::host_cgroup`]. The build fails if `dir` has no
+    /// `cpuacct.usage`.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetWatcher, NeighbourConfig};
+    /// let built = BudgetWatcher::builder()
+    ///     .neighbour(Some(NeighbourConfig::default()))
+    ///     .neighbour_cgroup(Some("/nonexistent".into()))
+    ///     .build();
+    /// assert!(built.is_err());
+    /// ```
+    pub fn neighbour_cgroup(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.neighbour_cgroup = dir;
+        self
+    }
+
     /// A watcher without a thread: the runtime calls
     /// [`BudgetHandle::refresh_if_due`]. Fails if the first read fails.
     pub fn build(self) -> Result<BudgetWatcher, BudgetError> {
@@ -376,7 +395,13 @@ impl WatcherBuilder {
         }
         let first = self.probe.read()?;
         let neighbour = match self.neighbour {
-            Some(cfg) => Some(NeighbourShare::new(first.cores(), cfg)?),
+            Some(cfg) => {
+                let share = NeighbourShare::new(first.cores(), cfg)?;
+                Some(match &self.neighbour_cgroup {
+                    Some(dir) => share.host_cgroup(dir)?,
+                    None => share,
+                })
+            }
             None => None,
         };
         let now = Instant::now();
@@ -483,6 +508,7 @@ impl BudgetWatcher {
             probe: BudgetProbe::new(),
             interval: DEFAULT_REFRESH_INTERVAL,
             neighbour: None,
+            neighbour_cgroup: None,
         }
     }
 
@@ -568,6 +594,7 @@ mod tests {
             probe,
             interval: Duration::from_secs(3600),
             neighbour: None,
+            neighbour_cgroup: None,
         }
         .build()
         .unwrap();
@@ -594,6 +621,7 @@ mod tests {
                     .affinity("0-3".parse().unwrap()),
                 interval: Duration::from_secs(3600),
                 neighbour: Some(NeighbourConfig::default()),
+                neighbour_cgroup: None,
             }
             .build()
             .unwrap()
