@@ -354,8 +354,8 @@ pub fn summary(r: &Report) -> String {
     };
     let line = |name: &str, f: &Follow| {
         let same = if f.settled_off_on.0 == f.settled_off_on.1 {
-            " (the same with and without the neighbour: other load on the host \
-             already set it, so there was nothing to follow)"
+            " (the same with and without the neighbour: nothing to follow; for the \
+             cap, other load on the host can be the reason, see --on-off-cgroup)"
         } else {
             ""
         };
