@@ -147,6 +147,7 @@ pub struct Builder {
     io: crate::io::IoConfig,
     policy_config: PolicyConfig,
     neighbour: Option<NeighbourConfig>,
+    neighbour_cgroup: Option<std::path::PathBuf>,
     arbiter: ArbiterChoice,
     priority: usize,
     max_threads: Option<usize>,
@@ -162,6 +163,7 @@ impl Default for Builder {
             io: crate::io::IoConfig::default(),
             policy_config: PolicyConfig::default(),
             neighbour: Some(NeighbourConfig::default()),
+            neighbour_cgroup: None,
             arbiter: ArbiterChoice::Auto,
             priority: 0,
             max_threads: None,
@@ -254,6 +256,20 @@ impl Builder {
     /// `None` switches the cap off. Default: on, `O = 1`.
     pub fn neighbour_awareness(mut self, config: Option<NeighbourConfig>) -> Self {
         self.neighbour = config;
+        self
+    }
+
+    /// Neighbour awareness among the processes of one cgroup (its v1
+    /// `cpuacct` directory `dir`, e.g. the processes of one job) instead of
+    /// the whole host: `cpu_all` is their CPU time. The build fails if
+    /// `dir` has no `cpuacct.usage`.
+    ///
+    /// ```
+    /// let built = corewise::Runtime::builder().neighbour_cgroup("/nonexistent").build();
+    /// assert!(built.is_err());
+    /// ```
+    pub fn neighbour_cgroup(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.neighbour_cgroup = Some(dir.into());
         self
     }
 
@@ -401,10 +417,22 @@ impl Builder {
         // one CPU the share could only ever cap at 1 core, so it is not
         // sampled: its 100 wakeups a second would each preempt the one
         // dispatcher for tens of microseconds, for nothing.
+        if let Some(dir) = &self.neighbour_cgroup {
+            if !dir.join("cpuacct.usage").is_file() {
+                return Err(BuildError::Invalid(format!(
+                    "neighbour cgroup {}: no cpuacct.usage",
+                    dir.display()
+                )));
+            }
+        }
         let watcher = BudgetWatcher::builder()
             .neighbour(if n > 1 { self.neighbour } else { None })
+            .neighbour_cgroup(self.neighbour_cgroup.clone())
             .spawn()
             .map_err(|e| BuildError::Invalid(format!("CPU budget: {e}")))?;
+        // The dispatchers report their kernel sleeps: the watcher reads
+        // nothing while all of them sleep.
+        watcher.handle().track_activity();
         let mut policy_config = self.policy_config.clone();
         policy_config.max_cores = policy_config.max_cores.min(n as u32).max(1);
         policy_config.min_cores = policy_config.min_cores.clamp(1, policy_config.max_cores);
@@ -476,6 +504,11 @@ impl Builder {
         let manager = std::thread::Builder::new()
             .name("corewise-cores".into())
             .spawn(move || manage_cores(shared, watcher))?;
+        // A new neighbour cap is applied at once, not at the next window.
+        let manager_thread = manager.thread().clone();
+        shared
+            .budget
+            .on_active_change(Box::new(move || manager_thread.unpark()));
         rt.manager = Some(manager);
         Ok(rt)
     }
@@ -664,6 +697,18 @@ impl Runtime {
     pub fn set_max_cores(&self, n: usize) {
         self.shared.max_override.store(n.max(1), Ordering::Relaxed);
         request_cores(self.shared);
+    }
+
+    /// The CPU budget and neighbour cap the runtime follows (the cap is
+    /// [`BudgetHandle::active_cores`](crate::budget::BudgetHandle::active_cores)).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let b = rt.budget();
+    /// assert!(b.active_cores() >= 1 && b.active_cores() <= b.cores());
+    /// ```
+    pub fn budget(&self) -> &crate::budget::BudgetHandle {
+        &self.shared.budget
     }
 
     /// Number of cores the runtime holds now.
@@ -892,7 +937,9 @@ fn kernel_thread(
         shared.active_mask.fetch_or(1 << k, Ordering::AcqRel);
         shared.figures.cores_added.fetch_add(1, Ordering::Relaxed);
         shared.policy.core_added(k);
+        shared.budget.dispatcher_awake();
         crate::sched::dispatch::run(core);
+        shared.budget.dispatcher_asleep();
         // `dispatch::run` took the core out of the active set before it
         // moved the threads away.
         shared.arbiter.core_released(k);

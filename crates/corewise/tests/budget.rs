@@ -1,7 +1,8 @@
 //! The CPU budget against real cgroups and real neighbours.
 //!
-//! The cgroup tests need root and the cgroup v1 `cpu` and `cpuset`
-//! hierarchies at /sys/fs/cgroup/{cpu,cpuset}; where those are missing or
+//! The cgroup tests need root and the cgroup v1 `cpu`, `cpuacct` and
+//! `cpuset` hierarchies at /sys/fs/cgroup/{cpu,cpuacct,cpuset} (separate or
+//! joined as `cpu,cpuacct`); where those are missing or
 //! not writable they print why and pass. Every cgroup created is removed by
 //! a guard (tasks moved back to the hierarchy root first), every child
 //! process is killed by pid by a guard, whatever the assertions do.
@@ -13,15 +14,33 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use corewise::budget::{BudgetProbe, BudgetReason, CpuList, NeighbourConfig, NeighbourShare};
+use corewise::budget::{
+    BudgetProbe, BudgetReason, CpuList, NeighbourConfig, NeighbourShare, ShareFilter,
+};
 
 const CPU_ROOT: &str = "/sys/fs/cgroup/cpu";
 const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
+/// The `cpuacct` hierarchy: its own mount here, else joined with `cpu`.
+fn cpuacct_root() -> &'static str {
+    if Path::new("/sys/fs/cgroup/cpuacct/cpuacct.usage").exists() {
+        "/sys/fs/cgroup/cpuacct"
+    } else {
+        "/sys/fs/cgroup/cpu,cpuacct"
+    }
+}
 /// Set in the environment of a re-executed test binary to run
 /// [`child_reports_own_budget`] as a child.
 const CHILD_ENV: &str = "COREWISE_BUDGET_TEST_CHILD";
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// Held by the tests that measure CPU shares, so that the spinners of one
+/// do not load the CPUs another measures.
+static SHARE_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn share_test_lock() -> std::sync::MutexGuard<'static, ()> {
+    SHARE_TESTS.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Cgroup directories created under one hierarchy; dropping moves their
 /// tasks to the root and removes them, deepest first.
@@ -318,6 +337,7 @@ fn one_cpu_quota_gives_one_core() {
 
 #[test]
 fn busy_neighbours_cap_at_one() {
+    let _serial = share_test_lock();
     let budget = BudgetProbe::new().max_cores(None).read().unwrap().cores();
     let mut kids = Children(Vec::new());
     for _ in 0..2 {
@@ -360,4 +380,301 @@ fn idle_neighbours_allow_growth() {
     let mut s = NeighbourShare::new(budget, NeighbourConfig::default()).unwrap();
     let cap = s.sample().unwrap();
     assert!((1..=budget).contains(&cap));
+}
+
+/// Two spinning processes in `cpu` cgroups of a subtree of their own (the
+/// measured one and its neighbour, each cgroup set up by writing the given
+/// files), both counted by one `cpuacct` cgroup, optionally both pinned to
+/// one CPU.
+struct SpinnerPair {
+    // Field order is drop order: the children die before their cgroups go.
+    kids: Children,
+    acct: CgroupTree,
+    _cpu: Option<CgroupTree>,
+}
+
+impl SpinnerPair {
+    /// `measured_us` and `neighbour_us` of CPU time per `period_us`.
+    fn quotas(measured_us: u64, neighbour_us: u64, period_us: u64) -> Option<Self> {
+        let (p, a, b) = (
+            period_us.to_string(),
+            measured_us.to_string(),
+            neighbour_us.to_string(),
+        );
+        Self::new(
+            [
+                &[("cpu.cfs_period_us", &p), ("cpu.cfs_quota_us", &a)],
+                &[("cpu.cfs_period_us", &p), ("cpu.cfs_quota_us", &b)],
+            ],
+            None,
+        )
+    }
+
+    fn new(files: [&[(&str, &str)]; 2], pin: Option<usize>) -> Option<Self> {
+        let mut cpu = CgroupTree::new(CPU_ROOT, "cpu.cfs_quota_us")?;
+        if pin.is_some() {
+            // Pinned to one CPU that other work may load heavily: a
+            // heavier subtree runs often, in many short slices per window,
+            // so the split inside it is what its weights say.
+            must_write(&cpu.top().join("cpu.shares"), "8192");
+        }
+        let joined = Path::new(cpuacct_root()) == Path::new(CPU_ROOT);
+        let mut kids = Children(Vec::new());
+        let mut dirs = Vec::new();
+        for (name, settings) in ["measured", "neighbour"].into_iter().zip(files) {
+            let dir = cpu.child(name);
+            for (file, value) in settings {
+                must_write(&dir.join(file), value);
+            }
+            kids.0.push(
+                Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                    .expect("spawn spinner"),
+            );
+            let pid = kids.0.last().unwrap().id();
+            if let Some(cpu) = pin {
+                let mut set = rustix::thread::CpuSet::new();
+                set.set(cpu);
+                let raw = rustix::process::Pid::from_raw(pid as i32);
+                rustix::thread::sched_setaffinity(raw, &set).expect("pin spinner");
+            }
+            move_into(&dir, pid);
+            dirs.push(dir);
+        }
+        // Counted together by the cpuacct subtree's top, and each by a
+        // child of its own (the cpu cgroups themselves when cpu and cpuacct
+        // share a hierarchy).
+        let (acct, cpu) = if joined {
+            (cpu, None)
+        } else {
+            let mut acct = CgroupTree::new(cpuacct_root(), "cpuacct.usage")?;
+            for (name, k) in ["measured", "neighbour"].into_iter().zip(&kids.0) {
+                move_into(&acct.child(name), k.id());
+            }
+            (acct, Some(cpu))
+        };
+        Some(SpinnerPair {
+            kids,
+            acct,
+            _cpu: cpu,
+        })
+    }
+
+    /// CPU time so far of the measured process's and the neighbour's
+    /// cgroups, in ns.
+    fn usage(&self) -> (u64, u64) {
+        let read = |name: &str| {
+            let f = self.acct.top().join(name).join("cpuacct.usage");
+            std::fs::read_to_string(&f)
+                .unwrap_or_else(|e| panic!("{}: {e}", f.display()))
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        };
+        (read("measured"), read("neighbour"))
+    }
+
+    fn measured_pid(&self) -> u32 {
+        self.kids.0[0].id()
+    }
+
+    /// The measured process's share among the two, window by window.
+    fn share(&self, config: NeighbourConfig) -> NeighbourShare {
+        NeighbourShare::for_pid(self.measured_pid(), 2, config)
+            .and_then(|s| s.host_cgroup(self.acct.top()))
+            .expect("neighbour share")
+    }
+}
+
+/// The signal: a process held to 0.05 CPU by its quota beside a neighbour
+/// held to 0.1 CPU has a third of their CPU time. The share read from the
+/// process CPU clock and the subtree's counter over 2 s must match what
+/// the two cgroups' own counters say within ±0.02, and, when both got
+/// their quota (the machine was not so loaded that it held them below it),
+/// the nominal 1/3 within ±0.04. Over the whole host the share can only be
+/// smaller.
+#[test]
+fn share_of_a_quota_limited_process_beside_a_known_neighbour() {
+    let _serial = share_test_lock();
+    let Some(pair) = SpinnerPair::quotas(2_500, 5_000, 50_000) else {
+        return;
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let config = NeighbourConfig {
+        window: Duration::from_secs(2),
+        ..NeighbourConfig::default()
+    };
+    let mut among = pair.share(config);
+    let mut host = NeighbourShare::for_pid(pair.measured_pid(), 2, config).unwrap();
+    let start = std::time::Instant::now();
+    let (a0, b0) = pair.usage();
+    host.rebase().unwrap();
+    among.sample().unwrap();
+    host.update().unwrap();
+    let (a1, b1) = pair.usage();
+    let secs = start.elapsed().as_secs_f64();
+    let (da, db) = ((a1 - a0) as f64 / 1e9, (b1 - b0) as f64 / 1e9);
+    let (s, h) = (among.share().unwrap(), host.share().unwrap());
+    let by_cgroups = da / (da + db);
+    eprintln!(
+        "share among the two {s:.4} (cgroup counters {by_cgroups:.4}, nominal 1/3), \
+         of the host {h:.4}, cap {}; CPUs used {:.3} and {:.3} of 0.05 and 0.1",
+        among.cap(),
+        da / secs,
+        db / secs
+    );
+    assert!(
+        (s - by_cgroups).abs() <= 0.02,
+        "share {s}, cgroups {by_cgroups}"
+    );
+    if da / secs >= 0.0475 && db / secs >= 0.095 {
+        assert!((s - 1.0 / 3.0).abs() <= 0.04, "share {s}");
+        // Two CPUs, a third of the demand: ceil(2/3 - 0.25) = 1 core.
+        assert_eq!(among.cap(), 1);
+    } else {
+        eprintln!("the machine held the pair below its quotas: nominal check skipped");
+    }
+    assert!(
+        h <= s + 0.02,
+        "host share {h} above the share among two {s}"
+    );
+    assert_eq!(
+        host.host_counter_is_ns(),
+        Path::new(cpuacct_root()).exists()
+    );
+}
+
+/// The hysteresis on real counters: both processes pinned to one CPU with
+/// CFS weights 5:3, so the measured one has 0.625 of their time whatever
+/// else runs there, i.e. a demand of 1.25 cores on two CPUs: exactly the
+/// filter's 1|2 boundary. Sampled every 200 ms for 8 s, the cap settles
+/// and does not flip; the raw `ceil()` of the same windows is reported for
+/// comparison.
+#[test]
+fn share_hovering_at_a_boundary_keeps_the_cap() {
+    let _serial = share_test_lock();
+    let cpus = machine_cpus();
+    let Some(pair) = SpinnerPair::new(
+        [&[("cpu.shares", "5000")], &[("cpu.shares", "3000")]],
+        Some(cpus - 1),
+    ) else {
+        return;
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let config = NeighbourConfig {
+        window: Duration::from_millis(200),
+        ..NeighbourConfig::default()
+    };
+    let mut share = pair.share(config);
+    // Settle for 2 s, then count.
+    for _ in 0..10 {
+        share.sample().unwrap();
+    }
+    let (settled, mut changes, mut raw_changes) = (share.cap(), 0, 0);
+    let (mut last, mut last_raw) = (settled, None);
+    let (mut lo, mut hi) = (f64::MAX, f64::MIN);
+    for _ in 0..30 {
+        let cap = share.sample().unwrap();
+        let s = share.share().unwrap();
+        (lo, hi) = (lo.min(s), hi.max(s));
+        let raw = (2.0 * s - 0.25).ceil().max(1.0) as usize;
+        if last_raw.is_some_and(|r| r != raw) {
+            raw_changes += 1;
+        }
+        last_raw = Some(raw);
+        if cap != last {
+            changes += 1;
+            last = cap;
+        }
+    }
+    eprintln!(
+        "raw share {lo:.3}..{hi:.3}, cap {settled}: {changes} changes; raw ceil {raw_changes} changes"
+    );
+    let smoothed = share.smoothed().unwrap();
+    assert!(
+        (0.5..=0.75).contains(&smoothed),
+        "the pair's share {smoothed} did not hover at the boundary"
+    );
+    assert_eq!(changes, 0, "the cap flipped around the boundary");
+    // The same filter fed the boundary itself also stays.
+    let mut f = ShareFilter::new(1.0, 2, 0.3, 0.15, 2);
+    f.push(1.0);
+    for _ in 0..100 {
+        assert_eq!(f.push(0.625), 2);
+    }
+}
+
+/// The host's `cpuacct` root passes the once-a-second cross-check against
+/// `/proc/stat` while the host is busy (the test keeps a CPU busy itself):
+/// the nanosecond counter stays in use.
+#[test]
+fn the_cpuacct_root_counts_the_whole_host() {
+    if !Path::new(cpuacct_root()).join("cpuacct.usage").exists() {
+        eprintln!("skipping: no cpuacct hierarchy");
+        return;
+    }
+    let _serial = share_test_lock();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::hint::black_box(std::time::Instant::now());
+            }
+        })
+    };
+    let config = NeighbourConfig {
+        window: Duration::from_millis(100),
+        ..NeighbourConfig::default()
+    };
+    let result = NeighbourShare::new(2, config).and_then(|mut s| {
+        for _ in 0..25 {
+            s.sample()?;
+        }
+        Ok(s)
+    });
+    stop.store(true, Ordering::Relaxed);
+    spinner.join().unwrap();
+    let s = result.unwrap();
+    assert!(
+        s.host_counter_is_ns(),
+        "the cpuacct root was dropped for /proc/stat"
+    );
+}
+
+/// A default runtime's watcher reads nothing while every core sleeps, and
+/// reads again (the share every window, the budget every second) as soon
+/// as a thread runs.
+#[test]
+fn an_idle_runtime_reads_nothing() {
+    let rt = corewise::Runtime::new().unwrap();
+    rt.block_on(|| ()).unwrap();
+    let b = rt.budget().clone();
+    // Idle: the count stops moving (within 5 s), and stays put.
+    let start = std::time::Instant::now();
+    let mut last = b.reads();
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = b.reads();
+        if now == last {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "reads never stopped"
+        );
+        last = now;
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(b.reads(), last, "an idle runtime's watcher read");
+    // Busy for 1.5 s: reads resume.
+    rt.block_on(|| {
+        let until = std::time::Instant::now() + Duration::from_millis(1500);
+        while std::time::Instant::now() < until {
+            std::hint::black_box(0);
+        }
+    })
+    .unwrap();
+    assert!(b.reads() > last, "a busy runtime's watcher did not read");
 }

@@ -20,7 +20,8 @@
 //! - `corewise`: one corewise user thread per task, created from the
 //!   generator with `wait_for_slot(true)`; the runtime's default policy and
 //!   neighbour awareness (cap `ceil(O · cpu_self / cpu_all · CPUs)`, O =
-//!   `--overcommit`, 1 by default, 10 ms sampling) choose how many cores it
+//!   `--overcommit`, 1 by default, from nanosecond counters every 10 ms
+//!   through a moving average and a dead band) choose how many cores it
 //!   holds (the paper's "Collaborative" friendlypool, built into the
 //!   runtime).
 //! - `optimal`: a static pool with `ceil(CPUs / processes)` workers
@@ -66,10 +67,11 @@
 //! whole host's busy CPUs (/proc/stat: on a shared machine this shows the
 //! background load, e.g. other people's builds, which the neighbour cap
 //! counts as neighbours too), and, sampled every 10 ms by a separate
-//! thread, the cores (workers) the pool holds and the paper's cap for the
-//! measured process (the runtime's own `NeighbourShare`, so the same
-//! formula and window the runtime applies; for ignorant and optimal only
-//! informative). A run whose tasks do not drain within the
+//! thread, the cores (workers) the pool holds and the cap: for corewise the
+//! one its runtime publishes and applies, with the number of times it
+//! changed per second (every change, counted by the runtime); for ignorant
+//! and optimal the same formula measured by the benchmark (informative).
+//! A run whose tasks do not drain within the
 //! drain limit (the cell duration, at least 3 s, after the last
 //! submission) is abandoned: tasks not yet started are skipped, and every
 //! unfinished task enters the statistics *censored* at the abandonment
@@ -79,6 +81,13 @@
 //! rate exceeds every pool's share, so their queues grow and most such
 //! cells are censored: their queue latency says "overloaded", not by how
 //! much.
+//!
+//! **On/off scenario** (after the cells, `--on-off-cycles`, see
+//! [`onoff`]): one ignorant neighbour starts and stops every
+//! `--on-off-period` seconds (2) beside a corewise pool under the same
+//! load; corewise's published cap and held cores are plotted against time
+//! with the neighbour's on/off, and the time each takes to follow a start
+//! or a stop is reported.
 //!
 //! **Runtime behaviour that shapes the corewise rows** (found with this
 //! benchmark, November 2026; the `nb CPUs`, `host busy` and `mean cores`
@@ -94,6 +103,7 @@
 
 pub mod children;
 pub mod fib;
+pub mod onoff;
 pub mod plot;
 pub mod pools;
 
@@ -145,6 +155,24 @@ pub struct Args {
         default_value = "ignorant,corewise,optimal"
     )]
     pub pools: Vec<PoolKind>,
+    /// On/off scenario: cycles of a neighbour starting and stopping beside
+    /// corewise (default 3 quick, 5 otherwise; 0 skips it).
+    #[arg(long)]
+    pub on_off_cycles: Option<usize>,
+    /// On/off scenario: seconds between the neighbour's starts and stops.
+    #[arg(long, default_value_t = 2.0, value_parser = positive_f64)]
+    pub on_off_period: f64,
+    /// On/off scenario: plot of cap and cores against time.
+    #[arg(long, default_value = "neighbours-onoff.png")]
+    pub on_off_png: PathBuf,
+    /// On/off scenario: measure corewise's share among the benchmark's own
+    /// processes (a cpuacct cgroup of its own) instead of the whole host,
+    /// so that other load on a shared machine is not a neighbour.
+    #[arg(long)]
+    pub on_off_cgroup: bool,
+    /// On/off scenario: write its samples and follow times as JSON here.
+    #[arg(long)]
+    pub on_off_json: Option<PathBuf>,
     /// Overcommit factor O of corewise's neighbour cap.
     #[arg(long, default_value_t = 1.0, value_parser = positive_f64)]
     pub overcommit: f64,
@@ -290,8 +318,13 @@ pub struct Cell {
     /// Mean workers (ignorant, optimal) or cores held (corewise), sampled
     /// every 10 ms.
     pub mean_active: f64,
-    /// Mean of the paper's cap for this process, sampled every 10 ms.
+    /// Mean of the cap, sampled every 10 ms: for corewise the runtime's
+    /// own (what it applies), for the others the same formula measured by
+    /// the benchmark (informative).
     pub mean_cap: f64,
+    /// Changes of that cap per second (corewise: every change the
+    /// runtime's watcher published; others: between 10 ms samples).
+    pub cap_changes_per_s: f64,
     /// Fraction of the 10 ms samples at which the pool held every CPU.
     pub frac_all_cores: f64,
 }
@@ -349,32 +382,45 @@ struct Plan {
     overcommit: f64,
 }
 
-/// Every 10 ms until `stop`: the paper's cap for this process (the
-/// runtime's own formula and window; empty if /proc cannot be read) and
-/// the cores (workers) the pool holds.
+/// Every 10 ms until `stop`: the cap (the runtime's own when `runtime`
+/// is given, else the same formula measured here; empty if it cannot be
+/// read) and the cores (workers) the pool holds.
 fn sample(
     budget: usize,
     overcommit: f64,
     probe: &pools::Probe,
+    runtime: Option<&corewise::budget::BudgetHandle>,
     stop: &AtomicBool,
 ) -> (Vec<usize>, Vec<usize>) {
     let cfg = corewise::budget::NeighbourConfig {
         overcommit,
         ..corewise::budget::NeighbourConfig::default()
     };
-    let mut share = corewise::budget::NeighbourShare::new(budget, cfg).ok();
+    let mut share = match runtime {
+        Some(_) => None,
+        None => corewise::budget::NeighbourShare::new(budget, cfg).ok(),
+    };
     let (mut caps, mut active) = (Vec::new(), Vec::new());
     while !stop.load(Ordering::Relaxed) {
-        match share.as_mut().map(|s| s.sample()) {
-            Some(Ok(c)) => caps.push(c),
-            Some(Err(_)) => share = None,
-            None => std::thread::sleep(Duration::from_millis(10)),
+        match (runtime, share.as_mut().map(|s| s.sample())) {
+            (Some(h), _) => {
+                std::thread::sleep(Duration::from_millis(10));
+                caps.push(h.active_cores());
+            }
+            (None, Some(Ok(c))) => caps.push(c),
+            (None, Some(Err(_))) => share = None,
+            (None, None) => std::thread::sleep(Duration::from_millis(10)),
         }
         if let Some(a) = probe() {
             active.push(a);
         }
     }
     (caps, active)
+}
+
+/// Changes between consecutive values.
+fn changes(v: &[usize]) -> usize {
+    v.windows(2).filter(|w| w[0] != w[1]).count()
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> f64 {
@@ -422,14 +468,21 @@ fn run_cell(
     let t0 = clock.now() + (2_000_000.0 * clock.ticks_per_ns()) as u64;
     let stop = AtomicBool::new(false);
     let probe = sink.probe();
+    let handle = sink.budget();
+    let changes0 = handle.as_ref().map(|h| h.active_changes());
     let (driven, (caps, samples)) = std::thread::scope(|sc| {
-        let sampler = sc.spawn(|| sample(plan.cpus, plan.overcommit, &probe, &stop));
+        let sampler =
+            sc.spawn(|| sample(plan.cpus, plan.overcommit, &probe, handle.as_ref(), &stop));
         let driven = drive(sink, &clock, &stamps, t0, interval, count, plan.drain);
         stop.store(true, Ordering::Relaxed);
         (driven, sampler.join().unwrap_or_default())
     });
     let driven = driven?;
     let wall = wall0.elapsed().as_secs_f64();
+    let cap_changes = match (&handle, changes0) {
+        (Some(h), Some(c0)) => h.active_changes().saturating_sub(c0) as f64,
+        _ => changes(&caps) as f64,
+    };
     let cpu = (process_cpu().saturating_sub(cpu0)).as_secs_f64();
     let nb_cpu: f64 = nbs
         .cpu_seconds()
@@ -509,6 +562,7 @@ fn run_cell(
         neighbour_cpus: round2(nb_cpu / wall.max(1e-9)),
         mean_active: round2(mean_active),
         mean_cap: round2(mean(caps.iter().map(|&c| c as f64))),
+        cap_changes_per_s: round2(cap_changes / wall.max(1e-9)),
         frac_all_cores: if samples.is_empty() {
             0.0
         } else {
@@ -525,14 +579,55 @@ fn fmt_ms(us: f64) -> String {
     }
 }
 
-/// The target check beside 2 neighbours, if both cells ran: (max task
-/// latency ignorant / corewise, throughput ignorant / corewise, met).
-pub fn target(cells: &[Cell]) -> Option<(f64, f64, bool)> {
+/// The target check beside 2 neighbours, if the three cells ran.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Target {
+    /// corewise / optimal, max task latency.
+    pub max_vs_optimal: f64,
+    /// corewise / optimal, p99 task latency.
+    pub p99_vs_optimal: f64,
+    /// corewise / ignorant, max task latency.
+    pub max_vs_ignorant: f64,
+    /// corewise / ignorant, p99 task latency.
+    pub p99_vs_ignorant: f64,
+    /// ignorant / corewise throughput.
+    pub throughput_cost: f64,
+    /// corewise's cap changes per second.
+    pub cap_changes_per_s: f64,
+}
+
+impl Target {
+    /// Max and p99 at most 1.1x the optimal split's and below the ignorant
+    /// pool's, throughput cost at most 1.4x, fewer than 2 cap changes/s.
+    pub fn met(&self) -> bool {
+        self.max_vs_optimal <= 1.1
+            && self.p99_vs_optimal <= 1.1
+            && self.max_vs_ignorant < 1.0
+            && self.p99_vs_ignorant < 1.0
+            && self.throughput_cost <= 1.4
+            && self.cap_changes_per_s < 2.0
+    }
+}
+
+/// [`Target`] from the cells beside 2 neighbours.
+pub fn target(cells: &[Cell]) -> Option<Target> {
     let find = |p: PoolKind| cells.iter().find(|c| c.pool == p && c.neighbours == 2);
-    let (ig, cw) = (find(PoolKind::Ignorant)?, find(PoolKind::Corewise)?);
-    let lat = ig.task_latency_us.max / cw.task_latency_us.max.max(1e-9);
-    let thr = ig.throughput_per_s / cw.throughput_per_s.max(1e-9);
-    Some((lat, thr, lat >= 3.0 && thr <= 1.4))
+    let (ig, cw, op) = (
+        find(PoolKind::Ignorant)?,
+        find(PoolKind::Corewise)?,
+        find(PoolKind::Optimal)?,
+    );
+    // No task latency at all (every task censored before it started):
+    // no ratio.
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    Some(Target {
+        max_vs_optimal: ratio(cw.task_latency_us.max, op.task_latency_us.max),
+        p99_vs_optimal: ratio(cw.task_latency_us.p99, op.task_latency_us.p99),
+        max_vs_ignorant: ratio(cw.task_latency_us.max, ig.task_latency_us.max),
+        p99_vs_ignorant: ratio(cw.task_latency_us.p99, ig.task_latency_us.p99),
+        throughput_cost: ratio(ig.throughput_per_s, cw.throughput_per_s),
+        cap_changes_per_s: cw.cap_changes_per_s,
+    })
 }
 
 /// The markdown table of all cells, plus the target check.
@@ -541,14 +636,14 @@ pub fn markdown(cells: &[Cell]) -> String {
     s.push_str(
         "| pool | nb | throughput /s | task (fib) p50 / p99 / max (ms) \
          | queue p50 / p99 / max (ms) | total max (ms) | own CPUs | nb CPUs \
-         | host busy CPUs | mean cores/workers | mean cap | drained |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | host busy CPUs | mean cores/workers | mean cap | cap changes/s | drained |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for c in cells {
         let l = |x: &Lat| format!("{} / {} / {}", fmt_ms(x.p50), fmt_ms(x.p99), fmt_ms(x.max));
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {:.1} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
             c.pool.name(),
             c.neighbours,
             c.throughput_per_s,
@@ -560,6 +655,7 @@ pub fn markdown(cells: &[Cell]) -> String {
             c.host_busy_cpus,
             c.mean_active,
             c.mean_cap,
+            c.cap_changes_per_s,
             if c.drained {
                 "yes".to_string()
             } else {
@@ -567,18 +663,20 @@ pub fn markdown(cells: &[Cell]) -> String {
             }
         );
     }
-    if let Some((lat, thr, met)) = target(cells) {
-        let find = |p: PoolKind| cells.iter().find(|c| c.pool == p && c.neighbours == 2);
-        let p99 = match (find(PoolKind::Ignorant), find(PoolKind::Corewise)) {
-            (Some(ig), Some(cw)) => ig.task_latency_us.p99 / cw.task_latency_us.p99.max(1e-9),
-            _ => f64::NAN,
-        };
+    if let Some(t) = target(cells) {
         let _ = writeln!(
             s,
-            "\nTarget beside 2 neighbours (max task latency ignorant/corewise >= 3x, \
-             throughput ignorant/corewise <= 1.4x): {lat:.2}x latency, {thr:.2}x throughput \
-             -> {}. (p99 task latency: {p99:.2}x.)",
-            if met { "MET" } else { "NOT MET" }
+            "\nBeside 2 neighbours, corewise's task latency is {:.2}x (max) and {:.2}x (p99) the \
+             optimal split's and {:.2}x / {:.2}x the ignorant pool's, at {:.2}x less throughput \
+             than the ignorant pool, with {:.2} cap changes/s (target: <= 1.1x optimal, < 1x \
+             ignorant, <= 1.4x, < 2/s) -> {}.",
+            t.max_vs_optimal,
+            t.p99_vs_optimal,
+            t.max_vs_ignorant,
+            t.p99_vs_ignorant,
+            t.throughput_cost,
+            t.cap_changes_per_s,
+            if t.met() { "MET" } else { "NOT MET" }
         );
     }
     s
@@ -740,7 +838,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             drop(guard);
             eprintln!(
                 "  {:>8} nb={} thr={:.1}/s task max={:.1} ms p99={:.1} ms queue max={:.1} ms \
-                 cores={:.2} cap={:.2} own/nb CPUs={:.2}/{:.2}",
+                 cores={:.2} cap={:.2} cap changes/s={:.2} own/nb CPUs={:.2}/{:.2}",
                 p.name(),
                 nb,
                 c.throughput_per_s,
@@ -749,6 +847,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                 c.queue_latency_us.max / 1e3,
                 c.mean_active,
                 c.mean_cap,
+                c.cap_changes_per_s,
                 c.process_cpus,
                 c.neighbour_cpus
             );
@@ -771,11 +870,50 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     draw(&cells, &title).save(&args.png)?;
     println!("plot: {}", args.png.display());
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&cells)?;
-        std::fs::write(path, text + "\n")
-            .map_err(|e| BenchError::io(format!("writing {}", path.display()), e))?;
+        write_json(path, &cells)?;
+    }
+    let cycles = args.on_off_cycles.unwrap_or(if args.quick { 3 } else { 5 });
+    if cycles > 0 && args.pools.contains(&PoolKind::Corewise) {
+        let settings = onoff::Settings {
+            clock,
+            cpus: budget,
+            n: cal.n,
+            rate,
+            overcommit: args.overcommit,
+            period: Duration::from_secs_f64(args.on_off_period),
+            cycles,
+            own_cgroup: args.on_off_cgroup,
+        };
+        println!(
+            "\non/off: corewise at {rate:.1} tasks/s beside an ignorant neighbour ({budget} \
+             workers, closed loop) that starts and stops every {:.1} s, {cycles} cycles; \
+             sampled every 5 ms; share measured among {}",
+            args.on_off_period,
+            if args.on_off_cgroup {
+                "the benchmark's own processes (--on-off-cgroup)"
+            } else {
+                "all of the host's"
+            }
+        );
+        let report = onoff::run(&settings)?;
+        println!("{}", onoff::summary(&report));
+        let title = format!(
+            "corewise-bench neighbours on/off: fib({}) at {rate:.0} tasks/s, neighbour every {:.1} s",
+            cal.n, args.on_off_period
+        );
+        onoff::draw(&report, &title).save(&args.on_off_png)?;
+        println!("plot: {}", args.on_off_png.display());
+        if let Some(path) = &args.on_off_json {
+            write_json(path, &report)?;
+        }
     }
     Ok(())
+}
+
+fn write_json(path: &std::path::Path, value: &impl Serialize) -> Result<(), BenchError> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n")
+        .map_err(|e| BenchError::io(format!("writing {}", path.display()), e))
 }
 
 #[cfg(test)]

@@ -70,6 +70,11 @@ pub trait Submit {
     /// workers) the pool uses; it answers `None` once the pool is shutting
     /// down.
     fn probe(&self) -> Probe;
+    /// The runtime's budget handle (its published neighbour cap and how
+    /// often it changed), for pools that have one.
+    fn budget(&self) -> Option<corewise::budget::BudgetHandle> {
+        None
+    }
 }
 
 /// See [`Submit::probe`].
@@ -215,17 +220,28 @@ impl CorewisePool {
     /// Builds the runtime: every allowed CPU, default policy, neighbour
     /// awareness with overcommit `overcommit` (None: off).
     pub fn start(task: &Task, overcommit: Option<f64>) -> Result<Self, BenchError> {
+        Self::start_in(task, overcommit, None)
+    }
+
+    /// [`start`](Self::start), with the neighbour share measured among the
+    /// processes of `cgroup` (a `cpuacct` directory) when given.
+    pub fn start_in(
+        task: &Task,
+        overcommit: Option<f64>,
+        cgroup: Option<&std::path::Path>,
+    ) -> Result<Self, BenchError> {
         let nb = overcommit.map(|o| corewise::budget::NeighbourConfig {
             overcommit: o,
             ..corewise::budget::NeighbourConfig::default()
         });
-        let rt = corewise::Runtime::builder()
-            .neighbour_awareness(nb)
-            .build()
-            .map_err(|e| BenchError::Runtime {
-                runtime: "corewise",
-                message: e.to_string(),
-            })?;
+        let mut builder = corewise::Runtime::builder().neighbour_awareness(nb);
+        if let Some(dir) = cgroup {
+            builder = builder.neighbour_cgroup(dir);
+        }
+        let rt = builder.build().map_err(|e| BenchError::Runtime {
+            runtime: "corewise",
+            message: e.to_string(),
+        })?;
         Ok(CorewisePool {
             rt: Some(Arc::new(rt)),
             task: Arc::clone(task),
@@ -269,6 +285,10 @@ impl Submit for CorewisePool {
             }
             None => Ok(()),
         }
+    }
+
+    fn budget(&self) -> Option<corewise::budget::BudgetHandle> {
+        self.rt.as_ref().map(|rt| rt.budget().clone())
     }
 
     fn probe(&self) -> Probe {

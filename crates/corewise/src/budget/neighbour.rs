@@ -1,4 +1,5 @@
-//! The neighbour share of the friendlypool paper (§5.2).
+//! The neighbour share of the friendlypool paper (§5.2), read from
+//! nanosecond counters.
 //!
 //! Under a fair scheduler, a process's share of the host's busy CPU time is
 //! its share of the CPUs while everyone is busy. The paper sizes the active
@@ -8,35 +9,44 @@
 //! active = ceil(O · cpu_self / cpu_all · CPUs)
 //! ```
 //!
-//! where `cpu_self` is the process's CPU time (utime + stime of
-//! `/proc/<pid>/stat`), `cpu_all` the non-idle time of the whole host (the
-//! `cpu` line of `/proc/stat`: user + nice + system + irq + softirq +
-//! steal; guest time is already inside user and nice), both as deltas over
-//! one window; `CPUs` the host's CPUs (the `cpuN` lines) and `O` the
-//! overcommit factor (1.0 by default). Both counters advance in clock ticks,
-//! so the paper's window is one tick (10 ms at 100 Hz); shorter windows
-//! only see noise. The result is clamped to `[1, budget]`.
+//! with `cpu_self` the process's CPU time and `cpu_all` the busy time of the
+//! whole host, both as deltas over one window, `CPUs` the host's CPUs and
+//! `O` the overcommit factor (1.0 by default). The paper reads both from
+//! clock ticks (`/proc/<pid>/stat`, `/proc/stat`); over a 10 ms window that
+//! is zero, one or two ticks, and the cap flapped. Here both are
+//! nanosecond counters advanced by the same scheduler accounting
+//! (`update_curr`):
+//!
+//! * `cpu_self`: the process CPU clock (`CLOCK_PROCESS_CPUTIME_ID`, or
+//!   `clock_getcpuclockid(pid)` for another process): one system call, no
+//!   file, every thread included.
+//! * `cpu_all`: `cpuacct.usage` of the root of the cgroup v1 `cpuacct`
+//!   hierarchy (every task of the host, in ns), read with `pread` on a file
+//!   kept open. Without that hierarchy (a v2-only host), or if a
+//!   once-a-second comparison shows that it misses most of the host's busy
+//!   time (a cgroup namespace), the busy time of `/proc/stat` in clock
+//!   ticks is the fallback; smoothing then does more of the work. [`NeighbourShare::host_cgroup`] measures the share among
+//!   the processes of one cgroup instead (the tests use it).
+//!
+//! The raw share of each window goes through a [`ShareFilter`] (a moving
+//! average and a dead band), so the cap changes only when the share has
+//! really moved. Measurements behind these choices are in
+//! `docs/architecture.md`.
 //!
 //! **An idle host.** The formula is a fair-share estimate and only means
-//! something while there is demand to share. When the host is (nearly) idle
-//! `cpu_all` is ≈ 0 and the ratio is 0/0 or pure tick noise; a process that
-//! is itself idle would then see `ceil(0) → 1` and could never grow when
-//! its load arrives. The paper does not spell this case out (it argues from
-//! "alone on the host, the usage will be 100%"), so this module decides:
-//! when the host's busy time over the window is at most
-//! [`NeighbourConfig::idle_fraction`] of its capacity (CPUs × window; 5% by
-//! default, i.e. zero ticks for a 10 ms window on a small machine) there are
-//! no neighbours to crowd, and the cap is the whole budget. When the host is
-//! busy the paper's formula applies unchanged, and it lets a busy process
-//! grow by itself: whoever runs gets a larger share of the host's demand in
-//! the next window. The ratio is also clamped to 1 (the two files are
-//! updated at slightly different moments, so self can exceed all by a tick).
+//! something while there is demand to share. When the host's busy time
+//! over the window is at most [`NeighbourConfig::idle_fraction`] of its
+//! capacity (CPUs × window; 5 % by default) there are no neighbours to
+//! crowd and the window counts as share 1 (alone). The ratio is also
+//! clamped to 1 (the two counters are read at slightly different moments).
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::cgroup::{read_required, under_root};
-use super::BudgetError;
+use super::cgroup::{parse_mountinfo, read_required, under_root};
+use super::{BudgetError, ShareFilter};
 
 /// Settings of a [`NeighbourShare`].
 ///
@@ -50,12 +60,19 @@ pub struct NeighbourConfig {
     /// The overcommit factor `O` (finite, > 0; default 1.0). Above 1 trades
     /// tail latency for throughput.
     pub overcommit: f64,
-    /// The sampling window (default 10 ms, one tick at 100 Hz).
+    /// The sampling window (default 10 ms).
     pub window: Duration,
     /// Host busy time at or below this fraction of its capacity over a
-    /// window counts as idle, and the cap is then the whole budget
-    /// (default 0.05; in `[0, 1)`).
+    /// window counts as idle: share 1, no neighbours (default 0.05; in
+    /// `[0, 1)`).
     pub idle_fraction: f64,
+    /// Weight of the newest window in the moving average of the share
+    /// (default 0.3: a step is 97 % followed after 10 windows, 100 ms; in
+    /// `(0, 1]`).
+    pub smoothing: f64,
+    /// Half-width of the dead band around each cap boundary, in cores
+    /// (default 0.15; in `[0, 0.5]`). See [`ShareFilter`].
+    pub band: f64,
 }
 
 impl Default for NeighbourConfig {
@@ -64,6 +81,8 @@ impl Default for NeighbourConfig {
             overcommit: 1.0,
             window: Duration::from_millis(10),
             idle_fraction: 0.05,
+            smoothing: 0.3,
+            band: 0.15,
         }
     }
 }
@@ -82,27 +101,48 @@ impl NeighbourConfig {
                 self.idle_fraction
             )));
         }
+        if !(self.smoothing > 0.0 && self.smoothing <= 1.0) {
+            return Err(BudgetError::Config(format!(
+                "smoothing must be in (0, 1], got {}",
+                self.smoothing
+            )));
+        }
+        if !(0.0..=0.5).contains(&self.band) {
+            return Err(BudgetError::Config(format!(
+                "band must be in [0, 0.5], got {}",
+                self.band
+            )));
+        }
         if self.window.is_zero() {
             return Err(BudgetError::Config("window must be > 0".into()));
         }
         Ok(())
+    }
+
+    fn filter(&self, host_cpus: usize, budget: usize) -> ShareFilter {
+        ShareFilter::new(
+            self.overcommit,
+            host_cpus,
+            self.smoothing,
+            self.band,
+            budget,
+        )
     }
 }
 
 /// One reading of the CPU-time counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuTimes {
-    /// utime + stime of the process, in clock ticks.
-    pub self_ticks: u64,
-    /// Non-idle time of the whole host, in clock ticks.
-    pub busy_ticks: u64,
-    /// CPUs of the host (`cpuN` lines of `/proc/stat`).
-    pub host_cpus: usize,
+    /// CPU time of the process, in nanoseconds.
+    pub self_ns: u64,
+    /// Busy time of the host (or of the measured cgroup), in nanoseconds.
+    pub busy_ns: u64,
     /// When it was read.
     pub at: Instant,
 }
 
-/// The paper's formula with this module's idle rule, as a pure function.
+/// The paper's formula with this module's idle rule, as a pure function
+/// (no smoothing, no dead band: what the cap would be from one window).
 ///
 /// `self_delta` and `all_delta` are CPU time over a window in any one unit;
 /// `capacity` is `host_cpus × window` in the same unit (used only for the
@@ -142,6 +182,149 @@ pub fn neighbour_cap(
     }
 }
 
+/// Whose CPU time is `cpu_self`.
+#[derive(Debug, Clone, Copy)]
+enum OwnClock {
+    /// `CLOCK_PROCESS_CPUTIME_ID`.
+    Process,
+    /// The CPU clock of another process.
+    Other(libc::clockid_t),
+}
+
+impl OwnClock {
+    fn for_pid(pid: u32) -> Result<Self, BudgetError> {
+        let raw = libc::pid_t::try_from(pid)
+            .map_err(|_| BudgetError::Config(format!("invalid pid {pid}")))?;
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: `clock` is a valid place for the result; the call reads
+        // nothing else.
+        let rc = unsafe { libc::clock_getcpuclockid(raw, &mut clock) };
+        if rc != 0 {
+            return Err(BudgetError::Config(format!(
+                "no CPU clock for pid {pid}: {}",
+                std::io::Error::from_raw_os_error(rc)
+            )));
+        }
+        Ok(OwnClock::Other(clock))
+    }
+
+    fn read_ns(self) -> Result<u64, BudgetError> {
+        let ts = match self {
+            OwnClock::Process => rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime),
+            OwnClock::Other(clock) => {
+                let mut ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                // SAFETY: `ts` is a valid timespec to write; a clock of an
+                // exited process fails with an error, not UB.
+                if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+                    return Err(BudgetError::Config(format!(
+                        "process CPU clock: {}",
+                        std::io::Error::last_os_error()
+                    )));
+                }
+                rustix::time::Timespec {
+                    tv_sec: ts.tv_sec,
+                    tv_nsec: ts.tv_nsec as _,
+                }
+            }
+        };
+        Ok((ts.tv_sec.max(0) as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec.max(0) as u64))
+    }
+}
+
+/// Where `cpu_all` comes from: a file kept open and re-read with `pread`.
+#[derive(Debug)]
+struct HostCounter {
+    file: File,
+    path: PathBuf,
+    /// `Some(ns per tick)`: `/proc/stat` busy ticks; `None`: a cgroup's
+    /// `cpuacct.usage` in ns.
+    ticks: Option<u64>,
+}
+
+impl HostCounter {
+    fn open(path: PathBuf, ticks: Option<u64>) -> Result<Self, BudgetError> {
+        let file = File::open(&path).map_err(|source| BudgetError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let counter = HostCounter { file, path, ticks };
+        counter.read_ns()?;
+        Ok(counter)
+    }
+
+    /// The root of the cgroup v1 `cpuacct` hierarchy if it is mounted
+    /// under `root`, else `/proc/stat`.
+    fn host(root: &Path) -> Result<Self, BudgetError> {
+        let mountinfo = under_root(root, Path::new("/proc/self/mountinfo"));
+        if let Ok(text) = std::fs::read_to_string(&mountinfo) {
+            let mounts = parse_mountinfo(&text, &mountinfo).unwrap_or_default();
+            let acct = mounts.iter().find(|m| {
+                m.fstype == "cgroup"
+                    && m.root == "/"
+                    && m.super_options.iter().any(|o| o == "cpuacct")
+            });
+            if let Some(m) = acct {
+                let usage = under_root(root, Path::new(&m.mount_point)).join("cpuacct.usage");
+                if let Ok(c) = HostCounter::open(usage, None) {
+                    return Ok(c);
+                }
+            }
+        }
+        let hz = rustix::param::clock_ticks_per_second().max(1);
+        HostCounter::open(
+            under_root(root, Path::new("/proc/stat")),
+            Some(1_000_000_000 / hz),
+        )
+    }
+
+    fn read_ns(&self) -> Result<u64, BudgetError> {
+        let mut buf = [0u8; 4096];
+        let n = self
+            .file
+            .read_at(&mut buf, 0)
+            .map_err(|source| BudgetError::Read {
+                path: self.path.clone(),
+                source,
+            })?;
+        let text = std::str::from_utf8(&buf[..n])
+            .map_err(|_| BudgetError::parse(&self.path, "not UTF-8".into()))?;
+        match self.ticks {
+            Some(ns_per_tick) => {
+                // The aggregate line comes first and fits in the buffer.
+                let (busy, _) = parse_proc_stat(text, &self.path)?;
+                Ok(busy.saturating_mul(ns_per_tick))
+            }
+            None => text
+                .trim()
+                .parse()
+                .map_err(|_| BudgetError::parse(&self.path, format!("bad usage {text:?}"))),
+        }
+    }
+
+    /// Whether the counter has nanosecond resolution.
+    fn is_ns(&self) -> bool {
+        self.ticks.is_none()
+    }
+}
+
+/// Whether the `cpuacct` root really counts the whole host: inside a cgroup
+/// namespace it counts the namespace only. Once a second (while sampled)
+/// its busy time is compared with `/proc/stat`'s, which always covers the
+/// host.
+#[derive(Debug)]
+struct CrossCheck {
+    stat: HostCounter,
+    every: Duration,
+    at: Instant,
+    stat_ns: u64,
+    host_ns: u64,
+}
+
 /// The neighbour-aware cap on active cores, updated from CPU-time deltas.
 ///
 /// Call [`update`](Self::update) once per window from a control thread (or
@@ -154,98 +337,169 @@ pub fn neighbour_cap(
 /// let mut share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap();
 /// let cap = share.sample().unwrap();
 /// assert!((1..=2).contains(&cap));
+/// assert!(share.share().is_some_and(|s| (0.0..=1.0).contains(&s)));
 /// ```
 #[derive(Debug)]
 pub struct NeighbourShare {
     config: NeighbourConfig,
     budget: usize,
-    stat_file: PathBuf,
-    proc_stat_file: PathBuf,
-    ticks_per_sec: u64,
+    own: OwnClock,
+    host: HostCounter,
+    /// While `host` is the `cpuacct` root: `/proc/stat` and the time and
+    /// host count of the last cross-check (see [`Self::cross_check`]).
+    check: Option<CrossCheck>,
+    host_cpus: usize,
     last: CpuTimes,
-    cap: usize,
+    share: Option<f64>,
+    filter: ShareFilter,
 }
 
 impl NeighbourShare {
     /// Starts measuring this process; the first cap is the whole `budget`.
     pub fn new(budget: usize, config: NeighbourConfig) -> Result<Self, BudgetError> {
-        Self::build(None, Path::new("/"), budget, config)
+        Self::build(OwnClock::Process, Path::new("/"), budget, config)
     }
 
     /// Starts measuring process `pid` instead.
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// let me = std::process::id();
+    /// assert!(NeighbourShare::for_pid(me, 2, NeighbourConfig::default()).is_ok());
+    /// ```
     pub fn for_pid(pid: u32, budget: usize, config: NeighbourConfig) -> Result<Self, BudgetError> {
-        Self::build(Some(pid), Path::new("/"), budget, config)
+        Self::build(OwnClock::for_pid(pid)?, Path::new("/"), budget, config)
     }
 
     fn build(
-        pid: Option<u32>,
+        own: OwnClock,
         root: &Path,
         budget: usize,
         config: NeighbourConfig,
     ) -> Result<Self, BudgetError> {
         config.validate()?;
-        let stat_file = match pid {
-            Some(p) => under_root(root, &Path::new("/proc").join(p.to_string()).join("stat")),
-            None => under_root(root, Path::new("/proc/self/stat")),
+        let stat = under_root(root, Path::new("/proc/stat"));
+        let (_, host_cpus) = parse_proc_stat(&read_required(&stat)?, &stat)?;
+        let host = HostCounter::host(root)?;
+        let check = if host.is_ns() {
+            let hz = rustix::param::clock_ticks_per_second().max(1);
+            let stat = HostCounter::open(stat, Some(1_000_000_000 / hz))?;
+            Some(CrossCheck {
+                stat_ns: stat.read_ns()?,
+                host_ns: host.read_ns()?,
+                stat,
+                every: Duration::from_secs(1),
+                at: Instant::now(),
+            })
+        } else {
+            None
         };
-        let proc_stat_file = under_root(root, Path::new("/proc/stat"));
+        let budget = budget.max(1);
         let mut share = NeighbourShare {
             config,
-            budget: budget.max(1),
-            stat_file,
-            proc_stat_file,
-            ticks_per_sec: rustix::param::clock_ticks_per_second().max(1),
+            budget,
+            own,
+            host,
+            check,
+            host_cpus,
             last: CpuTimes {
-                self_ticks: 0,
-                busy_ticks: 0,
-                host_cpus: 1,
+                self_ns: 0,
+                busy_ns: 0,
                 at: Instant::now(),
             },
-            cap: budget.max(1),
+            share: None,
+            filter: config.filter(host_cpus, budget),
         };
         share.last = share.read_times()?;
         Ok(share)
     }
 
+    /// Measures `cpu_all` as the CPU time of the processes in cgroup
+    /// directory `dir` of the v1 `cpuacct` hierarchy (its `cpuacct.usage`)
+    /// instead of the whole host's: the share of this process among them.
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// let s = NeighbourShare::new(2, NeighbourConfig::default()).unwrap();
+    /// // Not a cgroup directory: an error naming the file.
+    /// let err = s.host_cgroup("/nonexistent").unwrap_err();
+    /// assert!(err.to_string().contains("cpuacct.usage"));
+    /// ```
+    pub fn host_cgroup(mut self, dir: impl AsRef<Path>) -> Result<Self, BudgetError> {
+        self.host = HostCounter::open(dir.as_ref().join("cpuacct.usage"), None)?;
+        self.check = None;
+        self.rebase()?;
+        Ok(self)
+    }
+
     /// Reads the counters now, without updating anything.
     pub fn read_times(&self) -> Result<CpuTimes, BudgetError> {
-        let stat = read_required(&self.proc_stat_file)?;
-        let (busy_ticks, host_cpus) = parse_proc_stat(&stat, &self.proc_stat_file)?;
-        let own = read_required(&self.stat_file)?;
-        let self_ticks = parse_pid_stat(&own, &self.stat_file)?;
+        let busy_ns = self.host.read_ns()?;
+        let self_ns = self.own.read_ns()?;
         Ok(CpuTimes {
-            self_ticks,
-            busy_ticks,
-            host_cpus,
+            self_ns,
+            busy_ns,
             at: Instant::now(),
         })
     }
 
-    /// Reads the counters and returns the cap over the time since the last
-    /// update. Less than one clock tick since then carries no information:
-    /// the cap is left as it was and the window keeps growing.
+    /// Starts the next window now without taking a sample (after a pause
+    /// in which the process was idle: a window spanning it would read as a
+    /// tiny share).
+    pub fn rebase(&mut self) -> Result<(), BudgetError> {
+        self.last = self.read_times()?;
+        Ok(())
+    }
+
+    /// Reads the counters, feeds the share over the time since the last
+    /// update to the filter and returns the cap. Less than a tenth of the
+    /// window since then carries no information: the cap is left as it was
+    /// and the window keeps growing.
     pub fn update(&mut self) -> Result<usize, BudgetError> {
         let now = self.read_times()?;
         let elapsed = now.at.saturating_duration_since(self.last.at);
-        let tick = Duration::from_nanos(1_000_000_000 / self.ticks_per_sec);
-        if elapsed < tick {
-            return Ok(self.cap);
+        if elapsed < self.config.window / 10 {
+            return Ok(self.cap());
         }
-        let self_delta = now.self_ticks.saturating_sub(self.last.self_ticks);
-        let all_delta = now.busy_ticks.saturating_sub(self.last.busy_ticks);
-        let capacity_ticks =
-            elapsed.as_secs_f64() * self.ticks_per_sec as f64 * now.host_cpus as f64;
-        self.cap = neighbour_cap(
-            self.config.overcommit,
-            self.config.idle_fraction,
-            self_delta,
-            all_delta,
-            now.host_cpus,
-            capacity_ticks as u64,
-            self.budget,
-        );
+        let self_delta = now.self_ns.saturating_sub(self.last.self_ns);
+        let all_delta = now.busy_ns.saturating_sub(self.last.busy_ns);
+        let capacity = elapsed.as_nanos() as f64 * self.host_cpus as f64;
+        let share = if all_delta == 0 || all_delta as f64 <= self.config.idle_fraction * capacity {
+            1.0
+        } else {
+            (self_delta as f64 / all_delta as f64).min(1.0)
+        };
+        self.share = Some(share);
+        self.filter.push(share);
+        self.cross_check()?;
         self.last = now;
-        Ok(self.cap)
+        Ok(self.cap())
+    }
+
+    /// Falls back to `/proc/stat` for good if, over the last check period
+    /// with the host at least half a CPU busy by `/proc/stat`, the
+    /// `cpuacct` root saw less than half of that busy time: it does not
+    /// count the whole host (a cgroup namespace), and a share of the
+    /// namespace would ignore the neighbours outside it.
+    fn cross_check(&mut self) -> Result<(), BudgetError> {
+        let Some(c) = &mut self.check else {
+            return Ok(());
+        };
+        let elapsed = c.at.elapsed();
+        if elapsed < c.every {
+            return Ok(());
+        }
+        let (stat_ns, host_ns) = (c.stat.read_ns()?, self.host.read_ns()?);
+        let d_stat = stat_ns.saturating_sub(c.stat_ns) as f64;
+        let d_host = host_ns.saturating_sub(c.host_ns) as f64;
+        (c.at, c.stat_ns, c.host_ns) = (Instant::now(), stat_ns, host_ns);
+        if d_stat >= 0.5 * elapsed.as_nanos() as f64 && d_host < 0.5 * d_stat {
+            if let Some(c) = self.check.take() {
+                self.host = c.stat;
+                self.last = self.read_times()?;
+            }
+        }
+        Ok(())
     }
 
     /// Sleeps until a full window has passed since the last update, then
@@ -260,7 +514,28 @@ impl NeighbourShare {
 
     /// The cap from the last update (the budget before the first).
     pub fn cap(&self) -> usize {
-        self.cap
+        self.filter.cap().min(self.budget)
+    }
+
+    /// The raw share of the last window (`None` before the first update).
+    pub fn share(&self) -> Option<f64> {
+        self.share
+    }
+
+    /// The smoothed share the cap follows (`None` before the first update).
+    pub fn smoothed(&self) -> Option<f64> {
+        self.filter.smoothed()
+    }
+
+    /// The host's CPUs (the `CPUs` of the formula).
+    pub fn host_cpus(&self) -> usize {
+        self.host_cpus
+    }
+
+    /// Whether `cpu_all` has nanosecond resolution (the cgroup counter)
+    /// rather than clock ticks (`/proc/stat`).
+    pub fn host_counter_is_ns(&self) -> bool {
+        self.host.is_ns()
     }
 
     /// The budget the cap is clamped to.
@@ -272,7 +547,7 @@ impl NeighbourShare {
     /// saw a new one); the current cap is clamped to it at once.
     pub fn set_budget(&mut self, budget: usize) {
         self.budget = budget.max(1);
-        self.cap = self.cap.min(self.budget);
+        self.filter.set_budget(self.budget);
     }
 
     /// The settings.
@@ -280,10 +555,12 @@ impl NeighbourShare {
         &self.config
     }
 
-    /// Changes the settings (validated as in [`new`](Self::new)).
+    /// Changes the settings (validated as in [`new`](Self::new)); the
+    /// filter starts over.
     pub fn set_config(&mut self, config: NeighbourConfig) -> Result<(), BudgetError> {
         config.validate()?;
         self.config = config;
+        self.filter = config.filter(self.host_cpus, self.budget);
         Ok(())
     }
 }
@@ -332,28 +609,6 @@ pub(crate) fn parse_proc_stat(text: &str, path: &Path) -> Result<(u64, usize), B
     }
 }
 
-/// utime + stime from `/proc/<pid>/stat` (fields 14 and 15; the command
-/// name in field 2 may hold spaces and parentheses, so fields are counted
-/// from the last `)`).
-pub(crate) fn parse_pid_stat(text: &str, path: &Path) -> Result<u64, BudgetError> {
-    let Some(close) = text.rfind(')') else {
-        return Err(BudgetError::parse(
-            path,
-            "no ')' after the command name".into(),
-        ));
-    };
-    let rest: Vec<&str> = text[close + 1..].split_whitespace().collect();
-    // rest[0] is field 3 (state), so field k is rest[k - 3].
-    let (Some(u), Some(s)) = (rest.get(11), rest.get(12)) else {
-        return Err(BudgetError::parse(path, "fewer than 15 fields".into()));
-    };
-    let parse = |f: &str| {
-        f.parse::<u64>()
-            .map_err(|_| BudgetError::parse(path, format!("bad tick count {f:?}")))
-    };
-    Ok(parse(u)?.saturating_add(parse(s)?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,15 +625,6 @@ mod tests {
         for bad in ["", "cpu x 1 2 3", "cpu 1 2", "intr 1"] {
             let e = parse_proc_stat(bad, Path::new("/proc/stat")).unwrap_err();
             assert!(e.to_string().contains("/proc/stat"), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn parses_pid_stat() {
-        let text = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 17 4 0 0 20 0 1 0 5 0 0\n";
-        assert_eq!(parse_pid_stat(text, Path::new("s")).unwrap(), 21);
-        for bad in ["", "42 (x) S 1 2", "42 (x) S 1 42 42 0 -1 4 1 0 0 0 x 4"] {
-            assert!(parse_pid_stat(bad, Path::new("s")).is_err(), "{bad:?}");
         }
     }
 
@@ -421,6 +667,14 @@ mod tests {
                 window: Duration::ZERO,
                 ..Default::default()
             },
+            NeighbourConfig {
+                smoothing: 0.0,
+                ..Default::default()
+            },
+            NeighbourConfig {
+                band: 0.6,
+                ..Default::default()
+            },
         ] {
             assert!(matches!(
                 NeighbourShare::new(2, bad),
@@ -436,5 +690,69 @@ mod tests {
         s.set_budget(1);
         assert_eq!(s.update().unwrap(), 1);
         assert!(NeighbourShare::for_pid(u32::MAX, 2, NeighbourConfig::default()).is_err());
+    }
+
+    #[test]
+    fn host_counter_choice() {
+        // This process: the cpuacct root when mounted (nanoseconds).
+        let s = NeighbourShare::new(2, NeighbourConfig::default()).unwrap();
+        let acct = Path::new("/sys/fs/cgroup/cpuacct/cpuacct.usage").exists();
+        assert_eq!(s.host_counter_is_ns(), acct);
+        // A root without a cpuacct mount: /proc/stat ticks.
+        let dir = std::env::temp_dir().join(format!("corewise-nb-unit-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("proc/self")).unwrap();
+        std::fs::write(
+            dir.join("proc/stat"),
+            "cpu  10 0 5 100 0 0 0 0 0 0\ncpu0 5 0 2 50 0 0 0 0 0 0\ncpu1 5 0 3 50 0 0 0 0 0 0\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("proc/self/mountinfo"), "").unwrap();
+        let s = NeighbourShare::build(OwnClock::Process, &dir, 2, NeighbourConfig::default());
+        let _ = std::fs::remove_dir_all(&dir);
+        let s = s.unwrap();
+        assert!(!s.host_counter_is_ns());
+        assert_eq!(s.host_cpus(), 2);
+        let hz = rustix::param::clock_ticks_per_second().max(1);
+        assert_eq!(s.last.busy_ns, 15 * (1_000_000_000 / hz));
+    }
+
+    #[test]
+    fn a_cpuacct_root_that_misses_host_load_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("corewise-nb-ns-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("proc/self")).unwrap();
+        std::fs::create_dir_all(dir.join("acct")).unwrap();
+        let stat = |busy: u64| {
+            std::fs::write(
+                dir.join("proc/stat"),
+                format!("cpu  {busy} 0 0 100 0 0 0 0 0 0\ncpu0 0 0 0 0\ncpu1 0 0 0 0\n"),
+            )
+            .unwrap();
+        };
+        stat(10);
+        std::fs::write(dir.join("acct/cpuacct.usage"), "1000\n").unwrap();
+        std::fs::write(
+            dir.join("proc/self/mountinfo"),
+            "40 30 0:35 / /acct rw - cgroup cgroup rw,cpuacct\n",
+        )
+        .unwrap();
+        let built = NeighbourShare::build(OwnClock::Process, &dir, 2, NeighbourConfig::default());
+        let mut s = built.unwrap();
+        assert!(s.host_counter_is_ns());
+        s.check.as_mut().unwrap().every = Duration::ZERO;
+        // The host's busy time grows, the cgroup root's keeps up: kept.
+        let hz = rustix::param::clock_ticks_per_second().max(1);
+        std::thread::sleep(Duration::from_millis(20));
+        stat(10 + hz); // a whole CPU-second more
+        std::fs::write(dir.join("acct/cpuacct.usage"), "990001000\n").unwrap();
+        s.update().unwrap();
+        assert!(s.host_counter_is_ns());
+        // It grows, the cgroup root's does not: /proc/stat from now on.
+        std::thread::sleep(Duration::from_millis(20));
+        stat(10 + 2 * hz);
+        s.update().unwrap();
+        let dropped = !s.host_counter_is_ns();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(dropped, "the cpuacct root was kept");
     }
 }

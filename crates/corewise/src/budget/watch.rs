@@ -16,8 +16,19 @@
 //! With a neighbour share configured the watcher also updates a
 //! [`NeighbourShare`] every window and publishes
 //! `active = min(budget, neighbour cap)` in a second atomic.
+//!
+//! **Nothing while idle.** A runtime that reports its dispatchers
+//! ([`BudgetHandle::track_activity`], then `dispatcher_awake` /
+//! `dispatcher_asleep` around every kernel sleep) lets the watcher thread
+//! block on a futex while every dispatcher sleeps: no `/proc` or cgroup
+//! reads, no timer wakeups. The first dispatcher to wake wakes it; it then
+//! starts a fresh share window (a window spanning the pause would read as
+//! a tiny share) and re-reads the budget if a re-read fell due meanwhile.
+//! The count is one atomic add per kernel sleep and wake, which already
+//! cost a system call each; the futex wake is only issued on the 0 → 1
+//! transition while the watcher waits.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,6 +36,10 @@ use super::{BudgetError, BudgetProbe, CpuBudget, NeighbourConfig, NeighbourShare
 
 /// How often the budget is re-read unless configured otherwise.
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Set in [`Shared::awake`] when the watcher stops, so that a waiting
+/// watcher's futex word is no longer 0.
+const STOPPING: u32 = 1 << 31;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -45,11 +60,27 @@ struct Shared {
     generation: AtomicU64,
     /// Nanoseconds after `epoch` when the next refresh is due.
     next_due_ns: AtomicU64,
+    /// Budget re-reads and share samples taken.
+    reads: AtomicU64,
+    /// Times the published `active` changed.
+    active_changes: AtomicU64,
+    /// Called after `active` changed (the runtime applies the new cap at
+    /// once instead of at its next estimation window).
+    on_change: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     snapshot: Mutex<Arc<CpuBudget>>,
     last_error: Mutex<Option<Arc<BudgetError>>>,
     worker: Mutex<Worker>,
     stop: Mutex<bool>,
     wake: Condvar,
+    /// Whether a runtime reports its dispatchers (until then the watcher
+    /// never considers itself idle).
+    tracking: AtomicBool,
+    /// Dispatchers awake (plus [`STOPPING`]); the futex word an idle
+    /// watcher waits on for a change from 0.
+    awake: AtomicU32,
+    /// Whether the watcher thread waits on `awake` (wakers skip the
+    /// system call otherwise).
+    waiting: AtomicBool,
 }
 
 impl Shared {
@@ -66,12 +97,52 @@ impl Shared {
         }
     }
 
+    /// Whether a tracked runtime has every dispatcher asleep.
+    fn is_idle(&self) -> bool {
+        self.tracking.load(Ordering::Relaxed) && self.awake.load(Ordering::SeqCst) == 0
+    }
+
+    /// Blocks while [`is_idle`](Self::is_idle); returns whether it waited.
+    fn wait_while_idle(&self) -> bool {
+        if !self.is_idle() {
+            return false;
+        }
+        self.waiting.store(true, Ordering::SeqCst);
+        // Dekker with `dispatcher_awake`: it adds to `awake` and then reads
+        // `waiting`; this side wrote `waiting` and the futex re-reads
+        // `awake` atomically with going to sleep. One of them sees the
+        // other.
+        while self.awake.load(Ordering::SeqCst) == 0 {
+            let _ = rustix::thread::futex::wait(
+                &self.awake,
+                rustix::thread::futex::Flags::PRIVATE,
+                0,
+                None,
+            );
+        }
+        self.waiting.store(false, Ordering::Relaxed);
+        true
+    }
+
+    /// A new share window from now, after an idle pause.
+    fn resume(&self) {
+        let mut guard = lock(&self.worker);
+        let w = &mut *guard;
+        let now = Instant::now();
+        if let (Some(n), Some(next)) = (&mut w.neighbour, &mut w.next_share) {
+            if n.rebase().is_ok() {
+                *next = now + n.config().window;
+            }
+        }
+    }
+
     /// Does whatever is due; returns when the next thing is due.
     fn tick(&self, w: &mut Worker, force_budget: bool) -> Result<Instant, Arc<BudgetError>> {
         let now = Instant::now();
         let mut result = Ok(());
         if force_budget || now >= w.next_budget {
             w.next_budget = now + w.interval;
+            self.reads.fetch_add(1, Ordering::Relaxed);
             match w.probe.read() {
                 Ok(b) => {
                     if let Some(n) = &mut w.neighbour {
@@ -97,6 +168,7 @@ impl Shared {
                 *next = w.next_budget;
             } else if now >= *next {
                 *next = now + n.config().window;
+                self.reads.fetch_add(1, Ordering::Relaxed);
                 match n.update() {
                     Ok(cap) => active = cap.min(cores),
                     Err(e) => {
@@ -109,7 +181,12 @@ impl Shared {
                 active = n.cap().min(cores);
             }
         }
-        self.active.store(active.max(1), Ordering::Relaxed);
+        if self.active.swap(active.max(1), Ordering::Relaxed) != active.max(1) {
+            self.active_changes.fetch_add(1, Ordering::Relaxed);
+            if let Some(f) = self.on_change.get() {
+                f();
+            }
+        }
         let due = match w.next_share {
             Some(s) => s.min(w.next_budget),
             None => w.next_budget,
@@ -161,6 +238,30 @@ impl BudgetHandle {
         self.shared.generation.load(Ordering::Acquire)
     }
 
+    /// How many times the budget was re-read or the neighbour share
+    /// sampled so far (each reads a few files): for cost accounting.
+    ///
+    /// ```
+    /// let w = corewise::budget::BudgetWatcher::builder().build().unwrap();
+    /// let before = w.handle().reads();
+    /// w.handle().refresh_now().unwrap();
+    /// assert_eq!(w.handle().reads(), before + 1);
+    /// ```
+    pub fn reads(&self) -> u64 {
+        self.shared.reads.load(Ordering::Relaxed)
+    }
+
+    /// How many times [`active_cores`](Self::active_cores) changed so far
+    /// (a flapping cap shows here).
+    ///
+    /// ```
+    /// let w = corewise::budget::BudgetWatcher::builder().build().unwrap();
+    /// assert_eq!(w.handle().active_changes(), 0);
+    /// ```
+    pub fn active_changes(&self) -> u64 {
+        self.shared.active_changes.load(Ordering::Relaxed)
+    }
+
     /// The whole current budget (takes a short lock).
     pub fn snapshot(&self) -> Arc<CpuBudget> {
         lock(&self.shared.snapshot).clone()
@@ -197,6 +298,37 @@ impl BudgetHandle {
         true
     }
 
+    /// From now on the watcher thread blocks while every dispatcher this
+    /// runtime reports is asleep (none is awake until the first
+    /// [`dispatcher_awake`](Self::dispatcher_awake)).
+    pub(crate) fn track_activity(&self) {
+        self.shared.tracking.store(true, Ordering::SeqCst);
+    }
+
+    /// Calls `f` (from the watcher's thread, so it must be quick) whenever
+    /// [`active_cores`](Self::active_cores) changes; the first call of this
+    /// sets it.
+    pub(crate) fn on_active_change(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.shared.on_change.set(f);
+    }
+
+    /// A dispatcher starts running or woke from a kernel sleep.
+    #[inline]
+    pub(crate) fn dispatcher_awake(&self) {
+        let shared = &self.shared;
+        if shared.awake.fetch_add(1, Ordering::SeqCst) == 0 && shared.waiting.load(Ordering::SeqCst)
+        {
+            rustix::thread::futex::wake(&shared.awake, rustix::thread::futex::Flags::PRIVATE, 1)
+                .ok();
+        }
+    }
+
+    /// A dispatcher goes to sleep in the kernel or stops running.
+    #[inline]
+    pub(crate) fn dispatcher_asleep(&self) {
+        self.shared.awake.fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// Re-reads the budget now (waiting for a concurrent refresh), and
     /// returns it or the error.
     pub fn refresh_now(&self) -> Result<Arc<CpuBudget>, Arc<BudgetError>> {
@@ -213,6 +345,7 @@ pub struct WatcherBuilder {
     probe: BudgetProbe,
     interval: Duration,
     neighbour: Option<NeighbourConfig>,
+    neighbour_cgroup: Option<std::path::PathBuf>,
 }
 
 impl WatcherBuilder {
@@ -236,6 +369,24 @@ impl WatcherBuilder {
         self
     }
 
+    /// Measures the neighbour share among the processes of cgroup `dir`
+    /// (of the v1 `cpuacct` hierarchy) instead of the whole host: see
+    /// [`NeighbourShare::host_cgroup`]. The build fails if `dir` has no
+    /// `cpuacct.usage`.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetWatcher, NeighbourConfig};
+    /// let built = BudgetWatcher::builder()
+    ///     .neighbour(Some(NeighbourConfig::default()))
+    ///     .neighbour_cgroup(Some("/nonexistent".into()))
+    ///     .build();
+    /// assert!(built.is_err());
+    /// ```
+    pub fn neighbour_cgroup(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.neighbour_cgroup = dir;
+        self
+    }
+
     /// A watcher without a thread: the runtime calls
     /// [`BudgetHandle::refresh_if_due`]. Fails if the first read fails.
     pub fn build(self) -> Result<BudgetWatcher, BudgetError> {
@@ -244,7 +395,13 @@ impl WatcherBuilder {
         }
         let first = self.probe.read()?;
         let neighbour = match self.neighbour {
-            Some(cfg) => Some(NeighbourShare::new(first.cores(), cfg)?),
+            Some(cfg) => {
+                let share = NeighbourShare::new(first.cores(), cfg)?;
+                Some(match &self.neighbour_cgroup {
+                    Some(dir) => share.host_cgroup(dir)?,
+                    None => share,
+                })
+            }
             None => None,
         };
         let now = Instant::now();
@@ -256,6 +413,9 @@ impl WatcherBuilder {
             active: AtomicUsize::new(cores),
             generation: AtomicU64::new(0),
             next_due_ns: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            active_changes: AtomicU64::new(0),
+            on_change: std::sync::OnceLock::new(),
             snapshot: Mutex::new(Arc::new(first)),
             last_error: Mutex::new(None),
             worker: Mutex::new(Worker {
@@ -267,6 +427,9 @@ impl WatcherBuilder {
             }),
             stop: Mutex::new(false),
             wake: Condvar::new(),
+            tracking: AtomicBool::new(false),
+            awake: AtomicU32::new(0),
+            waiting: AtomicBool::new(false),
         });
         let due = next_share.map_or(now + self.interval, |s| s.min(now + self.interval));
         shared
@@ -286,6 +449,12 @@ impl WatcherBuilder {
         let thread = std::thread::Builder::new()
             .name("corewise-budget".into())
             .spawn(move || loop {
+                if shared.wait_while_idle() {
+                    if *lock(&shared.stop) {
+                        return;
+                    }
+                    shared.resume();
+                }
                 let due = {
                     let mut w = lock(&shared.worker);
                     match shared.tick(&mut w, false) {
@@ -339,6 +508,7 @@ impl BudgetWatcher {
             probe: BudgetProbe::new(),
             interval: DEFAULT_REFRESH_INTERVAL,
             neighbour: None,
+            neighbour_cgroup: None,
         }
     }
 
@@ -377,8 +547,12 @@ impl BudgetWatcher {
 impl Drop for BudgetWatcher {
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
-            *lock(&self.handle.shared.stop) = true;
-            self.handle.shared.wake.notify_all();
+            let shared = &self.handle.shared;
+            *lock(&shared.stop) = true;
+            shared.wake.notify_all();
+            shared.awake.fetch_or(STOPPING, Ordering::SeqCst);
+            rustix::thread::futex::wake(&shared.awake, rustix::thread::futex::Flags::PRIVATE, 1)
+                .ok();
             let _ = t.join();
         }
     }
@@ -420,6 +594,7 @@ mod tests {
             probe,
             interval: Duration::from_secs(3600),
             neighbour: None,
+            neighbour_cgroup: None,
         }
         .build()
         .unwrap();
@@ -446,6 +621,7 @@ mod tests {
                     .affinity("0-3".parse().unwrap()),
                 interval: Duration::from_secs(3600),
                 neighbour: Some(NeighbourConfig::default()),
+                neighbour_cgroup: None,
             }
             .build()
             .unwrap()
@@ -480,5 +656,48 @@ mod tests {
             .interval(Duration::ZERO)
             .build()
             .is_err());
+    }
+
+    #[test]
+    fn idle_runtime_reads_nothing() {
+        let w = BudgetWatcher::builder()
+            .probe(BudgetProbe::new().max_cores(Some(2)))
+            .interval(Duration::from_millis(5))
+            .neighbour(Some(NeighbourConfig::default()))
+            .spawn()
+            .unwrap();
+        let h = w.handle().clone();
+        // Untracked: reads on schedule.
+        let r0 = h.reads();
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(h.reads() > r0, "an untracked watcher must keep reading");
+        // Tracked with no dispatcher awake: the thread blocks.
+        h.track_activity();
+        let idle_since = std::time::Instant::now();
+        while !w.handle().shared.waiting.load(Ordering::SeqCst) {
+            assert!(
+                idle_since.elapsed() < Duration::from_secs(5),
+                "never blocked"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let r1 = h.reads();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(h.reads(), r1, "read while idle");
+        // A dispatcher wakes: reading resumes at once.
+        h.dispatcher_awake();
+        let r2 = h.reads();
+        let woke = std::time::Instant::now();
+        while h.reads() == r2 {
+            assert!(woke.elapsed() < Duration::from_secs(5), "did not resume");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!w.handle().shared.waiting.load(Ordering::SeqCst));
+        // Asleep again, then dropped while blocked: the thread stops.
+        h.dispatcher_asleep();
+        while !w.handle().shared.waiting.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(w);
     }
 }

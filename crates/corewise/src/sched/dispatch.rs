@@ -316,11 +316,13 @@ pub(crate) fn run(core: &'static Core) {
         bump(&core.stats.sleeps, 1);
         // Idle sleep and I/O wait are one wait: in the core's ring (or epoll
         // set), woken by completions, the timer, or the gate's futex word.
+        shared.budget.dispatcher_asleep();
         if core.io.idle_wait(&core.gate, timeout) {
             core.gate.cancel_sleep();
         } else {
             core.gate.sleep(timeout);
         }
+        shared.budget.dispatcher_awake();
         spin_since = 0;
         idle_now = 0;
         idle_polls = 0;
