@@ -1,8 +1,9 @@
 //! The runtime as a client of the real core arbiter daemon.
 //!
 //! The daemon (`corewise_arbiter::daemon::spawn`, the same code as the
-//! binary) runs on a thread of this test process, on a cgroup v1 cpuset
-//! subtree of the test's own (`--cgroup-root`), with its own socket. The
+//! binary) runs on a thread of this test process, on a cpuset subtree of the
+//! test's own (`--cgroup-root`; cgroup v1, or cgroup v2 where that is the
+//! only hierarchy, as in `scripts/guest.sh`), with its own socket. The
 //! test process moves into that subtree first, so the daemon puts every
 //! thread of it, and of the child processes it starts, in its unmanaged set:
 //! kernel threads only reach a managed CPU when the daemon grants it. Guards
@@ -10,11 +11,14 @@
 //! a test fails. A second application is this test binary re-executed with
 //! an environment variable.
 //!
-//! With 2 CPUs and one kept unmanaged there is exactly one managed core, so
-//! the tests are built around one core changing hands. Waits have generous
-//! limits only so that a broken build fails instead of hanging; nothing
-//! asserts on timing. The tests need root and a cgroup v1 cpuset hierarchy
-//! (except the fallback test); without them they say so and pass.
+//! The daemon gets two CPUs, CPU 0 and the first CPU that is not its
+//! hyperthread sibling, and keeps one unmanaged: there is exactly one
+//! managed core, so the tests are built around one core changing hands.
+//! Waits have generous limits only so that a broken build fails instead of
+//! hanging; nothing asserts on timing (`COREWISE_TEST_WAIT_S` stretches
+//! them and `COREWISE_TEST_RECLAIM_MS` sets the daemon's reclaim timeout,
+//! for the guest's emulated CPU). The tests need root and a cpuset
+//! hierarchy (except the fallback test); without them they say so and pass.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -28,7 +32,7 @@ use corewise::Runtime;
 use corewise_arbiter::daemon::{self, Backend, DaemonHandle, Options};
 
 const CPUSET: &str = "/sys/fs/cgroup/cpuset";
-const WAIT: Duration = Duration::from_secs(30);
+const V2_ROOT: &str = "/sys/fs/cgroup";
 /// Child mode: `high` (a priority-0 application) or `env-fallback`.
 const CHILD_ENV: &str = "COREWISE_DAEMON_TEST_CHILD";
 /// The managed CPU, for the `high` child.
@@ -43,18 +47,74 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A duration in the environment variable `var` (in `unit`s), else `default`.
+fn env_duration(var: &str, unit: Duration, default: Duration) -> Duration {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(default, |n| unit * n)
+}
+
+/// How long a wait may last before the test fails.
+fn wait_limit() -> Duration {
+    env_duration(
+        "COREWISE_TEST_WAIT_S",
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    )
+}
+
+/// Whether the cpuset hierarchy is cgroup v2 (`None`: there is none).
+fn v2() -> Option<bool> {
+    if Path::new(CPUSET).join("tasks").exists() {
+        return Some(false);
+    }
+    std::fs::read_to_string(Path::new(V2_ROOT).join("cgroup.subtree_control"))
+        .ok()?
+        .split_whitespace()
+        .any(|c| c == "cpuset")
+        .then_some(true)
+}
+
+fn base() -> &'static Path {
+    Path::new(if v2() == Some(true) { V2_ROOT } else { CPUSET })
+}
+
+/// The file listing a cgroup's threads.
+fn threads_file() -> &'static str {
+    if v2() == Some(true) {
+        "cgroup.threads"
+    } else {
+        "tasks"
+    }
+}
+
+/// The daemon's two CPUs: 0 and the first CPU that is not its sibling.
+fn two_cpus() -> corewise_arbiter::topology::CpuList {
+    let all = corewise_arbiter::topology::online_cpus();
+    let topo = corewise_arbiter::topology::Topology::read(&all);
+    let other = all
+        .cores()
+        .find(|&c| c != 0 && !topo.are_siblings(0, c))
+        .unwrap_or(1);
+    [0, other as usize].into_iter().collect()
+}
+
 fn can_run() -> bool {
     let ok = rustix::process::geteuid().is_root()
-        && Path::new(CPUSET).join("tasks").exists()
+        && v2().is_some()
         && std::thread::available_parallelism().map_or(0, |n| n.get()) >= 2;
     if !ok {
-        eprintln!("skipping: needs root, 2 CPUs and a cgroup v1 cpuset hierarchy at {CPUSET}");
+        eprintln!(
+            "skipping: needs root, 2 CPUs and a cpuset hierarchy (cgroup v1 at {CPUSET} or v2 \
+             at {V2_ROOT} with cpuset enabled)"
+        );
     }
     ok
 }
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait_limit();
     while !f() {
         assert!(Instant::now() < deadline, "gave up waiting for: {what}");
         std::thread::sleep(Duration::from_millis(2));
@@ -83,7 +143,7 @@ struct Sandbox {
 }
 
 fn remove_tree(cg: &Path) {
-    let root = Path::new(CPUSET);
+    let root = base();
     if let Ok(rd) = std::fs::read_dir(cg) {
         for e in rd.flatten() {
             if e.path().is_dir() {
@@ -93,8 +153,8 @@ fn remove_tree(cg: &Path) {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while cg.exists() && std::fs::remove_dir(cg).is_err() && Instant::now() < deadline {
-        for tid in read_ids(&cg.join("tasks")) {
-            let _ = std::fs::write(root.join("tasks"), tid.to_string());
+        for tid in read_ids(&cg.join(threads_file())) {
+            let _ = std::fs::write(root.join("cgroup.procs"), tid.to_string());
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -103,7 +163,7 @@ fn remove_tree(cg: &Path) {
 impl Sandbox {
     fn new() -> Self {
         // Subtrees of killed runs (their process is gone) go first.
-        if let Ok(rd) = std::fs::read_dir(CPUSET) {
+        if let Ok(rd) = std::fs::read_dir(base()) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let pid = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next());
@@ -116,15 +176,18 @@ impl Sandbox {
         }
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let name = format!("{PREFIX}{}-{n}", std::process::id());
-        let cg = Path::new(CPUSET).join(&name);
+        let cg = base().join(&name);
         std::fs::create_dir(&cg).expect("mkdir test cpuset");
         let sb = Self {
             cg,
             dir: std::env::temp_dir().join(&name),
         };
-        for f in ["cpuset.mems", "cpuset.cpus"] {
-            let v = std::fs::read_to_string(Path::new(CPUSET).join(f)).unwrap();
-            std::fs::write(sb.cg.join(f), v.trim()).unwrap();
+        // A new v1 cpuset starts empty; a v2 one inherits its parent's.
+        if v2() == Some(false) {
+            for f in ["cpuset.mems", "cpuset.cpus"] {
+                let v = std::fs::read_to_string(base().join(f)).unwrap();
+                std::fs::write(sb.cg.join(f), v.trim()).unwrap();
+            }
         }
         std::fs::create_dir_all(&sb.dir).unwrap();
         std::fs::write(sb.cg.join("cgroup.procs"), std::process::id().to_string())
@@ -156,16 +219,18 @@ impl Sandbox {
     }
 
     fn core_tasks(&self, c: usize) -> Vec<u32> {
-        read_ids(&self.cg.join(format!("corewise-core{c}")).join("tasks"))
+        read_ids(
+            &self
+                .cg
+                .join(format!("corewise-core{c}"))
+                .join(threads_file()),
+        )
     }
 }
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        let _ = std::fs::write(
-            Path::new(CPUSET).join("cgroup.procs"),
-            std::process::id().to_string(),
-        );
+        let _ = std::fs::write(base().join("cgroup.procs"), std::process::id().to_string());
         remove_tree(&self.cg);
         if self.cg.exists() {
             eprintln!("warning: could not remove {}", self.cg.display());
@@ -178,9 +243,19 @@ impl Drop for Sandbox {
 fn start_daemon(sb: &Sandbox) -> DaemonHandle {
     daemon::spawn(Options {
         socket: sb.socket(),
-        backend: Backend::CgroupV1,
+        backend: if v2() == Some(true) {
+            Backend::CgroupV2
+        } else {
+            Backend::CgroupV1
+        },
         cgroup_root: Some(sb.cg.clone()),
+        cpus: Some(two_cpus()),
         unmanaged: 1,
+        reclaim_timeout: env_duration(
+            "COREWISE_TEST_RECLAIM_MS",
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+        ),
         socket_mode: 0o600,
         ..Options::default()
     })
@@ -318,9 +393,13 @@ fn capture() -> (impl tracing::Subscriber + Send + Sync, Arc<Mutex<Vec<u8>>>) {
     (sub, buf)
 }
 
+/// Warnings about the arbiter (other subsystems may warn about the
+/// machine, e.g. an old kernel's io_uring).
 fn warnings(log: &Mutex<Vec<u8>>) -> usize {
     let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
-    text.lines().filter(|l| l.contains("WARN")).count()
+    text.lines()
+        .filter(|l| l.contains("WARN") && l.contains("corewise::arbiter"))
+        .count()
 }
 
 // ------------------------------------------------------------- parent side
