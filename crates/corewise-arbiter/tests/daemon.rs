@@ -1472,3 +1472,54 @@ fn one_application_fills_a_socket_before_the_other() {
     assert!(d.stop());
     assert_cleaned(&sb);
 }
+
+#[test]
+fn restart_after_a_crash_cleans_up_another_layout() {
+    if !can_run() || !two_sockets_of_hyperthreads() {
+        return;
+    }
+    // A daemon managing CPUs 2-7 is killed while an application holds
+    // 4 and 5; the next one manages only the one-core tests' CPU: it must
+    // replace the stale socket, move the threads out of every old core set
+    // (also those it does not manage), remove those sets, and give the
+    // unmanaged set all its CPUs back.
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--cpus", "0-7", "--reclaim-timeout-ms", "600000"]);
+    let mut a = app_with_threads(&sb, 2);
+    a.request(level(0, 2));
+    wait_holdings(&sb, &mut [&mut a], &[&[4, 5]], "0-3,6-7");
+    let held: Vec<u32> = [4, 5].iter().flat_map(|&c| sb.core_tasks(c)).collect();
+    d.kill9();
+    assert!(sb.socket().exists(), "a killed daemon leaves its socket");
+    assert_eq!(sb.core_tasks(4).len(), 1, "and its sets");
+
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "600000"]);
+    let dirs: Vec<String> = sb
+        .subdirs()
+        .iter()
+        .filter_map(|p| Some(p.file_name()?.to_str()?.to_string()))
+        .collect();
+    let mut want = vec![
+        format!("corewise-core{}", m()),
+        "corewise-unmanaged".to_string(),
+    ];
+    want.sort();
+    assert_eq!(dirs, want, "only this daemon's sets remain");
+    assert_eq!(sb.unmanaged_cpus(), both());
+    let unmanaged = sb.unmanaged_tasks();
+    assert!(
+        held.iter().all(|t| unmanaged.contains(t)),
+        "{held:?} in the unmanaged set ({unmanaged:?})"
+    );
+    // The application registers again and gets the one managed core.
+    a.cmd("connect-retry");
+    a.expect("connected");
+    let tid = a.thread("coop");
+    a.request(level(0, 1));
+    let (t, _, cpu) = a.granted();
+    assert_eq!(t, tid);
+    assert_holds_core1(&sb, tid, cpu);
+    drop(a);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}

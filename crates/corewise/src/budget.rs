@@ -33,7 +33,7 @@
 //! println!("{budget}");
 //! ```
 
-mod cgroup;
+pub(crate) mod cgroup;
 mod filter;
 mod neighbour;
 mod watch;

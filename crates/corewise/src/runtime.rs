@@ -310,7 +310,7 @@ impl Builder {
             idle_spin_ticks: crate::clock::duration_to_ticks(self.idle_spin),
             policy,
             arbiter: match arbiter {
-                Some(d) => Box::new(d.with_kthreads(n)),
+                Some(d) => Box::new(d.with_kthreads(n).with_cpus(cpus.clone())),
                 None => Box::new(Local::new(cpus.clone())),
             },
             active_mask: AtomicU64::new(0),

@@ -33,11 +33,15 @@ use corewise_arbiter::daemon::{self, Backend, DaemonHandle, Options};
 
 const CPUSET: &str = "/sys/fs/cgroup/cpuset";
 const V2_ROOT: &str = "/sys/fs/cgroup";
-/// Child mode: `high` (a priority-0 application) or `env-fallback`.
+/// Child mode: `high` (a priority-0 application), `env-fallback`, or
+/// `daemon` (the core arbiter daemon, a process of its own).
 const CHILD_ENV: &str = "COREWISE_DAEMON_TEST_CHILD";
 /// The managed CPU, for the `high` child.
 const CPU_ENV: &str = "COREWISE_DAEMON_TEST_CPU";
 const PREFIX: &str = "corewise-rt-test-";
+/// The socket and the cgroup root, for the `daemon` child.
+const SOCKET_ENV: &str = "COREWISE_DAEMON_TEST_SOCKET";
+const ROOT_ENV: &str = "COREWISE_DAEMON_TEST_ROOT";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 /// The daemon tests move the whole process between cgroups: one at a time.
@@ -239,16 +243,16 @@ impl Drop for Sandbox {
     }
 }
 
-/// The daemon, on a thread of this process; stopped on drop.
-fn start_daemon(sb: &Sandbox) -> DaemonHandle {
-    daemon::spawn(Options {
-        socket: sb.socket(),
+/// The daemon's settings for a sandbox's socket and cgroup subtree.
+fn daemon_options(socket: PathBuf, cgroup_root: PathBuf) -> Options {
+    Options {
+        socket,
         backend: if v2() == Some(true) {
             Backend::CgroupV2
         } else {
             Backend::CgroupV1
         },
-        cgroup_root: Some(sb.cg.clone()),
+        cgroup_root: Some(cgroup_root),
         cpus: Some(two_cpus()),
         unmanaged: 1,
         reclaim_timeout: env_duration(
@@ -258,8 +262,29 @@ fn start_daemon(sb: &Sandbox) -> DaemonHandle {
         ),
         socket_mode: 0o600,
         ..Options::default()
-    })
-    .expect("start the core arbiter")
+    }
+}
+
+/// The daemon, on a thread of this process; stopped on drop.
+fn start_daemon(sb: &Sandbox) -> DaemonHandle {
+    daemon::spawn(daemon_options(sb.socket(), sb.cg.clone())).expect("start the core arbiter")
+}
+
+/// The daemon as a process of its own (this test binary in `daemon`
+/// mode), so that it can be killed with SIGKILL; returns once it answers.
+fn start_daemon_process(sb: &Sandbox) -> KillOnDrop {
+    let child = spawn_child(
+        "daemon",
+        &[
+            (SOCKET_ENV, sb.socket().display().to_string()),
+            (ROOT_ENV, sb.cg.display().to_string()),
+        ],
+    );
+    let sock = sb.socket();
+    wait_until("the daemon process answers", || {
+        corewise_arbiter::client::status(&sock).is_ok()
+    });
+    child
 }
 
 /// A child process, killed on drop (even when a test fails).
@@ -308,6 +333,11 @@ fn child_entry() {
     match mode.as_str() {
         "high" => child_high(),
         "env-fallback" => child_env_fallback(),
+        "daemon" => {
+            let socket = PathBuf::from(std::env::var(SOCKET_ENV).unwrap());
+            let root = PathBuf::from(std::env::var(ROOT_ENV).unwrap());
+            daemon::run(daemon_options(socket, root)).expect("daemon");
+        }
         other => panic!("unknown child mode {other}"),
     }
     std::process::exit(0);
@@ -474,13 +504,34 @@ impl Workload {
         });
     }
 
-    fn finish(self) -> Vec<u64> {
+    fn finish(mut self) -> Vec<u64> {
         self.stop.store(true, Ordering::Relaxed);
-        self.handles
+        std::mem::take(&mut self.handles)
             .into_iter()
             .map(|h| h.join().unwrap())
             .collect()
     }
+}
+
+impl Drop for Workload {
+    /// A failed test still lets the runtime shut down: the threads stop.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A runtime of the daemon on `sb`, holding the managed core, with 4
+/// threads at work.
+fn runtime_at_work(sb: &Sandbox) -> (Runtime, Workload) {
+    let core = sb.managed()[0];
+    let rt = Runtime::builder()
+        .arbiter_socket(sb.socket())
+        .build()
+        .unwrap();
+    wait_until("the runtime holds the managed core", || only_on(&rt, core));
+    let work = Workload::start(&rt, 4);
+    work.wait_progress("threads run");
+    (rt, work)
 }
 
 /// (a) With the daemon, the runtime gets the managed core and its threads
@@ -621,14 +672,7 @@ fn daemon_stopped_mid_run_leaves_the_application_running() {
     }
     let sb = Sandbox::new();
     let daemon = start_daemon(&sb);
-    let core = sb.managed()[0];
-    let rt = Runtime::builder()
-        .arbiter_socket(sb.socket())
-        .build()
-        .unwrap();
-    wait_until("the runtime holds the managed core", || only_on(&rt, core));
-    let work = Workload::start(&rt, 4);
-    work.wait_progress("threads run");
+    let (rt, work) = runtime_at_work(&sb);
 
     daemon.stop().expect("daemon stops cleanly");
 
@@ -641,6 +685,88 @@ fn daemon_stopped_mid_run_leaves_the_application_running() {
     assert_eq!(rounds.len(), 4);
     assert!(rounds.iter().all(|&r| r > 0), "{rounds:?}");
     // Shutting the runtime down does not wait for a daemon that is gone.
+    drop(rt);
+}
+
+/// The Linux thread ids of this process.
+fn my_threads() -> Vec<u32> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A thread's allowed CPUs, as the kernel lists them.
+fn allowed_cpus(tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Cpus_allowed_list:")
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// (e) The daemon is killed (SIGKILL) while the runtime holds its core:
+/// the runtime notices, its kernel threads leave the dead daemon's cpusets
+/// for its budget and keep running, and once a new daemon is up the
+/// runtime registers again and gets the core again.
+#[test]
+fn daemon_killed_runtime_runs_on_and_reconnects() {
+    let _g = serial();
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut first = start_daemon_process(&sb);
+    let core = sb.managed()[0];
+    let (rt, work) = runtime_at_work(&sb);
+    let mine = |tids: Vec<u32>| -> Vec<u32> {
+        let me = my_threads();
+        tids.into_iter().filter(|t| me.contains(t)).collect()
+    };
+    let holder = mine(sb.core_tasks(core));
+    assert_eq!(holder.len(), 1, "one kernel thread of ours on the core");
+
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    // The dead daemon's core set is left behind; our thread is not in it.
+    assert!(sb.cg.join(format!("corewise-core{core}")).exists());
+    wait_until("our kernel thread leaves the dead daemon's core", || {
+        mine(sb.core_tasks(core)).is_empty()
+    });
+    // It went to the daemon's root, with the budget's CPUs (with a daemon,
+    // the runtime's CPUs are the online ones).
+    let root_threads = read_ids(&sb.cg.join(threads_file()));
+    assert!(
+        root_threads.contains(&holder[0]),
+        "the holder is in the daemon's root ({root_threads:?})"
+    );
+    let budget = corewise_arbiter::topology::online_cpus().to_string();
+    assert_eq!(allowed_cpus(holder[0]), budget, "confined no more");
+    work.wait_progress("threads run without the daemon");
+    let hs: Vec<_> = (0..8).map(|i| rt.spawn(move || i + 1).unwrap()).collect();
+    assert_eq!(hs.into_iter().map(|h| h.join().unwrap()).sum::<u64>(), 36);
+
+    // A new daemon: the runtime registers again and gets the core back.
+    let _second = start_daemon_process(&sb);
+    wait_until("the runtime registers with the new daemon", || {
+        corewise_arbiter::client::status(sb.socket()).is_ok_and(|s| {
+            s.iter()
+                .any(|e| e.pid == std::process::id() && e.granted == vec![core as u32])
+        })
+    });
+    wait_until("the runtime holds the core again", || only_on(&rt, core));
+    let on_core = mine(sb.core_tasks(core));
+    assert_eq!(on_core.len(), 1, "one kernel thread of ours on the core");
+    assert_eq!(allowed_cpus(on_core[0]), core.to_string());
+    work.wait_progress("threads run on the core again");
+    let rounds = work.finish();
+    assert!(rounds.iter().all(|&r| r > 0), "{rounds:?}");
     drop(rt);
 }
 

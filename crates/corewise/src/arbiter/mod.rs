@@ -21,6 +21,7 @@
 //! when an optional system service is down.
 
 mod daemon;
+mod escape;
 mod local;
 
 pub use daemon::{Daemon, DEFAULT_RELEASE_POLL};
