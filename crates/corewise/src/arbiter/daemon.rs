@@ -318,6 +318,7 @@ impl Daemon {
                 *client = Some(c);
                 self.generation.fetch_add(1, Ordering::AcqRel);
                 self.gone.store(false, Ordering::Release);
+                self.slots[FLOOR].escaped.store(false, Ordering::Release);
                 drop(client);
                 *lock(&self.last_sent) = None;
                 tracing::info!(socket = %self.socket.display(), "core arbiter daemon is back; registered again");
@@ -336,6 +337,13 @@ impl Daemon {
         loop {
             if self.shutdown.load(Ordering::Acquire) {
                 return None;
+            }
+            // The floor never attaches, but the daemon put it in its
+            // unmanaged set, which a crash leaves without the granted CPUs.
+            if self.gone.load(Ordering::Acquire)
+                && !self.slots[FLOOR].escaped.swap(true, Ordering::AcqRel)
+            {
+                super::escape::leave_daemon_cpusets(&self.cpus);
             }
             if self.floor_wanted() {
                 self.floor_active.store(true, Ordering::Release);
