@@ -291,7 +291,15 @@ impl Builder {
         // one CPU the share could only ever cap at 1 core, so it is not
         // sampled: its 100 wakeups a second would each preempt the one
         // dispatcher for tens of microseconds, for nothing.
+        // With the daemon, its cpusets say where it put a thread, not the
+        // budget (see `BudgetProbe::under_arbiter`).
+        let probe = if arbiter.is_some() {
+            crate::budget::BudgetProbe::new().under_arbiter(cpus.iter().copied().collect())
+        } else {
+            crate::budget::BudgetProbe::new()
+        };
         let watcher = BudgetWatcher::builder()
+            .probe(probe)
             .neighbour(if n > 1 { self.neighbour } else { None })
             .spawn()
             .map_err(|e| BuildError::Invalid(format!("CPU budget: {e}")))?;

@@ -848,3 +848,83 @@ fn idle_cpu_cost() {
     let d = measure(&rt);
     println!("idle runtime CPU: local {l:.3} %, daemon (2 ms release poll) {d:.3} % of one CPU");
 }
+
+/// (f) On a machine with 6 managed CPUs (the guest's 8, one physical core
+/// unmanaged), the runtime's core estimation grows from one core to all
+/// six under load and shrinks back when the load goes. (The CPU budget
+/// must not be read from the daemon's unmanaged set, which shrinks with
+/// every grant: the runtime would stop growing at what is left of it.)
+#[test]
+fn estimation_grows_to_six_daemon_cores_and_back() {
+    let _g = serial();
+    if !can_run() {
+        return;
+    }
+    if corewise_arbiter::topology::online_cpus().len() < 8 {
+        eprintln!("skipping: needs 8 CPUs (scripts/guest.sh)");
+        return;
+    }
+    let sb = Sandbox::new();
+    let _daemon = daemon::spawn(Options {
+        cpus: None,
+        ..daemon_options(sb.socket(), sb.cg.clone())
+    })
+    .expect("start the core arbiter");
+    let mut managed = sb.managed();
+    managed.sort_unstable();
+    assert_eq!(managed.len(), 6, "{managed:?}");
+    let rt = Runtime::builder()
+        .arbiter_socket(sb.socket())
+        .build()
+        .unwrap();
+    let granted = || {
+        corewise_arbiter::client::status(sb.socket())
+            .ok()
+            .and_then(|s| s.into_iter().find(|e| e.pid == std::process::id()))
+            .map_or(0, |e| e.granted.len())
+    };
+    wait_until("one core while idle", || granted() <= 1);
+    /// Stops the load even when an assertion fails, so the runtime can
+    /// shut down.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(stop.clone());
+    let hs: Vec<_> = (0..24)
+        .map(|_| {
+            let stop = stop.clone();
+            rt.spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for j in 0..20_000u64 {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(j));
+                    }
+                    corewise::yield_now();
+                }
+                x
+            })
+            .unwrap()
+        })
+        .collect();
+    wait_until("six daemon cores under load", || granted() == 6);
+    wait_until("the runtime's active cores are the managed CPUs", || {
+        let mut on: Vec<usize> = rt
+            .core_stats()
+            .into_iter()
+            .filter(|c| c.active && c.core != 0)
+            .map(|c| c.cpu)
+            .collect();
+        on.sort_unstable();
+        on == managed
+    });
+    stop.store(true, Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+    wait_until("back to at most one core when idle", || granted() <= 1);
+    drop(rt);
+}

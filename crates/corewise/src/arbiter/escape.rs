@@ -20,7 +20,7 @@ use crate::budget::cgroup::{locate_v1, locate_v2, parse_mountinfo, parse_proc_cg
 
 /// The daemon's cpusets: `corewise-unmanaged` and `corewise-core<N>`
 /// (`corewise_arbiter::fence` names them).
-fn is_daemon_set(dir: &Path) -> bool {
+pub(crate) fn is_daemon_set(dir: &Path) -> bool {
     dir.file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n == "corewise-unmanaged" || n.starts_with("corewise-core"))

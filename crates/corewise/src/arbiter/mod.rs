@@ -25,6 +25,7 @@ mod escape;
 mod local;
 
 pub use daemon::{Daemon, DEFAULT_RELEASE_POLL};
+pub(crate) use escape::is_daemon_set;
 pub use local::Local;
 
 use crate::policy::PRIORITIES;
