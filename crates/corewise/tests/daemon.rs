@@ -721,6 +721,10 @@ fn daemon_killed_runtime_runs_on_and_reconnects() {
     if !can_run() {
         return;
     }
+    // The runtime's kernel threads log from threads of their own: only a
+    // process-wide subscriber sees them (no other test sets one).
+    let (sub, log) = capture();
+    let global = tracing::subscriber::set_global_default(sub).is_ok();
     let sb = Sandbox::new();
     let mut first = start_daemon_process(&sb);
     let core = sb.managed()[0];
@@ -768,6 +772,12 @@ fn daemon_killed_runtime_runs_on_and_reconnects() {
     let rounds = work.finish();
     assert!(rounds.iter().all(|&r| r > 0), "{rounds:?}");
     drop(rt);
+    if global {
+        let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+        assert_eq!(warnings(&log), 1, "the loss is said once:\n{text}");
+        assert!(text.contains("daemon lost"), "{text}");
+        assert!(text.contains("registered again"), "{text}");
+    }
 }
 
 /// (d) An unreachable socket: the runtime says so once and runs with the
