@@ -18,10 +18,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The test executable of one test target (its "test": true artifact).
+# The executable of one integration test target (the artifact of kind
+# "test"; the daemon's binary, built for the arbiter's tests, is another).
 test_binary() {
     cargo test --no-run --message-format=json "$@" \
-        | grep '"test":true' \
+        | grep '"kind":\["test"\]' \
         | grep -o '"executable":"[^"]*"' \
         | sed 's/"executable":"\(.*\)"/\1/' \
         | tail -1
