@@ -38,7 +38,10 @@ done
 # Each binary runs even if an earlier one failed; the status says whether
 # any did. An argument "binary:filter" runs only the tests matching filter:
 # of the budget tests only the cgroup v2 ones (the neighbour-share tests
-# measure load, which an emulated CPU on a shared host does not give).
+# measure load, which an emulated CPU on a shared host does not give). The
+# arbiter's check that a registering process is still alive needs
+# SO_PEERPIDFD (Linux 6.5), which the guest's Debian 6.1 kernel lacks: that
+# test runs on the host only.
 script='
 failed=0
 for t in "$@"; do
@@ -51,4 +54,4 @@ COREWISE_TEST_WAIT_S=${COREWISE_TEST_WAIT_S:-120} \
 COREWISE_TEST_RECLAIM_MS=${COREWISE_TEST_RECLAIM_MS:-2000} \
     scripts/guest.sh -c 8 -t 2:2:2 -T "${GUEST_TIMEOUT_S:-300}" \
     -e COREWISE_TEST_WAIT_S -e COREWISE_TEST_RECLAIM_MS \
-    -- bash -c "$script" guest-tests "$arbiter:" "$runtime:" "$budget:v2_"
+    -- bash -c "$script" guest-tests "$arbiter:--skip a_socket_kept_after_its_process_exited" "$runtime:" "$budget:v2_"

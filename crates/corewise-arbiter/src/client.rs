@@ -65,6 +65,10 @@ pub enum ClientError {
     /// The shared page could not be used.
     #[error(transparent)]
     Shm(#[from] ShmError),
+    /// The daemon refused this connection and closed it (the reason it
+    /// gave: a limit reached, a protocol version it does not speak, ...).
+    #[error("the core arbiter refused: {0}")]
+    Refused(String),
 }
 
 fn is_gone(e: &io::Error) -> bool {
@@ -107,6 +111,7 @@ impl Conn {
 
     fn take_frame(&mut self) -> Result<Option<Response>, ClientError> {
         match decode_response(&self.buf)? {
+            Some((Response::Error { message }, _)) => Err(ClientError::Refused(message)),
             Some((msg, used)) => {
                 self.buf.drain(..used);
                 Ok(Some(msg))

@@ -1,19 +1,29 @@
 //! Per-user limits from a TOML config file.
 //!
 //! Why: Arachne left the "anti-social application" (one that asks for every
-//! core at the top priority) as future work. The administrator names, per user,
-//! the most cores a user's applications may hold in total per application and
-//! the highest priority level they may use; requests beyond that are clipped
-//! and the client is told.
+//! core at the top priority) as future work, and the daemon is reachable by
+//! every local user. The administrator names, per user, the most cores all of
+//! a user's applications may hold together and the highest priority level
+//! they may use (requests beyond that are clipped and the client is told),
+//! and how many connections, applications and kernel threads one user may
+//! register (beyond that the daemon refuses them). The `[socket]` section
+//! says who may connect at all.
 //!
 //! ```toml
 //! [defaults]
 //! max_cores = 64
 //! max_priority = 0      # 0 is the highest level
+//! max_connections = 1200
+//! max_apps = 64
+//! max_threads = 1024
 //!
 //! [users.nobody]        # by name or by numeric uid ("65534")
 //! max_cores = 1
 //! max_priority = 5
+//!
+//! [socket]              # default: owner root, group "corewise" (root if
+//! mode = 0o660          # that group does not exist), mode 0o660
+//! group = "corewise"
 //! ```
 
 use std::collections::BTreeMap;
@@ -43,21 +53,50 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// Limits applying to one user.
+/// Limits applying to one user (all of its applications together).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Most cores one application of this user may request in total.
+    /// Most cores this user's applications may hold together (and one
+    /// application may request).
     #[serde(default = "default_max_cores")]
     pub max_cores: u32,
     /// Highest priority level allowed (0 = highest, 7 = lowest); requests at
     /// more important levels are moved down to this level.
     #[serde(default)]
     pub max_priority: u8,
+    /// Most connections (applications, kernel threads, status queries) this
+    /// user may have open at once; more are closed at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Most applications this user may register at once.
+    #[serde(default = "default_max_apps")]
+    pub max_apps: u32,
+    /// Most kernel threads this user's applications may attach at once.
+    #[serde(default = "default_max_threads")]
+    pub max_threads: u32,
 }
+
+/// Default of [`Limits::max_connections`]: every application and kernel
+/// thread allowed by the other two defaults, plus room for status queries.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 1200;
+/// Default of [`Limits::max_apps`].
+pub const DEFAULT_MAX_APPS: u32 = 64;
+/// Default of [`Limits::max_threads`] (one per kernel thread that may hold
+/// a core; a runtime needs at most one per managed core and application).
+pub const DEFAULT_MAX_THREADS: u32 = 1024;
 
 fn default_max_cores() -> u32 {
     u32::MAX
+}
+fn default_max_connections() -> u32 {
+    DEFAULT_MAX_CONNECTIONS
+}
+fn default_max_apps() -> u32 {
+    DEFAULT_MAX_APPS
+}
+fn default_max_threads() -> u32 {
+    DEFAULT_MAX_THREADS
 }
 
 impl Default for Limits {
@@ -65,7 +104,85 @@ impl Default for Limits {
         Self {
             max_cores: u32::MAX,
             max_priority: 0,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_apps: DEFAULT_MAX_APPS,
+            max_threads: DEFAULT_MAX_THREADS,
         }
+    }
+}
+
+/// Who may connect to the daemon's socket (the `[socket]` section).
+///
+/// The default is owner root (the daemon's user), group `corewise` when that
+/// group exists (else the daemon's group, root's), mode `0o660`: only root
+/// and the members of `corewise` may use the arbiter until the administrator
+/// decides otherwise (the per-user limits still apply to everyone who may
+/// connect).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SocketConfig {
+    /// Owner: a user name or numeric uid (default: the daemon's user, root).
+    pub owner: Option<String>,
+    /// Group: a group name or numeric gid (default `corewise` if it exists,
+    /// else the daemon's group).
+    pub group: Option<String>,
+    /// Permission bits, e.g. `0o660` (default) or `0o666` (every local user).
+    pub mode: Option<u32>,
+}
+
+/// Default group of the socket when it exists.
+pub const DEFAULT_SOCKET_GROUP: &str = "corewise";
+/// Default mode of the socket.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+
+/// The socket's owner, group and mode after defaults and name look-ups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// Owner uid.
+    pub uid: u32,
+    /// Group gid.
+    pub gid: u32,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+impl SocketConfig {
+    /// Resolves names and applies the defaults.
+    ///
+    /// ```
+    /// use corewise_arbiter::config::SocketConfig;
+    /// let s = SocketConfig { owner: Some("0".into()), group: Some("0".into()), mode: Some(0o600) };
+    /// let a = s.resolve().unwrap();
+    /// assert_eq!((a.uid, a.gid, a.mode), (0, 0, 0o600));
+    /// assert!(SocketConfig { mode: Some(0o7777), ..SocketConfig::default() }.resolve().is_err());
+    /// ```
+    pub fn resolve(&self) -> Result<SocketAccess, ConfigError> {
+        let uid = match &self.owner {
+            None => rustix::process::geteuid().as_raw(),
+            Some(o) => match o.parse() {
+                Ok(n) => n,
+                Err(_) => user_id(o).ok_or_else(|| {
+                    ConfigError::Invalid(format!("socket owner {o:?}: no such user"))
+                })?,
+            },
+        };
+        let gid = match &self.group {
+            None => group_id(DEFAULT_SOCKET_GROUP)
+                .unwrap_or_else(|| rustix::process::getegid().as_raw()),
+            Some(g) => match g.parse() {
+                Ok(n) => n,
+                Err(_) => group_id(g).ok_or_else(|| {
+                    ConfigError::Invalid(format!("socket group {g:?}: no such group"))
+                })?,
+            },
+        };
+        let mode = self.mode.unwrap_or(DEFAULT_SOCKET_MODE);
+        if mode > 0o777 {
+            return Err(ConfigError::Invalid(format!(
+                "socket mode {mode:#o}: only permission bits (at most 0o777)"
+            )));
+        }
+        Ok(SocketAccess { uid, gid, mode })
     }
 }
 
@@ -79,6 +196,9 @@ pub struct Config {
     /// Limits per user name or numeric uid.
     #[serde(default)]
     pub users: BTreeMap<String, Limits>,
+    /// Owner, group and mode of the socket.
+    #[serde(default)]
+    pub socket: SocketConfig,
 }
 
 /// The outcome of applying limits to a request.
@@ -95,7 +215,7 @@ impl Limits {
     ///
     /// ```
     /// use corewise_arbiter::config::Limits;
-    /// let l = Limits { max_cores: 3, max_priority: 2 };
+    /// let l = Limits { max_cores: 3, max_priority: 2, ..Limits::default() };
     /// let c = l.clip([2, 0, 0, 5, 0, 0, 0, 0]);
     /// assert_eq!(c.effective, [0, 0, 2, 1, 0, 0, 0, 0]);
     /// assert!(c.clipped);
@@ -140,6 +260,7 @@ impl Config {
                 )));
             }
         }
+        c.socket.resolve()?;
         Ok(c)
     }
 
@@ -167,16 +288,47 @@ impl Config {
     }
 }
 
+/// `(name, id)` of each entry of a passwd-style file (name:pw:id:...).
+fn id_entries(file: &str) -> Vec<(String, u32)> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.split(':');
+            let name = f.next()?;
+            let _pw = f.next()?;
+            let id: u32 = f.next()?.parse().ok()?;
+            Some((name.to_string(), id))
+        })
+        .collect()
+}
+
 /// Looks a user name up in /etc/passwd (no NSS: the daemon stays simple).
 pub fn user_name(uid: u32) -> Option<String> {
-    let text = std::fs::read_to_string("/etc/passwd").ok()?;
-    text.lines().find_map(|line| {
-        let mut f = line.split(':');
-        let name = f.next()?;
-        let _pw = f.next()?;
-        let id: u32 = f.next()?.parse().ok()?;
-        (id == uid).then(|| name.to_string())
-    })
+    id_entries("/etc/passwd")
+        .into_iter()
+        .find_map(|(name, id)| (id == uid).then_some(name))
+}
+
+/// Looks a user's uid up in /etc/passwd.
+///
+/// ```
+/// assert_eq!(corewise_arbiter::config::user_id("root"), Some(0));
+/// ```
+pub fn user_id(name: &str) -> Option<u32> {
+    id_entries("/etc/passwd")
+        .into_iter()
+        .find_map(|(n, id)| (n == name).then_some(id))
+}
+
+/// Looks a group's gid up in /etc/group.
+///
+/// ```
+/// assert_eq!(corewise_arbiter::config::group_id("root"), Some(0));
+/// ```
+pub fn group_id(name: &str) -> Option<u32> {
+    id_entries("/etc/group")
+        .into_iter()
+        .find_map(|(n, id)| (n == name).then_some(id))
 }
 
 #[cfg(test)]
@@ -190,7 +342,8 @@ mod tests {
             c.limits_for(0),
             Limits {
                 max_cores: 1,
-                max_priority: 7
+                max_priority: 7,
+                ..Limits::default()
             }
         );
     }
@@ -200,6 +353,18 @@ mod tests {
         assert!(Config::parse("[defaults]\nmax_priority = 8\n").is_err());
         assert!(Config::parse("[defaults]\nbogus = 1\n").is_err());
         assert!(Config::parse("[users.x]\nmax_cores = -1\n").is_err());
+        assert!(Config::parse("[socket]\nmode = 0o4777\n").is_err());
+        assert!(Config::parse("[socket]\ngroup = \"no-such-group-here\"\n").is_err());
+    }
+
+    #[test]
+    fn socket_defaults_are_not_world_writable() {
+        let a = Config::default().socket.resolve().unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        assert_eq!((a.uid, a.mode), (me, DEFAULT_SOCKET_MODE));
+        assert_eq!(a.mode & 0o007, 0);
+        let group = rustix::process::getegid().as_raw();
+        assert_eq!(a.gid, group_id(DEFAULT_SOCKET_GROUP).unwrap_or(group));
     }
 
     #[test]

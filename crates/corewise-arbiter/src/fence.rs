@@ -13,12 +13,14 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use crate::daemon::task::TaskIdent;
 use crate::topology::{CoreId, CpuList};
 
 /// A fencing failure.
@@ -159,6 +161,35 @@ pub fn rmdir_retry(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Takes an exclusive `flock` on the cgroup root directory itself (cgroupfs
+/// holds no regular files to lock), so that a second daemon on the same root
+/// refuses to start instead of adopting and then deleting the first one's
+/// sets. The lock goes with the descriptor, also when the daemon is killed.
+fn lock_root(root: &Path) -> Result<OwnedFd, FenceError> {
+    use rustix::fs::{flock, open, FlockOperation, Mode, OFlags};
+    let fd = open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| FenceError::Io {
+        op: "open",
+        path: root.to_path_buf(),
+        source: e.into(),
+    })?;
+    match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(fd),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(FenceError::Unavailable(format!(
+            "another corewise-arbiter daemon manages {} (it holds the lock on it)",
+            root.display()
+        ))),
+        Err(e) => Err(FenceError::Sys {
+            op: "flock cgroup root",
+            source: e,
+        }),
+    }
+}
+
 struct CoreSet {
     core: CoreId,
     dir: PathBuf,
@@ -176,6 +207,8 @@ pub struct CgroupFence {
     unmanaged_threads_path: PathBuf,
     cores: Vec<CoreSet>,
     current_unmanaged: String,
+    /// The root's lock, held while this daemon manages it.
+    _lock: OwnedFd,
 }
 
 impl CgroupFence {
@@ -199,6 +232,7 @@ impl CgroupFence {
                 check.display()
             )));
         }
+        let lock = lock_root(&root)?;
         if version == CgroupVersion::V2 {
             // Checked before anything is created: without the controller the
             // daemon would turn the root threaded and then fail.
@@ -247,7 +281,7 @@ impl CgroupFence {
                 )));
             }
         }
-        let created = Self::build(version, &root, all, managed);
+        let created = Self::build(version, &root, all, managed, lock);
         if created.is_err() {
             // Leave the root as it was: tasks back, sets removed.
             let dirs = std::iter::once(root.join(UNMANAGED_DIR))
@@ -271,6 +305,7 @@ impl CgroupFence {
         root: &Path,
         all: &CpuList,
         managed: &[CoreId],
+        lock: OwnedFd,
     ) -> Result<Self, FenceError> {
         let root = root.to_path_buf();
         let unmanaged = root.join(UNMANAGED_DIR);
@@ -383,6 +418,7 @@ impl CgroupFence {
             unmanaged_threads_path,
             cores,
             current_unmanaged: all_text,
+            _lock: lock,
         })
     }
 
@@ -503,13 +539,17 @@ impl Fence for CgroupFence {
 ///
 /// A granted thread is pinned to its core with `sched_setaffinity`, and
 /// threads returned to the unmanaged set are pinned to the unmanaged CPUs;
-/// other processes on the machine are not kept off granted cores.
+/// other processes on the machine are not kept off granted cores. The
+/// backend re-pins threads on its own (when the unmanaged set changes, and
+/// at teardown), so it remembers each thread by identity, taken right
+/// before its first pin (see [`crate::daemon::task`]): a thread that is
+/// gone, or whose id another task has now, is forgotten, never pinned.
 pub struct AffinityFence {
     unmanaged: CpuList,
     all: CpuList,
     /// Threads we pinned to the unmanaged CPUs (re-pinned when the set changes).
-    parked: Vec<u32>,
-    confined: Vec<(u32, CoreId)>,
+    parked: Vec<TaskIdent>,
+    confined: Vec<(TaskIdent, CoreId)>,
 }
 
 impl AffinityFence {
@@ -541,6 +581,23 @@ impl AffinityFence {
             }
         })
     }
+
+    /// Pins a remembered thread, if it still is the one remembered.
+    fn repin(t: &TaskIdent, cpus: impl Iterator<Item = CoreId>) -> bool {
+        t.alive() && Self::pin(t.tid(), cpus).is_ok() && t.alive()
+    }
+
+    /// The identity of `tid` (known good: the daemon checked it just now),
+    /// kept from an earlier pin or taken now.
+    fn ident(&mut self, tid: u32) -> Result<TaskIdent, FenceError> {
+        if let Some(i) = self.parked.iter().position(|t| t.tid() == tid) {
+            return Ok(self.parked.swap_remove(i));
+        }
+        if let Some(i) = self.confined.iter().position(|t| t.0.tid() == tid) {
+            return Ok(self.confined.swap_remove(i).0);
+        }
+        TaskIdent::task(tid).map_err(|_| FenceError::NoSuchThread(tid))
+    }
 }
 
 impl Fence for AffinityFence {
@@ -553,48 +610,41 @@ impl Fence for AffinityFence {
             return Ok(());
         }
         self.unmanaged = cpus.clone();
-        let parked = std::mem::take(&mut self.parked);
-        for tid in parked {
-            if Self::pin(tid, self.unmanaged.cores()).is_ok() {
-                self.parked.push(tid);
-            }
-        }
+        let unmanaged = &self.unmanaged;
+        self.parked.retain(|t| Self::repin(t, unmanaged.cores()));
         Ok(())
     }
 
     fn confine(&mut self, tid: u32, core: CoreId) -> Result<(), FenceError> {
+        let t = self.ident(tid)?;
         Self::pin(tid, std::iter::once(core))?;
-        self.parked.retain(|&t| t != tid);
-        self.confined.retain(|&(t, _)| t != tid);
-        self.confined.push((tid, core));
+        self.confined.push((t, core));
         Ok(())
     }
 
     fn unconfine(&mut self, tid: u32) -> Result<(), FenceError> {
-        self.confined.retain(|&(t, _)| t != tid);
+        let t = self.ident(tid)?;
         Self::pin(tid, self.unmanaged.cores())?;
-        if !self.parked.contains(&tid) {
-            self.parked.push(tid);
-        }
+        self.parked.push(t);
         Ok(())
     }
 
     fn members(&self, core: CoreId) -> Vec<u32> {
         self.confined
             .iter()
-            .filter(|&&(_, c)| c == core)
-            .map(|&(t, _)| t)
+            .filter(|(t, c)| *c == core && t.alive())
+            .map(|(t, _)| t.tid())
             .collect()
     }
 
     fn teardown(&mut self) -> Result<(), FenceError> {
-        let tids: Vec<u32> = self
+        let all = self.all.clone();
+        for t in self
             .parked
             .drain(..)
             .chain(self.confined.drain(..).map(|(t, _)| t))
-            .collect();
-        for tid in tids {
-            let _ = Self::pin(tid, self.all.cores());
+        {
+            Self::repin(&t, all.cores());
         }
         Ok(())
     }
@@ -620,15 +670,8 @@ mod tests {
             return;
         };
         let mut f = AffinityFence::new(&all);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let h = std::thread::spawn(move || {
-            tx.send(rustix::thread::gettid().as_raw_nonzero().get() as u32)
-                .unwrap();
-            go_rx.recv().unwrap();
-            rustix::thread::sched_getcpu() as u32
-        });
-        let tid = rx.recv().unwrap();
+        let (tid, go_tx, h) =
+            crate::daemon::task::spawn_waiting_thread(|| rustix::thread::sched_getcpu() as u32);
         f.confine(tid, core).unwrap();
         assert_eq!(f.members(core), vec![tid]);
         go_tx.send(()).unwrap();
@@ -637,6 +680,33 @@ mod tests {
             f.unconfine(tid),
             Err(FenceError::NoSuchThread(_)) | Ok(())
         ));
+        f.teardown().unwrap();
+    }
+
+    #[test]
+    fn affinity_forgets_a_parked_thread_once_it_is_gone() {
+        let all = crate::topology::online_cpus();
+        let Some(core) = all.cores().last() else {
+            return;
+        };
+        let mut f = AffinityFence::new(&all);
+        let (tid, go_tx, h) = crate::daemon::task::spawn_waiting_thread(|| ());
+        f.unconfine(tid).unwrap();
+        assert_eq!(f.parked.len(), 1);
+        // Still there: re-pinned when the unmanaged set changes.
+        let fewer: CpuList = all.cores().filter(|&c| c != core).collect();
+        f.set_unmanaged(&fewer).unwrap();
+        assert_eq!(f.parked.len(), 1);
+        go_tx.send(()).unwrap();
+        h.join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while f.parked[0].alive() {
+            assert!(Instant::now() < deadline, "thread never went");
+            std::thread::yield_now();
+        }
+        // Gone: its id is never pinned again (whoever has it now).
+        f.set_unmanaged(&all).unwrap();
+        assert!(f.parked.is_empty());
         f.teardown().unwrap();
     }
 }

@@ -26,7 +26,7 @@
 //! ```
 //! use corewise_arbiter::config::Limits;
 //! // An anti-social request is clipped to the user's limits.
-//! let l = Limits { max_cores: 2, max_priority: 3 };
+//! let l = Limits { max_cores: 2, max_priority: 3, ..Limits::default() };
 //! assert_eq!(l.clip([8, 0, 0, 0, 0, 0, 0, 0]).effective, [0, 0, 0, 2, 0, 0, 0, 0]);
 //! ```
 

@@ -1,5 +1,6 @@
 //! `corewise-arbiter`: run the core arbiter daemon, or query it.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -59,6 +60,14 @@ enum Cmd {
         /// Run under SCHED_FIFO at this priority (1-99) for low grant latency.
         #[arg(long)]
         rt_priority: Option<u32>,
+        /// Drop a client that leaves a frame (or, on a new connection, its
+        /// first message) incomplete this long, in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        frame_timeout_ms: u64,
+        /// With --backend auto: when no cpuset hierarchy is usable, run with
+        /// the weaker affinity-only backend instead of refusing to start.
+        #[arg(long)]
+        allow_affinity_fallback: bool,
         /// Busy-poll this many microseconds after asking for a release (0: never).
         #[arg(long, default_value_t = 200)]
         release_spin_us: u64,
@@ -73,6 +82,9 @@ enum Cmd {
         /// Daemon socket.
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
+        /// Machine-readable output (one JSON object).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -91,11 +103,15 @@ fn main() -> ExitCode {
             rt_priority,
             release_spin_us,
             warm_window_us,
+            frame_timeout_ms,
+            allow_affinity_fallback,
         } => {
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            // Colour only for a terminal: a journal or a log file gets none.
             let sub = tracing_subscriber::fmt()
                 .with_env_filter(filter)
+                .with_ansi(std::io::stderr().is_terminal())
                 .with_writer(std::io::stderr);
             if json_logs {
                 sub.json().init();
@@ -132,7 +148,8 @@ fn main() -> ExitCode {
                 rt_priority,
                 release_spin: Duration::from_micros(release_spin_us),
                 warm_window: Duration::from_micros(warm_window_us),
-                ..Options::default()
+                frame_timeout: Duration::from_millis(frame_timeout_ms.max(1)),
+                affinity_fallback: allow_affinity_fallback,
             };
             match daemon::run(opts) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -142,9 +159,13 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Status { socket } => match corewise_arbiter::client::status(&socket) {
+        Cmd::Status { socket, json } => match corewise_arbiter::client::status(&socket) {
             Ok(entries) => {
-                print!("{}", corewise_arbiter::status::format_table(&entries));
+                if json {
+                    print!("{}", corewise_arbiter::status::format_json(&entries));
+                } else {
+                    print!("{}", corewise_arbiter::status::format_table(&entries));
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

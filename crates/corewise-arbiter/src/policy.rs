@@ -5,7 +5,8 @@
 //! one managed core. Nothing here touches the OS.
 //!
 //! Counts: priority levels are served from 0 (highest) to 7; inside a level
-//! the remaining cores are split equally (water-filling one core at a time);
+//! the remaining cores are split equally (water-filling one core at a time),
+//! never giving one user's applications together more than that user's cap;
 //! when cores do not divide evenly, applications that already hold cores keep
 //! them (no churn), then older applications win. On machines with
 //! hyperthreads the split is of physical cores, each owned whole by one
@@ -25,6 +26,11 @@ pub struct Demand {
     pub cap: u32,
     /// Cores it holds now.
     pub held: u32,
+    /// The user it runs as: applications of one user share `user_cap`.
+    pub user: u32,
+    /// Most cores all applications of `user` may get together (the same
+    /// value on each of them; the smallest one counts).
+    pub user_cap: u32,
 }
 
 /// Target core count per application, in the order of `demands` (which is
@@ -32,18 +38,37 @@ pub struct Demand {
 ///
 /// ```
 /// use corewise_arbiter::policy::{targets, Demand};
-/// let d = |lvl: usize, n: u32| {
+/// let d = |lvl: usize, n: u32, user: u32, user_cap: u32| {
 ///     let mut r = [0; 8];
 ///     r[lvl] = n;
-///     Demand { requested: r, cap: 100, held: 0 }
+///     Demand { requested: r, cap: 100, held: 0, user, user_cap }
 /// };
 /// // 6 cores: the high-priority app takes 4, the two low ones split 2.
-/// assert_eq!(targets(&[d(0, 4), d(3, 5), d(3, 5)], 6), vec![4, 1, 1]);
+/// assert_eq!(targets(&[d(0, 4, 1, 99), d(3, 5, 2, 99), d(3, 5, 3, 99)], 6), vec![4, 1, 1]);
+/// // User 1 may hold 3 cores in all: its two applications share them.
+/// assert_eq!(targets(&[d(0, 4, 1, 3), d(0, 4, 1, 3), d(3, 5, 3, 99)], 6), vec![2, 1, 3]);
 /// ```
 pub fn targets(demands: &[Demand], cores: u32) -> Vec<u32> {
     let mut given = vec![0u32; demands.len()];
     let mut remaining = cores;
+    // What each user may still get.
+    let mut index: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
+    let mut left: Vec<u32> = Vec::new();
+    let user_of: Vec<usize> = demands
+        .iter()
+        .map(|d| {
+            let i = *index.entry(d.user).or_insert_with(|| {
+                left.push(d.user_cap);
+                left.len() - 1
+            });
+            left[i] = left[i].min(d.user_cap);
+            i
+        })
+        .collect();
     for level in 0..PRIORITY_LEVELS {
+        if remaining == 0 {
+            break;
+        }
         // What each app still wants at this level (cumulative requests so far
         // minus what it already got, bounded by its cap).
         let mut want: Vec<u32> = demands
@@ -57,25 +82,27 @@ pub fn targets(demands: &[Demand], cores: u32) -> Vec<u32> {
             })
             .collect();
         while remaining > 0 {
-            let active: Vec<usize> = (0..demands.len()).filter(|&i| want[i] > 0).collect();
+            let mut active: Vec<usize> = (0..demands.len())
+                .filter(|&i| want[i] > 0 && left[user_of[i]] > 0)
+                .collect();
             if active.is_empty() {
                 break;
             }
-            if (active.len() as u32) <= remaining {
-                for &i in &active {
-                    want[i] -= 1;
-                    given[i] += 1;
-                    remaining -= 1;
+            // Fewer cores than contenders (or than a user may still get):
+            // incumbents first, then age.
+            active.sort_by_key(|&i| (demands[i].held <= given[i], i));
+            for i in active {
+                if remaining == 0 {
+                    break;
                 }
-            } else {
-                // Fewer cores than contenders: incumbents first, then age.
-                let mut order = active;
-                order.sort_by_key(|&i| (demands[i].held <= given[i], i));
-                for &i in order.iter().take(remaining as usize) {
-                    want[i] -= 1;
-                    given[i] += 1;
+                let user_left = &mut left[user_of[i]];
+                if *user_left == 0 {
+                    continue;
                 }
-                remaining = 0;
+                *user_left -= 1;
+                want[i] -= 1;
+                given[i] += 1;
+                remaining -= 1;
             }
         }
     }
@@ -143,7 +170,13 @@ pub struct Share {
 /// use corewise_arbiter::policy::{whole_core_targets, Demand, Share};
 /// use corewise_arbiter::topology::Topology;
 /// let t = Topology::synthetic(2, 2, 2);
-/// let d = |n: u32| Demand { requested: [n, 0, 0, 0, 0, 0, 0, 0], cap: 100, held: 0 };
+/// let d = |n: u32| Demand {
+///     requested: [n, 0, 0, 0, 0, 0, 0, 0],
+///     cap: 100,
+///     held: 0,
+///     user: 1000,
+///     user_cap: 100,
+/// };
 /// // 6 managed CPUs (3 physical cores), 3 applications asking for 3 CPUs
 /// // each: one core, two CPUs, each.
 /// let shares = whole_core_targets(&[d(3), d(3), d(3)], &[vec![], vec![], vec![]], &[2, 3, 4, 5, 6, 7], &t);
@@ -182,6 +215,11 @@ pub fn whole_core_targets(
                 requested,
                 cap: in_cores(d.cap),
                 held: held.get(i).map_or(0, |h| cores_spanned(h, topo)),
+                user: d.user,
+                // Rounded down, so that a user's cores never hold more
+                // CPUs than its limit (one core for a limit of one CPU:
+                // each application's own cap then keeps it to one).
+                user_cap: (d.user_cap / per_core).max(d.user_cap.min(1)),
             }
         })
         .collect();
@@ -276,7 +314,40 @@ mod tests {
             requested: req,
             cap: 1000,
             held,
+            // Each its own user, unlimited.
+            user: rand_user(),
+            user_cap: u32::MAX,
         }
+    }
+
+    fn rand_user() -> u32 {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(1 << 20);
+        N.fetch_add(1, Ordering::Relaxed)
+    }
+
+    #[test]
+    fn user_cap_spans_applications() {
+        let r = [4, 0, 0, 0, 0, 0, 0, 0];
+        let mut a = d(r, 0);
+        let mut b = d(r, 0);
+        let c = d(r, 0);
+        a.user = 7;
+        b.user = 7;
+        a.user_cap = 3;
+        b.user_cap = 3;
+        // Without the shared cap it would be 2, 2, 2 (then 3 with 7 cores).
+        assert_eq!(
+            targets(&[a.clone(), b.clone(), c.clone()], 6),
+            vec![2, 1, 3]
+        );
+        assert_eq!(
+            targets(&[a.clone(), b.clone(), c.clone()], 3),
+            vec![1, 1, 1]
+        );
+        // Inside the user's share the incumbent keeps the odd core.
+        b.held = 3;
+        assert_eq!(targets(&[a, b, c], 6), vec![1, 2, 3]);
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub const PRIORITY_LEVELS: usize = 8;
 pub const MAX_CORES_PER_LEVEL: u32 = 4096;
 /// Longest application name carried in a status entry.
 pub const MAX_NAME_LEN: usize = 64;
+/// Longest message carried in an error frame.
+pub const MAX_ERROR_LEN: usize = 200;
 
 /// A message from a client to the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +113,14 @@ pub enum Response {
         /// One row per application.
         entries: Vec<StatusEntry>,
     },
+    /// The daemon refuses the connection (bad frame, wrong protocol
+    /// version, a limit reached) and closes it after this frame. It always
+    /// carries the daemon's own protocol version, so a client of another
+    /// version learns which one the daemon speaks.
+    Error {
+        /// Why, for a human (at most [`MAX_ERROR_LEN`] bytes).
+        message: String,
+    },
 }
 
 /// Why bytes could not be decoded.
@@ -147,6 +157,7 @@ const K_ACK: u8 = 103;
 const K_GRANTED: u8 = 104;
 const K_PREEMPTED: u8 = 105;
 const K_STATUS: u8 = 106;
+const K_ERROR: u8 = 107;
 
 fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
     let len = payload.len().min(MAX_RESPONSE_PAYLOAD);
@@ -369,6 +380,14 @@ pub fn encode_response(resp: &Response) -> Vec<u8> {
             p.extend_from_slice(&body);
             K_STATUS
         }
+        Response::Error { message } => {
+            let mut end = message.len().min(MAX_ERROR_LEN);
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            p.extend_from_slice(&message.as_bytes()[..end]);
+            K_ERROR
+        }
     };
     frame(kind, &p)
 }
@@ -430,6 +449,15 @@ pub fn decode_response(buf: &[u8]) -> Result<Option<(Response, usize)>, DecodeEr
             }
             Response::Status { entries }
         }
+        K_ERROR => {
+            let n = r.buf.len();
+            if n > MAX_ERROR_LEN {
+                return Err(DecodeError::OutOfRange("error message length"));
+            }
+            Response::Error {
+                message: String::from_utf8_lossy(r.bytes(n)?).into_owned(),
+            }
+        }
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;
@@ -488,6 +516,9 @@ mod tests {
                     granted: vec![1, 3],
                     preempted: 4,
                 }],
+            },
+            Response::Error {
+                message: "unsupported protocol version 9".into(),
             },
         ];
         for m in &all {

@@ -703,6 +703,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "evicted_unfetched", s.counters.evicted_unfetched);
             stat(out, "evictions", s.counters.evictions);
             stat(out, "reclaimed", s.counters.reclaimed);
+            crate::runtime_stats::write(out);
         }
         Some(b"settings") => {
             stat(out, "maxbytes", store.limit());

@@ -14,5 +14,6 @@ pub mod config;
 pub mod exec;
 pub mod exec_binary;
 pub mod protocol;
+mod runtime_stats;
 pub mod server;
 pub mod store;

@@ -35,7 +35,7 @@ fn main() -> ExitCode {
         Io::Uring => corewise::io::IoBackend::Uring,
     });
     if let Some(p) = &config.arbiter {
-        b = b.arbiter_socket(p.clone());
+        b = b.arbiter_socket_or_local(p.clone());
     }
     if let Some(cpus) = &config.cpus {
         b = b.cpus(cpus.clone());

@@ -145,7 +145,7 @@ where
 fn submit(job: Job) {
     let pool = pool();
     let mut st = pool.state.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(slot) = crate::thread::current_slot() {
+    if let Some(slot) = crate::sched::current::current_slot() {
         let shared = slot.core().runtime();
         for &c in shared.cpus.iter().filter(|&&c| c < 64) {
             st.excluded |= 1 << c;

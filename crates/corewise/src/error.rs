@@ -21,7 +21,7 @@ pub enum SpawnError {
     #[error("core {0} is not an active core of this runtime")]
     CoreUnavailable(usize),
     /// Called outside a user thread with no runtime to spawn into.
-    #[error("not inside a corewise user thread: start a runtime (corewise::Runtime::new()) and spawn with Runtime::spawn or Runtime::block_on")]
+    #[error("not inside a corewise user thread: run the program's work in a runtime with corewise::run(|| ..), or build one with corewise::Runtime::new() and use Runtime::spawn / Runtime::block_on")]
     NotInRuntime,
     /// The runtime is shutting down.
     #[error("the runtime is shutting down")]
@@ -50,6 +50,18 @@ pub enum BuildError {
     /// A setting is out of range.
     #[error("invalid setting: {0}")]
     Invalid(String),
+    /// The core arbiter daemon named with `Builder::arbiter_socket` (or
+    /// [`ArbiterChoice::Daemon`](crate::ArbiterChoice::Daemon)) cannot be
+    /// reached. Start `corewise-arbiter`, fix the path, or ask for a
+    /// fallback with `Builder::arbiter_socket_or_local`.
+    #[cfg(not(loom))]
+    #[error("core arbiter daemon at {} unreachable ({source}); start corewise-arbiter there, or use Builder::arbiter_socket_or_local to fall back to the in-process arbiter", socket.display())]
+    ArbiterUnreachable {
+        /// The socket asked for.
+        socket: std::path::PathBuf,
+        /// Why connecting failed.
+        source: crate::arbiter::ArbiterError,
+    },
     /// A kernel thread or other OS resource could not be created.
     #[error("system error: {0}")]
     Os(#[from] std::io::Error),

@@ -15,16 +15,41 @@
 //! assert_eq!(h.join().unwrap(), 42);
 //! ```
 //!
+//! # Coming from `std::thread`
+//!
+//! - [`run`] is the entry point: `corewise::run(|| ..)` builds a runtime and
+//!   runs the closure as a user thread ([`Builder::run`] for settings).
+//!   [`spawn`] outside a runtime fails with [`SpawnError::NotInRuntime`].
+//! - [`scope`] (and [`Runtime::scope`]) are `std::thread::scope`: threads
+//!   that borrow from the stack, all joined before it returns.
+//! - [`thread_local!`] gives per-*user*-thread values. `std::thread_local!`
+//!   inside a user thread is per kernel thread: the user threads of a core
+//!   share its value, and since a user thread may move to another core
+//!   whenever it blocks, yields or its core is released, the value it sees
+//!   can change within one function.
+//! - [`Runtime::stats`] reports each core's threads, utilization and load,
+//!   and the cores granted and how often they changed.
+//!
+//! ```
+//! corewise::thread_local!(static HITS: std::cell::Cell<u32> = std::cell::Cell::new(0));
+//! let mut data = vec![1, 2, 3];
+//! let total = corewise::run(|| {
+//!     corewise::scope(|s| {
+//!         for x in data.iter_mut() {
+//!             s.spawn(move || { HITS.set(HITS.get() + 1); *x *= 10 }).unwrap();
+//!         }
+//!     });
+//!     HITS.get() // the scoped threads counted in their own values
+//! }).unwrap();
+//! assert_eq!((total, data), (0, vec![10, 20, 30]));
+//! ```
+//!
 //! The map of the crate is `docs/architecture.md` in the repository;
 //! each module's documentation says why it is built the way it is.
 
-// `core` is also the name of the Rust core library: this crate always says
-// `std::` for the library, so `crate::core` is unambiguous.
-mod core;
 mod error;
-mod idle;
-mod inbox;
 pub mod policy;
+mod sched;
 mod shim;
 pub mod sync;
 
@@ -37,23 +62,19 @@ pub mod budget;
 #[cfg(not(loom))]
 mod clock;
 #[cfg(not(loom))]
-mod context;
-#[cfg(not(loom))]
-mod dispatch;
-#[cfg(not(loom))]
 pub mod fs;
 #[cfg(not(loom))]
 pub mod io;
 #[cfg(not(loom))]
-pub mod net;
+pub mod local;
 #[cfg(not(loom))]
-mod park;
+pub mod net;
 #[cfg(not(loom))]
 mod reserve;
 #[cfg(not(loom))]
 mod runtime;
 #[cfg(not(loom))]
-mod spawn;
+mod scope;
 #[cfg(not(loom))]
 pub mod thread;
 
@@ -74,7 +95,14 @@ pub use budget::{
 #[cfg(not(loom))]
 pub use io::IoBackend;
 #[cfg(not(loom))]
-pub use runtime::{Builder, CoreStats, RunError, Runtime, DEFAULT_IDLE_SPIN, DEFAULT_STACK_SIZE};
+pub use local::LocalKey;
+#[cfg(not(loom))]
+pub use runtime::{
+    run, runtime_stats, Builder, CoreStats, RunError, Runtime, RuntimeStats, DEFAULT_IDLE_SPIN,
+    DEFAULT_STACK_SIZE,
+};
+#[cfg(not(loom))]
+pub use scope::{scope, Scope, ScopedJoinHandle};
 #[cfg(not(loom))]
 pub use thread::{
     block, block_until, current, current_core, signal, sleep, spawn, spawn_wait, spawn_with,

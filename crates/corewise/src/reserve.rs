@@ -22,7 +22,7 @@
 //! (the running thread's spawns and the dispatcher between runs), so the
 //! fields are atomics read and written with plain loads and stores.
 
-use crate::core::Core;
+use crate::sched::core::Core;
 use crate::shim::{AtomicU32, AtomicU64, Ordering};
 
 /// Slots claimed at once by a spawn that is not the first of its run.

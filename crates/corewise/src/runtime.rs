@@ -10,9 +10,9 @@
 
 use crate::arbiter::{ArbiterChoice, ArbiterKind, CoreArbiter, Local};
 use crate::budget::{BudgetWatcher, NeighbourConfig};
-use crate::core::{Core, ThreadContext};
 use crate::error::{BuildError, JoinError, SpawnError};
 use crate::policy::{CoreLoad, CorePolicy, DefaultPolicy, PolicyConfig, ThreadClass, PRIORITIES};
+use crate::sched::{Core, ThreadContext};
 use crate::shim::{AtomicBool, AtomicU64, Ordering};
 use crate::thread::{Builder as ThreadBuilder, JoinHandle};
 use std::time::{Duration, Instant};
@@ -45,15 +45,47 @@ pub(crate) struct Shared {
     /// there may be: the limit on live threads.
     pub(crate) contexts: std::sync::atomic::AtomicUsize,
     pub(crate) max_threads: usize,
-    /// Contexts with no thread that no core keeps (see `crate::park`).
-    pub(crate) spares: std::sync::Mutex<Vec<&'static ThreadContext>>,
+    /// Contexts with no thread that no core keeps (see `crate::sched::park`).
+    pub(crate) spares: std::sync::Mutex<crate::sched::park::SparePool>,
     /// Live threads that are in no slot: parked, or waiting for a slot.
     pub(crate) detached: std::sync::atomic::AtomicUsize,
     /// Threads placed while no candidate core ran: any running core takes
     /// them.
-    pub(crate) homeless: crate::inbox::Inbox<ThreadContext>,
+    pub(crate) homeless: crate::sched::inbox::Inbox<ThreadContext>,
     /// Spawners waiting for the thread limit.
-    pub(crate) limit_wait: crate::park::LimitWait,
+    pub(crate) limit_wait: crate::sched::park::LimitWait,
+    /// Figures for `Runtime::stats` (see [`Figures`]).
+    figures: Figures,
+}
+
+/// The figures `Runtime::stats` reports beyond the cores' own counters:
+/// the last window's utilization and load factor of each core (`f64`
+/// bits, written by the core manager), the cores last asked for, and how
+/// often a core was taken or given back.
+struct Figures {
+    utilization: Box<[AtomicU64]>,
+    load_factor: Box<[AtomicU64]>,
+    requested: std::sync::atomic::AtomicUsize,
+    cores_added: AtomicU64,
+    cores_released: AtomicU64,
+}
+
+impl Figures {
+    fn new(n: usize) -> Self {
+        let zeros = || (0..n).map(|_| AtomicU64::new(0)).collect();
+        Self {
+            utilization: zeros(),
+            load_factor: zeros(),
+            requested: std::sync::atomic::AtomicUsize::new(0),
+            cores_added: AtomicU64::new(0),
+            cores_released: AtomicU64::new(0),
+        }
+    }
+
+    fn set_load(&self, core: usize, utilization: f64, load_factor: f64) {
+        self.utilization[core].store(utilization.to_bits(), Ordering::Relaxed);
+        self.load_factor[core].store(load_factor.to_bits(), Ordering::Relaxed);
+    }
 }
 
 /// The default limit on live user threads: one per 16 KiB of physical
@@ -63,6 +95,36 @@ fn default_max_threads() -> usize {
     let info = rustix::system::sysinfo();
     let bytes = u128::from(info.totalram) * u128::from(info.mem_unit.max(1));
     ((bytes / (16 * 1024)) as usize).max(65_536)
+}
+
+/// The entry point: builds a runtime with default settings, runs `f` as a
+/// user thread in it and returns `f`'s result, once `f` and every thread
+/// it left running have ended. Inside `f`, [`spawn`](crate::spawn),
+/// [`corewise::net`](crate::net), [`corewise::sync`](crate::sync) and the
+/// rest work as on any user thread. A panic in `f` comes back as
+/// [`RunError::Join`]; `f` may borrow from the caller.
+///
+/// ```
+/// fn main() -> Result<(), corewise::RunError> {
+///     let greeting = String::from("hello");
+///     let n = corewise::run(|| {
+///         let h = corewise::spawn(|| 2 + 2).unwrap();
+///         greeting.len() + h.join().unwrap()
+///     })?;
+///     assert_eq!(n, 9);
+///     Ok(())
+/// }
+/// # main().unwrap();
+/// ```
+///
+/// For other settings use [`Builder::run`]; to keep the runtime for
+/// several calls, [`Runtime::new`] and [`Runtime::block_on`].
+pub fn run<F, T>(f: F) -> Result<T, RunError>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    Builder::default().run(f)
 }
 
 /// Configures and starts a [`Runtime`].
@@ -76,6 +138,7 @@ fn default_max_threads() -> usize {
 ///     .unwrap();
 /// assert!(rt.cores() >= 1);
 /// ```
+#[must_use = "a Builder does nothing until `build` or `run`"]
 pub struct Builder {
     cpus: Option<Vec<usize>>,
     stack_size: usize,
@@ -128,7 +191,16 @@ impl Builder {
         self
     }
 
-    /// Stack size of every user thread (a guard page is added below it).
+    /// Stack size of every user thread (default 256 KiB; a guard page is
+    /// added below it). Stacks are address space reserved in large chunks;
+    /// only the pages a thread touches use memory, and pages an earlier
+    /// thread used are given back when a thread parks on a reused stack
+    /// (a parked thread costs about 5 KiB in all).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::builder().stack_size(64 * 1024).build().unwrap();
+    /// assert_eq!(rt.block_on(|| 2).unwrap(), 2);
+    /// ```
     pub fn stack_size(mut self, bytes: usize) -> Self {
         self.stack_size = bytes;
         self
@@ -199,18 +271,37 @@ impl Builder {
         self
     }
 
-    /// Take cores from the `corewise-arbiter` daemon listening on `socket`
-    /// (if it cannot be reached at start, one warning is logged and the
-    /// in-process arbiter is used).
+    /// Take cores from the `corewise-arbiter` daemon listening on `socket`.
+    /// If it cannot be reached, [`build`](Self::build) fails with
+    /// [`BuildError::ArbiterUnreachable`]; for a fallback to the in-process
+    /// arbiter use [`arbiter_socket_or_local`](Self::arbiter_socket_or_local).
     ///
-    /// ```no_run
-    /// let rt = corewise::Runtime::builder()
-    ///     .arbiter_socket("/run/corewise-arbiter.sock")
+    /// ```
+    /// let err = corewise::Runtime::builder()
+    ///     .arbiter_socket("/nonexistent/corewise-arbiter.sock")
     ///     .build()
+    ///     .err()
     ///     .unwrap();
+    /// assert!(matches!(err, corewise::BuildError::ArbiterUnreachable { .. }));
     /// ```
     pub fn arbiter_socket(self, socket: impl Into<std::path::PathBuf>) -> Self {
         self.arbiter(ArbiterChoice::Daemon(socket.into()))
+    }
+
+    /// Take cores from the daemon listening on `socket` if it can be
+    /// reached at start; otherwise log one warning (through `tracing`) and
+    /// use the in-process arbiter ([`Runtime::arbiter_kind`] tells which).
+    ///
+    /// ```
+    /// use corewise::ArbiterKind;
+    /// let rt = corewise::Runtime::builder()
+    ///     .arbiter_socket_or_local("/nonexistent/corewise-arbiter.sock")
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(rt.arbiter_kind(), ArbiterKind::Local);
+    /// ```
+    pub fn arbiter_socket_or_local(self, socket: impl Into<std::path::PathBuf>) -> Self {
+        self.arbiter(ArbiterChoice::DaemonOrLocal(socket.into()))
     }
 
     /// Priority of the runtime's core requests to the daemon, `0..8`, 0 the
@@ -221,10 +312,29 @@ impl Builder {
         self
     }
 
+    /// Builds the runtime, runs `f` in a user thread of it and returns the
+    /// result once `f` and every thread still running have ended (the
+    /// runtime is dropped before `run` returns). See [`run`].
+    ///
+    /// ```
+    /// let v = corewise::Runtime::builder()
+    ///     .max_cores(1)
+    ///     .run(|| corewise::spawn(|| 40).unwrap().join().unwrap() + 2)
+    ///     .unwrap();
+    /// assert_eq!(v, 42);
+    /// ```
+    pub fn run<F, T>(self, f: F) -> Result<T, RunError>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        self.build()?.block_on(f)
+    }
+
     /// Starts the kernel threads and waits until they hold their cores.
     pub fn build(self) -> Result<Runtime, BuildError> {
         crate::clock::init();
-        crate::park::init();
+        crate::sched::park::init();
         crate::thread::install_panic_hook();
         if self.max_threads == Some(0) {
             return Err(BuildError::Invalid("max_threads must be at least 1".into()));
@@ -252,7 +362,7 @@ impl Builder {
         // With the daemon, the affinity is the daemon's doing (a process in
         // its unmanaged set sees only the unmanaged CPUs): one kernel thread
         // per online CPU (or per CPU asked for), whichever the daemon grants.
-        let arbiter = crate::arbiter::choose(&self.arbiter, self.priority);
+        let arbiter = crate::arbiter::choose(&self.arbiter, self.priority)?;
         if arbiter.is_some() {
             cpus = match &self.cpus {
                 Some(req) => req.clone(),
@@ -328,12 +438,13 @@ impl Builder {
             window,
             budget: watcher.handle().clone(),
             max_override: std::sync::atomic::AtomicUsize::new(usize::MAX),
-            contexts: std::sync::atomic::AtomicUsize::new(n * crate::core::SLOTS),
+            contexts: std::sync::atomic::AtomicUsize::new(n * crate::sched::occupancy::SLOTS),
             max_threads: self.max_threads.unwrap_or_else(default_max_threads),
-            spares: std::sync::Mutex::new(Vec::new()),
+            spares: std::sync::Mutex::new(crate::sched::park::SparePool::default()),
             detached: std::sync::atomic::AtomicUsize::new(0),
-            homeless: crate::inbox::Inbox::new_open(),
-            limit_wait: crate::park::LimitWait::default(),
+            homeless: crate::sched::inbox::Inbox::new_open(),
+            limit_wait: crate::sched::park::LimitWait::default(),
+            figures: Figures::new(n),
         }));
         for core in shared.cores.iter() {
             core.link(shared);
@@ -394,6 +505,7 @@ fn request_cores(shared: &'static Shared) {
     let mut per = [0u32; PRIORITIES];
     per[0] = total as u32;
     let before = shared.arbiter.granted();
+    shared.figures.requested.store(total, Ordering::Relaxed);
     shared.arbiter.set_requested_cores(per);
     if shared.arbiter.granted() != before {
         // A core asleep would not notice that it must go.
@@ -435,16 +547,19 @@ fn manage_cores(shared: &'static Shared, watcher: BudgetWatcher) {
             let (t0, idle0, load0) = last[k];
             last[k] = now;
             if active & (1 << k) == 0 {
+                shared.figures.set_load(k, 0.0, 0.0);
                 continue;
             }
             let dt = now.0.wrapping_sub(t0).max(1) as f64;
             let idle = now.1.wrapping_sub(idle0) as f64;
             let load = now.2.wrapping_sub(load0) as f64;
-            loads.push(CoreLoad {
+            let l = CoreLoad {
                 core: k,
                 utilization: (1.0 - idle / dt).clamp(0.0, 1.0),
                 load_factor: (load / dt).max(0.0),
-            });
+            };
+            shared.figures.set_load(k, l.utilization, l.load_factor);
+            loads.push(l);
         }
         shared.policy.estimate(&loads);
         request_cores(shared);
@@ -496,21 +611,28 @@ impl Runtime {
         ThreadBuilder::new().class(class).spawn_in(self, f)
     }
 
-    /// Runs `f` in a user thread and waits for its result (from an OS thread).
+    /// Runs `f` in a user thread and waits for its result. `f` may borrow
+    /// from the caller (it has ended when `block_on` returns). Called from
+    /// an OS thread, it parks that thread; from a user thread, it blocks
+    /// only that thread. At the thread limit it waits for a thread to end.
     ///
     /// ```
     /// let rt = corewise::Runtime::new().unwrap();
     /// assert_eq!(rt.block_on(|| corewise::current().is_some()).unwrap(), true);
+    /// let words = vec!["a", "bc"];
+    /// assert_eq!(rt.block_on(|| words.concat()).unwrap(), "abc");
     /// ```
     pub fn block_on<F, T>(&self, f: F) -> Result<T, RunError>
     where
-        F: FnOnce() -> T + Send + 'static,
-        T: Send + 'static,
+        F: FnOnce() -> T + Send,
+        T: Send,
     {
-        Ok(ThreadBuilder::new()
-            .wait_at_limit(true)
-            .spawn_in(self, f)?
-            .join()?)
+        self.scope(|s| {
+            Ok(ThreadBuilder::new()
+                .wait_at_limit(true)
+                .spawn_scoped(s, f)?
+                .join()?)
+        })
     }
 
     /// Number of cores (kernel threads) the runtime may use.
@@ -557,21 +679,29 @@ impl Runtime {
         self.shared.active_mask.load(Ordering::Acquire).count_ones() as usize
     }
 
-    /// Statistics of each core.
+    /// Statistics of each core (the `cores` of [`stats`](Self::stats)).
     pub fn core_stats(&self) -> Vec<CoreStats> {
-        self.shared
-            .cores
-            .iter()
-            .map(|c| CoreStats {
-                core: c.index,
-                cpu: c.cpu.load(Ordering::Relaxed),
-                active: c.active.load(Ordering::Relaxed),
-                threads: c.mask.count(),
-                dispatches: c.stats.dispatches.load(Ordering::Relaxed),
-                sleeps: c.stats.sleeps.load(Ordering::Relaxed),
-                sleeping: c.gate.is_sleeping(),
-            })
-            .collect()
+        core_stats(self.shared)
+    }
+
+    /// A snapshot of the runtime's figures: per core, its threads,
+    /// utilization, load factor and counters; the cores asked for, granted
+    /// and held, and how often a core was taken or given back. The counters
+    /// are read one after another, not atomically together.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// rt.block_on(|| corewise::yield_now()).unwrap();
+    /// let s = rt.stats();
+    /// assert_eq!(s.cores.len(), rt.cores());
+    /// assert!(s.active_cores >= 1 && s.cores_added >= 1);
+    /// assert!(s.cores.iter().map(|c| c.dispatches).sum::<u64>() >= 1);
+    /// for c in &s.cores {
+    ///     println!("core {} on CPU {}: {} threads, {:.0} % busy", c.core, c.cpu, c.threads, c.utilization * 100.0);
+    /// }
+    /// ```
+    pub fn stats(&self) -> RuntimeStats {
+        stats_of(self.shared)
     }
 
     pub(crate) fn shared(&self) -> &'static Shared {
@@ -579,9 +709,95 @@ impl Runtime {
     }
 }
 
-/// A user thread could not be created or panicked.
+/// The figures of the runtime the calling user thread runs in (`None` on
+/// an OS thread): [`Runtime::stats`] for code that has no `&Runtime`.
+///
+/// ```
+/// assert!(corewise::runtime_stats().is_none());
+/// let cores = corewise::run(|| corewise::runtime_stats().unwrap().cores.len()).unwrap();
+/// assert!(cores >= 1);
+/// ```
+pub fn runtime_stats() -> Option<RuntimeStats> {
+    crate::sched::current::current_slot().map(|s| stats_of(s.core().runtime()))
+}
+
+fn core_stats(shared: &Shared) -> Vec<CoreStats> {
+    let f = &shared.figures;
+    let bits = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));
+    shared
+        .cores
+        .iter()
+        .map(|c| CoreStats {
+            core: c.index,
+            cpu: c.cpu.load(Ordering::Relaxed),
+            active: c.active.load(Ordering::Relaxed),
+            threads: c.mask.count(),
+            queued: c.queued.load(Ordering::Relaxed),
+            utilization: bits(&f.utilization[c.index]),
+            load_factor: bits(&f.load_factor[c.index]),
+            dispatches: c.stats.dispatches.load(Ordering::Relaxed),
+            sleeps: c.stats.sleeps.load(Ordering::Relaxed),
+            sleeping: c.gate.is_sleeping(),
+        })
+        .collect()
+}
+
+fn stats_of(shared: &Shared) -> RuntimeStats {
+    let cores = core_stats(shared);
+    let queued: usize = cores.iter().map(|c| c.queued as usize).sum();
+    let f = &shared.figures;
+    RuntimeStats {
+        requested_cores: f.requested.load(Ordering::Relaxed),
+        granted_cores: shared.arbiter.granted(),
+        active_cores: shared.active_mask.load(Ordering::Acquire).count_ones() as usize,
+        cores_added: f.cores_added.load(Ordering::Relaxed),
+        cores_released: f.cores_released.load(Ordering::Relaxed),
+        parked: shared
+            .detached
+            .load(Ordering::Relaxed)
+            .saturating_sub(queued),
+        arbiter: shared.arbiter.kind(),
+        window: shared.window,
+        cores,
+    }
+}
+
+/// A snapshot of a runtime's figures ([`Runtime::stats`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RuntimeStats {
+    /// Each core of the runtime, held or not, by index.
+    pub cores: Vec<CoreStats>,
+    /// Cores the runtime last asked its arbiter for (the policy's estimate
+    /// within the CPU budget, the neighbour cap and `set_max_cores`).
+    pub requested_cores: usize,
+    /// Cores the arbiter grants now.
+    pub granted_cores: usize,
+    /// Cores whose kernel thread runs the dispatcher now (follows
+    /// `granted_cores` within a moment).
+    pub active_cores: usize,
+    /// Times a core was taken since start (its kernel thread began to
+    /// dispatch); the cores at start count.
+    pub cores_added: u64,
+    /// Times a core was given back since start.
+    pub cores_released: u64,
+    /// Live threads in no core's slots or queues: blocked long enough to
+    /// have left their slot.
+    pub parked: usize,
+    /// Where the cores come from.
+    pub arbiter: ArbiterKind,
+    /// The estimation window that `utilization` and `load_factor` cover.
+    pub window: Duration,
+}
+
+/// A runtime could not be built, or a user thread could not be created or
+/// panicked.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunError {
+    /// The runtime could not be built ([`run`], [`Builder::run`]).
+    #[error("cannot start the corewise runtime: {0}")]
+    Build(#[from] BuildError),
     /// Creation failed.
     #[error(transparent)]
     Spawn(#[from] SpawnError),
@@ -591,7 +807,8 @@ pub enum RunError {
 }
 
 /// A snapshot of one core's counters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct CoreStats {
     /// Core index within the runtime.
     pub core: usize,
@@ -599,8 +816,17 @@ pub struct CoreStats {
     pub cpu: usize,
     /// Whether the runtime holds this core now.
     pub active: bool,
-    /// User threads on the core now.
+    /// User threads in the core's slots now (running, runnable or blocked
+    /// for less than a sweep period).
     pub threads: u32,
+    /// Threads handed to the core that wait for a free slot there.
+    pub queued: u32,
+    /// Share of the last estimation window the core spent running threads
+    /// (0..=1; 0 for a core not held).
+    pub utilization: f64,
+    /// Average runnable threads over the last window (Arachne's load
+    /// factor; above 1 means threads waited for the core).
+    pub load_factor: f64,
     /// User-thread runs started by its dispatcher.
     pub dispatches: u64,
     /// Times its kernel thread went to sleep for lack of work.
@@ -621,7 +847,7 @@ impl Drop for Runtime {
         for c in shared.cores.iter() {
             c.gate.wake();
         }
-        let inside = crate::thread::current_slot()
+        let inside = crate::sched::current::current_slot()
             .map(|s| std::ptr::eq(s.core().runtime(), shared))
             .unwrap_or(false);
         if inside {
@@ -634,7 +860,7 @@ impl Drop for Runtime {
         }
         // Every kernel thread is gone and no thread is left: the pooled
         // spare contexts' stacks are unmapped too.
-        crate::park::drop_spares(shared, None);
+        crate::sched::park::drop_spares(shared, None);
     }
 }
 
@@ -643,10 +869,10 @@ fn kernel_thread(
     k: usize,
     started: std::sync::mpsc::Sender<Result<(), BuildError>>,
 ) {
-    crate::context::ensure_signal_stack();
+    crate::sched::coroutine::ensure_signal_stack();
     let core = &shared.cores[k];
     // Every slot gets its stack now: creating a thread never maps memory.
-    for slot in (0..crate::core::SLOTS).map(|i| core.slot(i)) {
+    for slot in (0..crate::sched::occupancy::SLOTS).map(|i| core.slot(i)) {
         // SAFETY: this kernel thread owns the core; nothing runs yet.
         if let Err(e) = unsafe { slot.context(shared.stack_size) } {
             let _ = started.send(Err(BuildError::Os(e)));
@@ -669,20 +895,25 @@ fn kernel_thread(
             }
         };
         core.cpu.store(cpu, Ordering::Relaxed);
-        crate::park::reopen(core);
+        crate::sched::park::reopen(core);
         core.active.store(true, Ordering::SeqCst);
         shared.active_mask.fetch_or(1 << k, Ordering::AcqRel);
+        shared.figures.cores_added.fetch_add(1, Ordering::Relaxed);
         shared.policy.core_added(k);
-        crate::dispatch::run(core);
+        crate::sched::dispatch::run(core);
         // `dispatch::run` took the core out of the active set before it
         // moved the threads away.
         shared.arbiter.core_released(k);
+        shared
+            .figures
+            .cores_released
+            .fetch_add(1, Ordering::Relaxed);
     }
     core.io.stop();
-    for slot in (0..crate::core::SLOTS).map(|i| core.slot(i)) {
+    for slot in (0..crate::sched::occupancy::SLOTS).map(|i| core.slot(i)) {
         // SAFETY: the dispatcher has returned and the core has no threads.
         unsafe { slot.drop_context() };
     }
     // Spare contexts this core kept: their stacks go too.
-    crate::park::drop_spares(shared, Some(core));
+    crate::sched::park::drop_spares(shared, Some(core));
 }

@@ -8,40 +8,36 @@
 //! consumed late), so callers re-check their condition in a loop, exactly as
 //! with a condition variable.
 //!
-//! The running thread's slot is found through a thread-local that the
-//! dispatcher sets before each switch; it is read through a function that is
-//! never inlined, so its address is computed anew after every switch (a user
-//! thread may resume on another kernel thread once cores are released).
+//! Thread-local storage: `std::thread_local!` inside a user thread is per
+//! *kernel* thread. Every user thread that runs on the same core sees the
+//! same value, and a user thread can move to another core whenever it
+//! blocks or yields (it is placed again by load when woken, and moved when
+//! its core is released), so the value it sees can change between two
+//! lines of one function, and a reference obtained before a switch must not
+//! be used after it (std's `with` closure does not allow that anyway, but
+//! raw pointers to it would dangle on another core). Use
+//! [`corewise::thread_local!`](crate::thread_local) for values that belong
+//! to the user thread; keep `std::thread_local!` for per-core caches that
+//! tolerate the switch.
+//!
+//! Scoped threads are [`scope`] / [`Scope`], as in `std::thread`.
+//!
+//! The engine behind it is the crate-private `sched` module; this module is
+//! the public front only.
 
-use crate::context::switch_out;
-use crate::core::{ThreadContext, BLOCKED};
 use crate::error::{JoinError, SpawnError};
 use crate::policy::ThreadClass;
 use crate::runtime::Runtime;
+use crate::sched::coroutine::switch_out;
+use crate::sched::current::current_slot;
+use crate::sched::spawn::{spawn_job, SpawnOptions};
+use crate::sched::{ThreadContext, BLOCKED};
 use crate::shim::Ordering;
-use crate::spawn::{spawn_job, SpawnOptions};
 use crate::sync::packet::Packet;
-use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-thread_local! {
-    static CURRENT: Cell<*const ThreadContext> = const { Cell::new(std::ptr::null()) };
-}
-
-/// The slot of the running user thread, if the caller is one.
-#[inline(never)]
-pub(crate) fn current_slot() -> Option<&'static ThreadContext> {
-    let p = CURRENT.with(|c| c.get());
-    // SAFETY: the dispatcher stores only pointers to slots of leaked
-    // ('static) cores, and null when no user thread runs.
-    unsafe { p.as_ref() }
-}
-
-#[inline(never)]
-pub(crate) fn set_current(slot: *const ThreadContext) {
-    CURRENT.with(|c| c.set(slot));
-}
+pub use crate::scope::{scope, Scope, ScopedJoinHandle};
 
 /// Identifies a user thread, for [`signal`].
 ///
@@ -153,6 +149,7 @@ impl<T> std::fmt::Debug for JoinHandle<T> {
 /// assert_eq!(h.join().unwrap(), Some(0));
 /// ```
 #[derive(Debug, Clone, Default)]
+#[must_use = "a thread Builder does nothing until one of its spawn methods"]
 pub struct Builder {
     opts: SpawnOptions,
 }
@@ -196,6 +193,10 @@ impl Builder {
     /// slot: now the same as [`wait_at_limit`](Self::wait_at_limit).
     pub fn wait_for_slot(self, wait: bool) -> Self {
         self.wait_at_limit(wait)
+    }
+
+    pub(crate) fn into_options(self) -> SpawnOptions {
+        self.opts
     }
 
     /// Creates the thread in the runtime of the calling user thread.
@@ -245,6 +246,8 @@ impl Builder {
 fn detached<F: FnOnce() + Send + 'static>(f: F) -> impl FnOnce() + Send + 'static {
     move || {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // A destructor's panic was reported by the panic hook; nobody joins.
+        let _ = crate::local::exit_current();
     }
 }
 
@@ -260,7 +263,14 @@ where
     let packet = Arc::new(Packet::new());
     let theirs = Arc::clone(&packet);
     let id = spawn_job(shared, opts, move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let mut r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // The thread's `thread_local!` values go before `join` returns; a
+        // destructor's panic is the thread's if it had none of its own.
+        if let Some(p) = crate::local::exit_current() {
+            if r.is_ok() {
+                r = Err(p);
+            }
+        }
         theirs.complete(r);
     })?;
     Ok(JoinHandle { packet, id })
@@ -429,8 +439,8 @@ pub fn signal(thread: ThreadId) {
     // a newer thread of the slot is a spurious wakeup, which is allowed.
     if slot.wakeup().signal() {
         // The thread had left its slot: the signaller that clears the mark
-        // places it again (see `crate::park`).
-        crate::park::unpark(slot);
+        // places it again (see `crate::sched::park`).
+        crate::sched::park::unpark(slot);
         return;
     }
     if slot.generation().load(Ordering::Relaxed) != thread.generation {
@@ -459,22 +469,6 @@ pub fn sleep(d: Duration) {
     while Instant::now() < deadline {
         block_ticks(slot, ticks);
     }
-}
-
-/// Runs in the slot's coroutine after the thread's function returned (it
-/// catches its own panics, see `spawn_joinable`): frees the slot.
-pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
-    let core = slot.core();
-    let class = slot.class();
-    slot.set_name(None);
-    // The generation is bumped by the next spawner (see `spawn_job`), which
-    // writes this line anyway: a write here would cost this core a line
-    // upgrade per thread.
-    slot.wakeup().reset();
-    let shared = core.runtime();
-    shared.policy.thread_exited(class, core.index);
-    core.mask.release(slot.index());
-    shared.limit_wait.notify();
 }
 
 /// Installs, once per process, a panic hook that names the user thread: a

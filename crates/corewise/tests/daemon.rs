@@ -260,7 +260,13 @@ fn daemon_options(socket: PathBuf, cgroup_root: PathBuf) -> Options {
             Duration::from_millis(1),
             Duration::from_millis(10),
         ),
-        socket_mode: 0o600,
+        config: corewise_arbiter::config::Config {
+            socket: corewise_arbiter::config::SocketConfig {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
         ..Options::default()
     }
 }
@@ -780,11 +786,12 @@ fn daemon_killed_runtime_runs_on_and_reconnects() {
     }
 }
 
-/// (d) An unreachable socket: the runtime says so once and runs with the
-/// in-process arbiter, whether the socket comes from the builder or from
-/// `COREWISE_ARBITER`.
+/// (d) An unreachable socket. Asked for by name, it fails the build with a
+/// typed error and no fallback; with the explicit fallback (or from
+/// `COREWISE_ARBITER`) the runtime says so once and runs with the
+/// in-process arbiter.
 #[test]
-fn unreachable_daemon_falls_back_to_local_with_one_warning() {
+fn unreachable_daemon_fails_or_falls_back_with_one_warning() {
     // Serialised with the tests that move this process into a cgroup
     // subtree: a child spawned meanwhile would inherit that cgroup.
     let _g = serial();
@@ -794,9 +801,26 @@ fn unreachable_daemon_falls_back_to_local_with_one_warning() {
         COUNTER.fetch_add(1, Ordering::SeqCst)
     ));
     let (sub, log) = capture();
+    let strict = tracing::subscriber::with_default(sub, || {
+        Runtime::builder()
+            .arbiter_socket(sock.clone())
+            .build()
+            .map(|_| ())
+    });
+    match strict {
+        Err(e @ corewise::BuildError::ArbiterUnreachable { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&sock.display().to_string()), "{msg}");
+            assert!(msg.contains("arbiter_socket_or_local"), "{msg}");
+        }
+        other => panic!("expected ArbiterUnreachable, got {other:?}"),
+    }
+    assert_eq!(warnings(&log), 0, "a failed build does not also warn");
+
+    let (sub, log) = capture();
     let rt = tracing::subscriber::with_default(sub, || {
         Runtime::builder()
-            .arbiter(ArbiterChoice::Daemon(sock.clone()))
+            .arbiter(ArbiterChoice::DaemonOrLocal(sock.clone()))
             .build()
             .unwrap()
     });

@@ -462,9 +462,22 @@ fn spawn_waiting_on_core_1(n: usize, go: &Arc<AtomicBool>) -> Vec<corewise::Join
 }
 
 /// Spawns `n` threads placed by the runtime that wait until `go` is set.
+/// They wait runnable (yielding), so each stays in its slot and counts in
+/// its core's load however long the spawner takes (a sleeping thread
+/// leaves its slot, and placement then rightly sees its core as lighter).
 fn spawn_waiting_placed(n: usize, go: &Arc<AtomicBool>) -> Vec<corewise::JoinHandle<usize>> {
     (0..n)
-        .map(|_| corewise::spawn(wait_for(go.clone())).unwrap())
+        .map(|_| {
+            let go = go.clone();
+            corewise::spawn(move || {
+                let first = corewise::current_core().unwrap();
+                while !go.load(Ordering::Acquire) {
+                    corewise::yield_now();
+                }
+                first
+            })
+            .unwrap()
+        })
         .collect()
 }
 

@@ -6,9 +6,10 @@
 //! SIGINT/SIGTERM are ordinary events and teardown runs on the main path.
 
 pub mod state;
+pub mod task;
 
-use std::collections::BTreeMap;
-use std::io::{self, IoSlice, Read, Write};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, IoSlice, Read};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -16,13 +17,17 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use rustix::buffer::spare_capacity;
+use rustix::event::epoll::{self, EventData, EventFlags};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use thiserror::Error;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, SocketAccess};
 use crate::fence::{AffinityFence, CgroupFence, CgroupVersion, Fence, FenceError};
-use crate::protocol::{decode_request, encode_response, Request, Response, MAX_REQUEST_PAYLOAD};
+use crate::protocol::{
+    decode_request, encode_response, Request, Response, HEADER_LEN, MAX_RESPONSE_PAYLOAD,
+};
 use crate::topology::{online_cpus, CoreId, CpuList, Topology};
 use crate::warm::WarmCores;
 use state::{ConnId, State};
@@ -57,8 +62,14 @@ pub struct Options {
     pub reclaim_timeout: Duration,
     /// Limits.
     pub config: Config,
-    /// Mode of the socket file (0o666 lets other users' applications in).
-    pub socket_mode: u32,
+    /// How long a client may take to complete a frame it started (and a
+    /// new connection to send its first message, and a closing one to take
+    /// its last reply); then it is disconnected.
+    pub frame_timeout: Duration,
+    /// With [`Backend::Auto`], fall back to the weaker affinity-only backend
+    /// when no cpuset hierarchy is usable (otherwise the daemon refuses to
+    /// start).
+    pub affinity_fallback: bool,
     /// Run the daemon thread under SCHED_FIFO at this priority (1-99), so a
     /// busy unmanaged core does not delay grants; `None` keeps SCHED_OTHER.
     pub rt_priority: Option<u32>,
@@ -83,7 +94,8 @@ impl Default for Options {
             unmanaged: 1,
             reclaim_timeout: Duration::from_millis(10),
             config: Config::default(),
-            socket_mode: 0o666,
+            frame_timeout: Duration::from_secs(2),
+            affinity_fallback: false,
             rt_priority: None,
             release_spin: Duration::from_micros(200),
             warm_window: Duration::from_millis(1),
@@ -161,9 +173,16 @@ fn build_fence(
             Ok(f) => f,
             Err(e1) => match v2() {
                 Ok(f) => f,
-                Err(e2) => {
-                    tracing::warn!(v1 = %e1, v2 = %e2, "no writable cpuset hierarchy; using the weaker affinity-only backend");
+                Err(e2) if opts.affinity_fallback => {
+                    tracing::warn!(v1 = %e1, v2 = %e2, "no writable cpuset hierarchy; using the weaker affinity-only backend (--allow-affinity-fallback)");
                     Box::new(AffinityFence::new(all))
+                }
+                Err(e2) => {
+                    return Err(DaemonError::Settings(format!(
+                        "no usable cpuset hierarchy (cgroup v1: {e1}; cgroup v2: {e2}); \
+                         give --cgroup-root a writable cpuset directory, or pass \
+                         --allow-affinity-fallback to run with the weaker affinity-only backend"
+                    )))
                 }
             },
         },
@@ -199,15 +218,6 @@ fn signal_fd() -> Result<OwnedFd, DaemonError> {
 /// Most client connections served at once; more are accepted and closed, so
 /// a flood can neither exhaust the daemon's descriptors nor stall its loop.
 pub const MAX_CONNECTIONS: usize = 16384;
-
-struct Conn {
-    stream: UnixStream,
-    rbuf: Vec<u8>,
-    pid: u32,
-    uid: u32,
-    /// A status connection is closed once its reply is written.
-    close_after_reply: bool,
-}
 
 /// Raises the soft descriptor limit to the hard one (one socket per client
 /// kernel thread adds up).
@@ -289,7 +299,8 @@ fn setup(opts: &Options) -> Result<(State, UnixListener), DaemonError> {
     }
     // Bind before touching cgroups, so a second daemon on the same socket
     // fails without disturbing the first one's sets.
-    let listener = bind(&opts.socket, opts.socket_mode)?;
+    let access = opts.config.socket.resolve()?;
+    let listener = bind(&opts.socket, &access)?;
     let fence = match build_fence(opts, &all, &managed) {
         Ok(f) => f,
         Err(e) => {
@@ -341,7 +352,7 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
     let sig = signal_fd()?;
     raise_fd_limit();
     let (mut state, listener) = setup(&opts)?;
-    let result = serve(&listener, &mut state, &sig);
+    let result = serve(&listener, &mut state, &sig, opts.frame_timeout);
     finish(&opts, state, result)
 }
 
@@ -377,7 +388,7 @@ pub fn spawn(opts: Options) -> Result<DaemonHandle, DaemonError> {
                     return Ok(());
                 }
             };
-            let result = serve(&listener, &mut state, &r);
+            let result = serve(&listener, &mut state, &r, opts.frame_timeout);
             finish(&opts, state, result)
         })
         .map_err(io_op("spawn daemon thread"))?;
@@ -421,7 +432,7 @@ impl Drop for DaemonHandle {
     }
 }
 
-fn bind(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
+fn bind(path: &Path, access: &SocketAccess) -> Result<UnixListener, DaemonError> {
     if path.exists() {
         // A live daemon answers; a stale socket file is replaced.
         if UnixStream::connect(path).is_ok() {
@@ -432,24 +443,202 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
         }
         let _ = std::fs::remove_file(path);
     }
-    let l = UnixListener::bind(path).map_err(io_op("bind"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    // Created owner-only, then given its owner, group and mode: nobody
+    // else can connect in between.
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = UnixListener::bind(path);
+    rustix::process::umask(old);
+    let l = bound.map_err(io_op("bind"))?;
+    std::os::unix::fs::chown(path, Some(access.uid), Some(access.gid))
+        .map_err(io_op("chown socket"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode))
         .map_err(io_op("chmod socket"))?;
     l.set_nonblocking(true).map_err(io_op("set_nonblocking"))?;
     Ok(l)
 }
 
-fn serve(listener: &UnixListener, state: &mut State, sig: &OwnedFd) -> Result<(), DaemonError> {
-    let mut conns: BTreeMap<ConnId, Conn> = BTreeMap::new();
-    let mut next_id: ConnId = 1;
-    loop {
-        let wake_at = if state.spin_until().is_some() {
-            Some(Instant::now())
-        } else {
-            match (state.next_deadline(), state.warm_deadline()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
+/// Most bytes of replies queued for one client that does not read them; a
+/// client beyond it is disconnected. Two status tables (the largest reply)
+/// fit; a client following the protocol has at most a few small replies
+/// outstanding.
+pub const MAX_OUTPUT: usize = 2 * (MAX_RESPONSE_PAYLOAD + HEADER_LEN);
+
+/// Frames decoded from one client per wake-up at most, so that one client
+/// that keeps sending cannot keep the loop from the others.
+const MAX_READ_CHUNKS: usize = 16;
+
+struct Conn {
+    stream: UnixStream,
+    rbuf: Vec<u8>,
+    /// Replies not yet taken by the socket.
+    wbuf: Vec<u8>,
+    pid: u32,
+    uid: u32,
+    /// Closed once its output is written (status replies).
+    closing: bool,
+    /// When the client must have completed what it started: its first
+    /// message (a new connection), a partial frame, or taking its last
+    /// reply (a closing connection).
+    deadline: Option<Instant>,
+    /// What the epoll set watches on it now.
+    interest: EventFlags,
+}
+
+impl Conn {
+    /// Writes as much queued output as the socket takes, never waiting.
+    fn write_out(&mut self) -> io::Result<()> {
+        while !self.wbuf.is_empty() {
+            match rustix::net::send(&self.stream, &self.wbuf, SendFlags::NOSIGNAL) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.wbuf.drain(..n);
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::AGAIN) => return Ok(()),
+                Err(e) => return Err(e.into()),
             }
+        }
+        Ok(())
+    }
+
+    /// Tells the client why it is being dropped (best effort, never
+    /// waiting; the connection is closed right after).
+    fn refuse(&mut self, why: &str) {
+        self.wbuf.extend(encode_response(&Response::Error {
+            message: why.to_string(),
+        }));
+        let _ = self.write_out();
+    }
+
+    /// What to watch for: requests unless closing, room to write while
+    /// output waits.
+    fn wanted(&self) -> EventFlags {
+        let mut f = EventFlags::empty();
+        if !self.closing {
+            f |= EventFlags::IN;
+        }
+        if !self.wbuf.is_empty() {
+            f |= EventFlags::OUT;
+        }
+        f
+    }
+}
+
+/// The connections, indexed so that a wake-up costs what is ready, not what
+/// is open: an epoll set tells which are ready, and the deadlines are kept
+/// sorted.
+struct Conns {
+    map: BTreeMap<ConnId, Conn>,
+    per_uid: BTreeMap<u32, u32>,
+    deadlines: BTreeSet<(Instant, ConnId)>,
+    epoll: OwnedFd,
+    next_id: ConnId,
+}
+
+impl Conns {
+    fn new() -> Result<Self, DaemonError> {
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)
+            .map_err(|e| io_op("epoll_create")(e.into()))?;
+        Ok(Self {
+            map: BTreeMap::new(),
+            per_uid: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            epoll,
+            next_id: 1,
+        })
+    }
+
+    fn insert(&mut self, c: Conn) -> Option<ConnId> {
+        let id = self.next_id;
+        let interest = c.wanted();
+        if epoll::add(&self.epoll, &c.stream, EventData::new_u64(id), interest).is_err() {
+            return None;
+        }
+        self.next_id += 1;
+        *self.per_uid.entry(c.uid).or_default() += 1;
+        if let Some(d) = c.deadline {
+            self.deadlines.insert((d, id));
+        }
+        self.map.insert(id, Conn { interest, ..c });
+        Some(id)
+    }
+
+    fn remove(&mut self, id: ConnId) -> bool {
+        let Some(c) = self.map.remove(&id) else {
+            return false;
+        };
+        // Closing the socket takes it out of the epoll set.
+        if let Some(d) = c.deadline {
+            self.deadlines.remove(&(d, id));
+        }
+        if let Some(n) = self.per_uid.get_mut(&c.uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_uid.remove(&c.uid);
+            }
+        }
+        true
+    }
+
+    fn set_deadline(&mut self, id: ConnId, d: Option<Instant>) {
+        let Some(c) = self.map.get_mut(&id) else {
+            return;
+        };
+        if c.deadline == d {
+            return;
+        }
+        if let Some(old) = c.deadline {
+            self.deadlines.remove(&(old, id));
+        }
+        if let Some(new) = d {
+            self.deadlines.insert((new, id));
+        }
+        c.deadline = d;
+    }
+
+    /// Brings the epoll interest of `id` in line with its state.
+    fn sync_interest(&mut self, id: ConnId) {
+        let Some(c) = self.map.get_mut(&id) else {
+            return;
+        };
+        let want = c.wanted();
+        if want != c.interest
+            && epoll::modify(&self.epoll, &c.stream, EventData::new_u64(id), want).is_ok()
+        {
+            c.interest = want;
+        }
+    }
+}
+
+fn earliest(times: impl IntoIterator<Item = Option<Instant>>) -> Option<Instant> {
+    times.into_iter().flatten().min()
+}
+
+fn serve(
+    listener: &UnixListener,
+    state: &mut State,
+    sig: &OwnedFd,
+    frame_timeout: Duration,
+) -> Result<(), DaemonError> {
+    let mut conns = Conns::new()?;
+    let mut events: Vec<epoll::Event> = Vec::with_capacity(256);
+    // After EMFILE and the like the listener stays readable: it is left out
+    // of the poll for a moment instead of the loop sleeping or spinning.
+    let mut accept_paused_until: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        if accept_paused_until.is_some_and(|t| t <= now) {
+            accept_paused_until = None;
+        }
+        let wake_at = if state.spin_until().is_some() {
+            Some(now)
+        } else {
+            earliest([
+                state.next_deadline(),
+                state.warm_deadline(),
+                accept_paused_until,
+                conns.deadlines.first().map(|d| d.0),
+            ])
         };
         let timeout = wake_at.map(|d| {
             let left = d.saturating_duration_since(Instant::now());
@@ -458,104 +647,218 @@ fn serve(listener: &UnixListener, state: &mut State, sig: &OwnedFd) -> Result<()
                 tv_nsec: i64::from(left.subsec_nanos()),
             }
         });
-        let ids: Vec<ConnId> = conns.keys().copied().collect();
-        let mut ready: Vec<ConnId> = Vec::new();
-        let (sig_ready, accept_ready) = {
-            let mut fds = Vec::with_capacity(2 + conns.len());
-            fds.push(PollFd::new(sig, PollFlags::IN));
-            fds.push(PollFd::new(listener, PollFlags::IN));
-            for c in conns.values() {
-                fds.push(PollFd::new(&c.stream, PollFlags::IN));
-            }
+        // ppoll for its nanosecond timeout; the connections are behind the
+        // epoll descriptor, read without waiting when it is ready.
+        let (sig_ready, accept_ready, conns_ready) = {
+            let listen_for = if accept_paused_until.is_some() {
+                PollFlags::empty()
+            } else {
+                PollFlags::IN
+            };
+            let mut fds = [
+                PollFd::new(sig, PollFlags::IN),
+                PollFd::new(listener, listen_for),
+                PollFd::new(&conns.epoll, PollFlags::IN),
+            ];
             match rustix::event::poll(&mut fds, timeout.as_ref()) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(io_op("poll")(e.into())),
             }
-            for (i, id) in ids.iter().enumerate() {
-                if !fds[i + 2].revents().is_empty() {
-                    ready.push(*id);
-                }
-            }
-            (!fds[0].revents().is_empty(), !fds[1].revents().is_empty())
+            (
+                !fds[0].revents().is_empty(),
+                !fds[1].revents().is_empty(),
+                !fds[2].revents().is_empty(),
+            )
         };
         if sig_ready {
             tracing::info!("stop requested (signal), shutting down");
             return Ok(());
         }
-        if accept_ready {
-            loop {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        if conns.len() >= MAX_CONNECTIONS {
-                            tracing::warn!("too many connections; refusing one");
-                            continue;
-                        }
-                        let cred = match rustix::net::sockopt::socket_peercred(&stream) {
-                            Ok(c) => c,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "no peer credentials; dropping");
-                                continue;
-                            }
-                        };
-                        if stream.set_nonblocking(true).is_err() {
-                            continue;
-                        }
-                        let id = next_id;
-                        next_id += 1;
-                        conns.insert(
-                            id,
-                            Conn {
-                                stream,
-                                rbuf: Vec::new(),
-                                pid: cred.pid.as_raw_nonzero().get() as u32,
-                                uid: cred.uid.as_raw(),
-                                close_after_reply: false,
-                            },
-                        );
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        // EMFILE and friends: the listener stays readable, so
-                        // pause briefly instead of spinning on it.
-                        tracing::warn!(error = %e, "accept failed");
-                        std::thread::sleep(Duration::from_millis(1));
-                        break;
-                    }
+        let mut readable: Vec<ConnId> = Vec::new();
+        let mut writable: Vec<ConnId> = Vec::new();
+        if conns_ready {
+            events.clear();
+            let zero = rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            match epoll::wait(&conns.epoll, spare_capacity(&mut events), Some(&zero)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(io_op("epoll_wait")(e.into())),
+            }
+            for ev in &events {
+                // Copied out: the kernel's struct is packed.
+                let (flags, data) = (ev.flags, ev.data);
+                let id = data.u64();
+                if flags.intersects(EventFlags::OUT) {
+                    writable.push(id);
+                }
+                if flags.intersects(EventFlags::IN | EventFlags::HUP | EventFlags::ERR) {
+                    readable.push(id);
                 }
             }
         }
-        for id in ready {
-            if let Err(why) = handle_readable(id, &mut conns, state) {
-                if let Some(why) = why {
-                    tracing::warn!(conn = id, reason = %why, "dropping client");
+        let now = Instant::now();
+        if accept_ready && accept(listener, &mut conns, state, now + frame_timeout) {
+            accept_paused_until = Some(now + Duration::from_millis(10));
+        }
+        for id in writable {
+            let Some(c) = conns.map.get_mut(&id) else {
+                continue;
+            };
+            match c.write_out() {
+                Ok(()) if c.closing && c.wbuf.is_empty() => state.to_close.push(id),
+                Ok(()) => conns.sync_interest(id),
+                Err(_) => state.to_close.push(id),
+            }
+        }
+        for id in readable {
+            match handle_readable(id, &mut conns.map, state) {
+                Ok(()) => {}
+                Err(why) => {
+                    if let Some(why) = why {
+                        tracing::warn!(conn = id, reason = %why, "dropping client");
+                        if let Some(c) = conns.map.get_mut(&id) {
+                            c.refuse(&why);
+                        }
+                    }
+                    state.to_close.push(id);
                 }
+            }
+            let registered = state.is_app(id) || state.is_thread(id);
+            if let Some(c) = conns.map.get(&id) {
+                if !c.rbuf.is_empty() {
+                    let d = c.deadline.unwrap_or(now + frame_timeout);
+                    conns.set_deadline(id, Some(d));
+                } else if registered {
+                    conns.set_deadline(id, None);
+                }
+            }
+        }
+        let late: Vec<ConnId> = conns
+            .deadlines
+            .iter()
+            .take_while(|d| d.0 <= now)
+            .map(|d| d.1)
+            .collect();
+        for id in late {
+            conns.set_deadline(id, None);
+            if let Some(c) = conns.map.get_mut(&id) {
+                tracing::warn!(
+                    conn = id,
+                    pid = c.pid,
+                    uid = c.uid,
+                    "client too slow to complete a frame; dropping it"
+                );
+                c.refuse("timed out");
                 state.to_close.push(id);
             }
         }
-        state.expire(Instant::now());
-        flush(&mut conns, state);
+        state.expire(now);
+        flush(&mut conns, state, frame_timeout);
         // After the replies: a grant's wake-up is not delayed by these writes.
         state.sync_warm(Instant::now());
     }
 }
 
-/// Delivers queued replies and closes what must be closed, until stable.
-fn flush(conns: &mut BTreeMap<ConnId, Conn>, state: &mut State) {
+/// Accepts every pending connection, enforcing the global and per-user
+/// caps. Returns whether accepting should pause (out of descriptors).
+fn accept(
+    listener: &UnixListener,
+    conns: &mut Conns,
+    state: &mut State,
+    first_message_by: Instant,
+) -> bool {
     loop {
-        let out = std::mem::take(&mut state.outbox);
-        for (id, resp) in out {
-            let Some(c) = conns.get_mut(&id) else {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed; pausing new connections");
+                return true;
+            }
+        };
+        let cred = match rustix::net::sockopt::socket_peercred(&stream) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "no peer credentials; dropping");
+                continue;
+            }
+        };
+        if stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        let uid = cred.uid.as_raw();
+        let mut c = Conn {
+            stream,
+            rbuf: Vec::new(),
+            wbuf: Vec::new(),
+            pid: cred.pid.as_raw_nonzero().get() as u32,
+            uid,
+            closing: false,
+            deadline: Some(first_message_by),
+            interest: EventFlags::empty(),
+        };
+        let max = state.limits_for(uid).max_connections;
+        let open = conns.per_uid.get(&uid).copied().unwrap_or(0);
+        if conns.map.len() >= MAX_CONNECTIONS {
+            tracing::warn!(uid, "too many connections; refusing one");
+            c.refuse("the daemon has too many connections");
+            continue;
+        }
+        if open >= max {
+            tracing::warn!(uid, max, "user has too many connections; refusing one");
+            c.refuse(&format!(
+                "user {uid} already has {max} connections (max_connections)"
+            ));
+            continue;
+        }
+        if conns.insert(c).is_none() {
+            tracing::warn!(uid, "could not watch a new connection; dropping it");
+        }
+    }
+}
+
+/// Queues the replies, writes what the sockets take, and closes what must
+/// be closed, until stable. Never waits for a client.
+fn flush(conns: &mut Conns, state: &mut State, frame_timeout: Duration) {
+    let mut touched: Vec<ConnId> = Vec::new();
+    loop {
+        for (id, resp) in std::mem::take(&mut state.outbox) {
+            if let Some(c) = conns.map.get_mut(&id) {
+                c.wbuf.extend(encode_response(&resp));
+                touched.push(id);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for id in touched.drain(..) {
+            let Some(c) = conns.map.get_mut(&id) else {
                 continue;
             };
-            let bytes = encode_response(&resp);
-            // Replies are tiny and the client reads them promptly; a client
-            // whose buffer is full is not following the protocol.
-            if let Err(e) = write_all_nonblocking(&mut c.stream, &bytes) {
-                tracing::warn!(conn = id, error = %e, "write failed; dropping client");
-                state.to_close.push(id);
-            } else if c.close_after_reply {
-                state.to_close.push(id);
+            match c.write_out() {
+                Err(e) => {
+                    tracing::warn!(conn = id, error = %e, "write failed; dropping client");
+                    state.to_close.push(id);
+                }
+                Ok(()) if c.wbuf.len() > MAX_OUTPUT => {
+                    tracing::warn!(
+                        conn = id,
+                        pid = c.pid,
+                        uid = c.uid,
+                        queued = c.wbuf.len(),
+                        "client does not read its replies; dropping it"
+                    );
+                    state.to_close.push(id);
+                }
+                Ok(()) if c.closing && c.wbuf.is_empty() => state.to_close.push(id),
+                Ok(()) => {
+                    if c.closing && c.deadline.is_none() {
+                        conns.set_deadline(id, Some(Instant::now() + frame_timeout));
+                    }
+                    conns.sync_interest(id);
+                }
             }
         }
         let close = std::mem::take(&mut state.to_close);
@@ -563,71 +866,55 @@ fn flush(conns: &mut BTreeMap<ConnId, Conn>, state: &mut State) {
             break;
         }
         for id in close {
-            if conns.remove(&id).is_some() {
+            if conns.remove(id) {
                 state.remove_conn(id);
             }
         }
     }
 }
 
-fn write_all_nonblocking(s: &mut UnixStream, mut bytes: &[u8]) -> io::Result<()> {
-    let deadline = Instant::now() + Duration::from_millis(100);
-    while !bytes.is_empty() {
-        match s.write(bytes) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => bytes = &bytes[n..],
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Reads and handles everything available on `id`. `Err(Some(reason))`
-/// drops a misbehaving client, `Err(None)` a closed one.
+/// Reads and handles what is available on `id` (a bounded amount).
+/// `Err(Some(reason))` drops a misbehaving client, `Err(None)` a closed one.
 fn handle_readable(
     id: ConnId,
     conns: &mut BTreeMap<ConnId, Conn>,
     state: &mut State,
 ) -> Result<(), Option<String>> {
-    let Some(c) = conns.get_mut(&id) else {
-        return Ok(());
-    };
     let mut chunk = [0u8; 512];
-    loop {
-        match c.stream.read(&mut chunk) {
-            Ok(0) => return Err(None),
-            Ok(n) => {
-                c.rbuf.extend_from_slice(&chunk[..n]);
-                if c.rbuf.len() > 16 * (MAX_REQUEST_PAYLOAD + 6) {
-                    return Err(Some("flooding".into()));
-                }
-                if n < chunk.len() {
-                    // Short read: the socket is (almost surely) drained; poll
-                    // tells us if more arrives. Saves an EAGAIN read per message.
-                    break;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return Err(None),
-        }
-    }
-    loop {
+    for _ in 0..MAX_READ_CHUNKS {
         let Some(c) = conns.get_mut(&id) else {
             return Ok(());
         };
-        let (req, used) = match decode_request(&c.rbuf) {
-            Ok(Some(x)) => x,
-            Ok(None) => return Ok(()),
-            Err(e) => return Err(Some(format!("malformed message: {e}"))),
+        if c.closing {
+            return Ok(());
+        }
+        let n = match c.stream.read(&mut chunk) {
+            Ok(0) => return Err(None),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(None),
         };
-        c.rbuf.drain(..used);
-        handle_request(id, req, conns, state)?;
+        c.rbuf.extend_from_slice(&chunk[..n]);
+        loop {
+            let Some(c) = conns.get_mut(&id) else {
+                return Ok(());
+            };
+            let (req, used) = match decode_request(&c.rbuf) {
+                Ok(Some(x)) => x,
+                Ok(None) => break,
+                Err(e) => return Err(Some(format!("malformed message: {e}"))),
+            };
+            c.rbuf.drain(..used);
+            handle_request(id, req, conns, state)?;
+        }
+        if n < chunk.len() {
+            // Short read: the socket is (almost surely) drained; poll tells
+            // us if more arrives. Saves an EAGAIN read per message.
+            return Ok(());
+        }
     }
+    Ok(())
 }
 
 fn handle_request(
@@ -639,11 +926,12 @@ fn handle_request(
     let Some(c) = conns.get_mut(&id) else {
         return Ok(());
     };
-    let fresh = !state.is_app(id) && !state.is_thread(id) && !c.close_after_reply;
+    let fresh = !state.is_app(id) && !state.is_thread(id) && !c.closing;
     match req {
         Request::HelloApp if fresh => {
+            let peer = task::peer_pidfd(c.stream.as_fd());
             let app = state
-                .add_app(id, c.pid, c.uid)
+                .add_app(id, c.pid, c.uid, peer)
                 .map_err(|e| Some(e.to_string()))?;
             let bytes = encode_response(&Response::Welcome {
                 app_token: app.token(),
@@ -654,6 +942,8 @@ fn handle_request(
             if !anc.push(SendAncillaryMessage::ScmRights(&fds)) {
                 return Err(Some("ancillary buffer too small".into()));
             }
+            // A new connection: its socket buffer is empty, so this does not
+            // block; what it does not take waits in the output buffer.
             let sent = rustix::net::sendmsg(
                 c.stream.as_fd(),
                 &[IoSlice::new(&bytes)],
@@ -661,9 +951,7 @@ fn handle_request(
                 SendFlags::NOSIGNAL,
             )
             .map_err(|e| Some(format!("sending welcome: {e}")))?;
-            if sent < bytes.len() {
-                write_all_nonblocking(&mut c.stream, &bytes[sent..]).map_err(|_| None)?;
-            }
+            c.wbuf.extend_from_slice(&bytes[sent.min(bytes.len())..]);
             Ok(())
         }
         Request::AttachThread { app_token, tid } if fresh => {
@@ -673,7 +961,7 @@ fn handle_request(
                 .map_err(|e| Some(format!("attach refused: {e}")))
         }
         Request::StatusQuery if fresh => {
-            c.close_after_reply = true;
+            c.closing = true;
             let entries = state.status();
             state.outbox.push((id, Response::Status { entries }));
             Ok(())

@@ -5,8 +5,10 @@
 //! [`State::rebalance`], and the loop only decodes messages and delivers the
 //! replies this module queues in its outbox.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
+
+use super::task::TaskIdent;
 
 use crate::config::{Config, Limits};
 use crate::fence::{Fence, FenceError};
@@ -45,6 +47,25 @@ pub enum Reject {
     /// The thread id is already attached.
     #[error("thread {0} is already attached")]
     Duplicate(u32),
+    /// The process that registered is gone (its pid may name another now).
+    #[error("process {0} is gone")]
+    ProcessGone(u32),
+    /// The user has as many applications as its limits allow.
+    #[error("user {uid} already has {max} applications (max_apps)")]
+    TooManyApps {
+        /// User.
+        uid: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// The user has as many kernel threads attached as its limits allow.
+    #[error("user {uid} already has {max} threads attached (max_threads)")]
+    TooManyThreads {
+        /// User.
+        uid: u32,
+        /// The limit.
+        max: u32,
+    },
     /// The shared page could not be created.
     #[error(transparent)]
     Shm(#[from] ShmError),
@@ -56,13 +77,22 @@ pub enum Reject {
 /// One registered application.
 pub struct App {
     token: u64,
+    /// The process as it was when it registered (its pid may be reused).
+    process: TaskIdent,
     pid: u32,
     uid: u32,
     name: String,
     limits: Limits,
     requested: [u32; PRIORITY_LEVELS],
     shm: SharedPageWriter,
-    threads: Vec<ConnId>,
+    /// Its kernel threads (connections).
+    threads: BTreeSet<ConnId>,
+    /// Those asleep waiting for a core.
+    waiting: BTreeSet<ConnId>,
+    /// Cores it holds, and which of its threads holds each.
+    held: BTreeMap<CoreId, ConnId>,
+    /// Threads holding a core or waiting for one (only they can use one).
+    usable: u32,
     preempted: u32,
 }
 
@@ -92,15 +122,37 @@ enum Phase {
 
 struct Thread {
     app: ConnId,
-    tid: u32,
+    uid: u32,
+    task: TaskIdent,
     phase: Phase,
+    /// The task is gone (or its id taken by another task): never named in
+    /// a cgroup write again; the connection is being closed.
+    gone: bool,
+}
+
+/// What one user has registered.
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    apps: u32,
+    threads: u32,
 }
 
 /// Everything the daemon knows.
+///
+/// Every per-request operation touches only the applications that hold or
+/// want cores (`active`), and indexes replace scans: tokens, tids, release
+/// deadlines, and per application its waiting threads and held cores.
 pub struct State {
     apps: BTreeMap<ConnId, App>,
     threads: BTreeMap<ConnId, Thread>,
     holder: BTreeMap<CoreId, ConnId>,
+    tokens: BTreeMap<u64, ConnId>,
+    tids: BTreeMap<u32, ConnId>,
+    deadlines: BTreeSet<(Instant, ConnId)>,
+    /// Applications that hold a core, or want one and have a thread to use it.
+    active: BTreeSet<ConnId>,
+    usage: BTreeMap<u32, Usage>,
+    limits_cache: BTreeMap<u32, Limits>,
     managed: Vec<CoreId>,
     all: CpuList,
     topo: Topology,
@@ -140,6 +192,12 @@ impl State {
             apps: BTreeMap::new(),
             threads: BTreeMap::new(),
             holder: BTreeMap::new(),
+            tokens: BTreeMap::new(),
+            tids: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            active: BTreeSet::new(),
+            usage: BTreeMap::new(),
+            limits_cache: BTreeMap::new(),
             managed,
             all,
             topo,
@@ -202,8 +260,42 @@ impl State {
         self.fence.name()
     }
 
-    /// Registers an application on connection `conn`.
-    pub fn add_app(&mut self, conn: ConnId, pid: u32, uid: u32) -> Result<&App, Reject> {
+    /// The limits of `uid` (looked up once per user).
+    pub fn limits_for(&mut self, uid: u32) -> Limits {
+        if let Some(l) = self.limits_cache.get(&uid) {
+            return *l;
+        }
+        let l = self.config.limits_for(uid);
+        self.limits_cache.insert(uid, l);
+        l
+    }
+
+    /// Registers an application on connection `conn`, whose peer
+    /// credentials say `pid` and `uid`; `peer` is a pidfd of the connecting
+    /// process where the kernel gives one (see [`super::task::peer_pidfd`]).
+    pub fn add_app(
+        &mut self,
+        conn: ConnId,
+        pid: u32,
+        uid: u32,
+        peer: Option<std::os::fd::OwnedFd>,
+    ) -> Result<&App, Reject> {
+        let limits = self.limits_for(uid);
+        let used = self.usage.get(&uid).map_or(0, |u| u.apps);
+        if used >= limits.max_apps {
+            return Err(Reject::TooManyApps {
+                uid,
+                max: limits.max_apps,
+            });
+        }
+        let process = TaskIdent::process(pid).map_err(|_| Reject::ProcessGone(pid))?;
+        // The process that connected may have exited, its socket kept by
+        // another, and its pid be someone else's now: `process` would then
+        // name that someone. Alive after the open, it is the one that
+        // connected.
+        if peer.as_ref().is_some_and(|p| !super::task::pidfd_alive(p)) {
+            return Err(Reject::ProcessGone(pid));
+        }
         let shm = SharedPageWriter::create()?;
         self.next_token = self
             .next_token
@@ -212,19 +304,27 @@ impl State {
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "?".into());
-        let limits = self.config.limits_for(uid);
-        tracing::info!(conn, pid, uid, %name, ?limits, "application registered");
+        if !process.alive() {
+            return Err(Reject::ProcessGone(pid));
+        }
+        tracing::info!(conn, pid, uid, name = %name.escape_debug(), ?limits, "application registered");
         let app = App {
             token: self.next_token,
+            process,
             pid,
             uid,
             name,
             limits,
             requested: [0; PRIORITY_LEVELS],
             shm,
-            threads: Vec::new(),
+            threads: BTreeSet::new(),
+            waiting: BTreeSet::new(),
+            held: BTreeMap::new(),
+            usable: 0,
             preempted: 0,
         };
+        self.tokens.insert(app.token, conn);
+        self.usage.entry(uid).or_default().apps += 1;
         Ok(self.apps.entry(conn).or_insert(app))
     }
 
@@ -238,6 +338,7 @@ impl State {
             tracing::info!(conn, pid = app.pid, uid = app.uid, ?counts, effective = ?c.effective, "request clipped by limits");
         }
         app.requested = c.effective;
+        self.touch(conn);
         self.rebalance(Instant::now());
         // The acknowledgement goes out after any grant it caused: waking the
         // requester first could delay the granted thread's wake-up.
@@ -258,34 +359,48 @@ impl State {
         tid: u32,
         peer_pid: u32,
     ) -> Result<(), Reject> {
-        let (&app_conn, app) = self
-            .apps
-            .iter()
-            .find(|(_, a)| a.token == token)
-            .ok_or(Reject::BadToken)?;
+        let app_conn = *self.tokens.get(&token).ok_or(Reject::BadToken)?;
+        let app = self.apps.get(&app_conn).ok_or(Reject::BadToken)?;
         if app.pid != peer_pid {
             return Err(Reject::WrongProcess {
                 peer: peer_pid,
                 app: app.pid,
             });
         }
-        if !std::path::Path::new(&format!("/proc/{peer_pid}/task/{tid}")).exists() {
-            return Err(Reject::ForeignThread { tid, pid: peer_pid });
-        }
-        if self.threads.values().any(|t| t.tid == tid) {
+        if self.tids.contains_key(&tid) {
             return Err(Reject::Duplicate(tid));
         }
+        let uid = app.uid;
+        let max = app.limits.max_threads;
+        if self.usage.get(&uid).map_or(0, |u| u.threads) >= max {
+            return Err(Reject::TooManyThreads { uid, max });
+        }
+        // Opened through the pid, then the process checked again: the
+        // thread belongs to the process that registered, not to a later
+        // holder of its pid.
+        let task = TaskIdent::thread(peer_pid, tid)
+            .map_err(|_| Reject::ForeignThread { tid, pid: peer_pid })?;
+        if !app.process.alive() {
+            return Err(Reject::ProcessGone(peer_pid));
+        }
         self.fence.adopt(peer_pid, tid)?;
+        if !task.alive() {
+            return Err(Reject::ForeignThread { tid, pid: peer_pid });
+        }
         self.threads.insert(
             conn,
             Thread {
                 app: app_conn,
-                tid,
+                uid,
+                task,
                 phase: Phase::Idle,
+                gone: false,
             },
         );
+        self.tids.insert(tid, conn);
+        self.usage.entry(uid).or_default().threads += 1;
         if let Some(app) = self.apps.get_mut(&app_conn) {
-            app.threads.push(conn);
+            app.threads.insert(conn);
         }
         self.outbox.push((conn, Response::Attached));
         Ok(())
@@ -293,64 +408,196 @@ impl State {
 
     /// The thread on `conn` gives back its core (if any) and waits for one.
     pub fn block(&mut self, conn: ConnId) {
+        if self.threads.get(&conn).is_none_or(|t| t.gone) {
+            return;
+        }
         let now = Instant::now();
         self.release_core_of(conn, true);
-        if let Some(t) = self.threads.get_mut(&conn) {
-            t.phase = Phase::Waiting;
+        if self.threads.get(&conn).is_some_and(|t| !t.gone) {
+            self.set_phase(conn, Phase::Waiting);
         }
         self.rebalance(now);
     }
 
+    /// Moves thread `conn` into a phase, keeping every index in step.
+    fn set_phase(&mut self, conn: ConnId, new: Phase) {
+        let Some(t) = self.threads.get_mut(&conn) else {
+            return;
+        };
+        let old = std::mem::replace(&mut t.phase, new);
+        let app_id = t.app;
+        if let Phase::Running { core, deadline } = old {
+            if let Some(d) = deadline {
+                self.deadlines.remove(&(d, conn));
+            }
+            if self.holder.get(&core) == Some(&conn) {
+                self.holder.remove(&core);
+            }
+        }
+        if let Phase::Running { core, deadline } = new {
+            if let Some(d) = deadline {
+                self.deadlines.insert((d, conn));
+            }
+            self.holder.insert(core, conn);
+        }
+        if let Some(a) = self.apps.get_mut(&app_id) {
+            match old {
+                Phase::Idle => {}
+                Phase::Waiting => {
+                    a.waiting.remove(&conn);
+                }
+                Phase::Running { core, .. } => {
+                    a.held.remove(&core);
+                }
+            }
+            match new {
+                Phase::Idle => {}
+                Phase::Waiting => {
+                    a.waiting.insert(conn);
+                }
+                Phase::Running { core, .. } => {
+                    a.held.insert(core, conn);
+                }
+            }
+            a.usable = (a.usable + u32::from(new != Phase::Idle))
+                .saturating_sub(u32::from(old != Phase::Idle));
+        }
+        self.touch(app_id);
+    }
+
+    /// Files application `id` as active or not.
+    fn touch(&mut self, id: ConnId) {
+        let active = self.apps.get(&id).is_some_and(|a| {
+            !a.held.is_empty() || (a.usable > 0 && a.requested.iter().any(|&n| n > 0))
+        });
+        if active {
+            self.active.insert(id);
+        } else {
+            self.active.remove(&id);
+        }
+    }
+
+    /// Moves thread `conn` to `core` (or back to the unmanaged set), checking
+    /// right before and right after the write that its id still names the
+    /// thread that attached. A thread found gone is dropped; if its id was
+    /// taken by another task while the write happened, that task is put
+    /// back out of the managed core (into the unmanaged set, where the tasks
+    /// of the daemon's root live).
+    fn move_thread(&mut self, conn: ConnId, to: Option<CoreId>) -> Result<(), FenceError> {
+        let Some(t) = self.threads.get(&conn) else {
+            return Err(FenceError::NoSuchThread(0));
+        };
+        let tid = t.task.tid();
+        if t.gone || !t.task.alive() {
+            tracing::info!(conn, tid, "thread gone (or its id reused); dropping it");
+            self.forget(conn);
+            return Err(FenceError::NoSuchThread(tid));
+        }
+        let r = match to {
+            Some(core) => self.fence.confine(tid, core),
+            None => self.fence.unconfine(tid),
+        };
+        if self.threads.get(&conn).is_some_and(|t| t.task.alive()) {
+            return r;
+        }
+        if to.is_some() && r.is_ok() {
+            match self.fence.unconfine(tid) {
+                Ok(()) | Err(FenceError::NoSuchThread(_)) => {}
+                Err(e) => {
+                    tracing::error!(tid, error = %e, "could not undo a move of a reused thread id")
+                }
+            }
+        }
+        tracing::warn!(
+            conn,
+            tid,
+            "thread went away during a move; undone and dropped"
+        );
+        self.forget(conn);
+        Err(FenceError::NoSuchThread(tid))
+    }
+
+    /// Marks thread `conn` gone: it gives up its core (without any cgroup
+    /// write naming it) and its connection is closed.
+    fn forget(&mut self, conn: ConnId) {
+        let Some(t) = self.threads.get_mut(&conn) else {
+            return;
+        };
+        t.gone = true;
+        let (app, phase) = (t.app, t.phase);
+        if let Phase::Running { core, .. } = phase {
+            if let Some(a) = self.apps.get(&app) {
+                a.shm.set_release(core, false);
+                a.shm.set_granted(core, 0);
+            }
+        }
+        self.set_phase(conn, Phase::Idle);
+        self.to_close.push(conn);
+    }
+
     /// Takes the core held by thread `conn` back into the free pool.
     fn release_core_of(&mut self, conn: ConnId, unconfine: bool) -> Option<CoreId> {
-        let t = self.threads.get_mut(&conn)?;
+        let t = self.threads.get(&conn)?;
         let Phase::Running { core, .. } = t.phase else {
             return None;
         };
-        t.phase = Phase::Idle;
-        let tid = t.tid;
         let app = t.app;
-        self.holder.remove(&core);
+        self.set_phase(conn, Phase::Idle);
         if let Some(a) = self.apps.get(&app) {
             a.shm.set_release(core, false);
             a.shm.set_granted(core, 0);
         }
         if unconfine {
-            match self.fence.unconfine(tid) {
+            match self.move_thread(conn, None) {
                 Ok(()) | Err(FenceError::NoSuchThread(_)) => {}
                 Err(e) => {
-                    tracing::warn!(tid, error = %e, "could not move thread back to the unmanaged set")
+                    tracing::warn!(conn, error = %e, "could not move thread back to the unmanaged set")
                 }
             }
         }
         Some(core)
     }
 
+    /// Removes thread `conn` from every index (its core is already given back).
+    fn drop_thread(&mut self, conn: ConnId) {
+        self.set_phase(conn, Phase::Idle);
+        let Some(th) = self.threads.remove(&conn) else {
+            return;
+        };
+        if self.tids.get(&th.task.tid()) == Some(&conn) {
+            self.tids.remove(&th.task.tid());
+        }
+        if let Some(u) = self.usage.get_mut(&th.uid) {
+            u.threads = u.threads.saturating_sub(1);
+        }
+        if let Some(a) = self.apps.get_mut(&th.app) {
+            a.threads.remove(&conn);
+        }
+        self.touch(th.app);
+    }
+
     /// Forgets connection `conn` (application or thread); a closed
     /// application socket gives back all its cores at once.
     pub fn remove_conn(&mut self, conn: ConnId) {
-        if let Some(app) = self.apps.remove(&conn) {
-            tracing::info!(conn, pid = app.pid, "application gone");
-            // Put the app back temporarily so releases can clear its page
-            // flags; simpler: release cores directly.
-            for t in &app.threads {
-                if let Some(th) = self.threads.remove(t) {
-                    if let Phase::Running { core, .. } = th.phase {
-                        self.holder.remove(&core);
-                        let _ = self.fence.unconfine(th.tid);
-                    }
-                }
-                self.to_close.push(*t);
+        if let Some(threads) = self.apps.get(&conn).map(|a| a.threads.clone()) {
+            // Its threads first (their cores back, checked moves), then the
+            // application.
+            for t in threads {
+                self.release_core_of(t, true);
+                self.drop_thread(t);
+                self.to_close.push(t);
             }
+            if let Some(app) = self.apps.remove(&conn) {
+                tracing::info!(conn, pid = app.pid, "application gone");
+                self.tokens.remove(&app.token);
+                if let Some(u) = self.usage.get_mut(&app.uid) {
+                    u.apps = u.apps.saturating_sub(1);
+                }
+            }
+            self.active.remove(&conn);
         } else if self.threads.contains_key(&conn) {
-            // The thread (or its process) is gone: its tid may be reused, so
-            // only move it if it still is our thread's id (best effort).
             self.release_core_of(conn, true);
-            if let Some(th) = self.threads.remove(&conn) {
-                if let Some(a) = self.apps.get_mut(&th.app) {
-                    a.threads.retain(|&c| c != conn);
-                }
-            }
+            self.drop_thread(conn);
         } else {
             return;
         }
@@ -359,24 +606,16 @@ impl State {
 
     /// Earliest pending reclaim deadline.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.threads
-            .values()
-            .filter_map(|t| match t.phase {
-                Phase::Running { deadline, .. } => deadline,
-                _ => None,
-            })
-            .min()
+        self.deadlines.first().map(|d| d.0)
     }
 
     /// Forces out every thread whose release deadline has passed.
     pub fn expire(&mut self, now: Instant) {
         let late: Vec<ConnId> = self
-            .threads
+            .deadlines
             .iter()
-            .filter(
-                |(_, t)| matches!(t.phase, Phase::Running { deadline: Some(d), .. } if d <= now),
-            )
-            .map(|(&c, _)| c)
+            .take_while(|d| d.0 <= now)
+            .map(|d| d.1)
             .collect();
         if late.is_empty() {
             return;
@@ -391,56 +630,82 @@ impl State {
             if let Some(app) = self.apps.get_mut(&t.app) {
                 app.preempted += 1;
                 app.shm.add_preempted();
-                tracing::info!(pid = app.pid, tid = t.tid, core, "core reclaimed by force");
+                tracing::info!(
+                    pid = app.pid,
+                    tid = t.task.tid(),
+                    core,
+                    "core reclaimed by force"
+                );
             }
-            self.outbox.push((conn, Response::Preempted { core }));
+            if !t.gone {
+                self.outbox.push((conn, Response::Preempted { core }));
+            }
         }
         self.rebalance(now);
     }
 
-    fn held_by(&self, app: ConnId) -> Vec<(ConnId, CoreId, bool)> {
-        self.threads
+    /// Cores held by application `id`: (thread, core, release pending).
+    fn held_by(&self, id: ConnId) -> Vec<(ConnId, CoreId, bool)> {
+        let Some(a) = self.apps.get(&id) else {
+            return Vec::new();
+        };
+        a.held
             .iter()
-            .filter(|(_, t)| t.app == app)
-            .filter_map(|(&c, t)| match t.phase {
-                Phase::Running { core, deadline } => Some((c, core, deadline.is_some())),
-                _ => None,
+            .map(|(&core, &tc)| {
+                let releasing = self.threads.get(&tc).is_some_and(|t| {
+                    matches!(
+                        t.phase,
+                        Phase::Running {
+                            deadline: Some(_),
+                            ..
+                        }
+                    )
+                });
+                (tc, core, releasing)
             })
             .collect()
     }
 
     /// Recomputes the allocation and carries it out: asks for releases,
-    /// withdraws releases no longer needed, grants free cores to waiting threads.
+    /// withdraws releases no longer needed, grants free cores to waiting
+    /// threads. Costs O(active applications), whatever the number of idle
+    /// applications and threads.
     pub fn rebalance(&mut self, now: Instant) {
-        let app_ids: Vec<ConnId> = self.apps.keys().copied().collect();
+        let app_ids: Vec<ConnId> = self
+            .active
+            .iter()
+            .copied()
+            .filter(|id| self.apps.contains_key(id))
+            .collect();
         let demands: Vec<Demand> = app_ids
             .iter()
-            .map(|id| {
-                let a = &self.apps[id];
-                // Only threads that hold a core or wait for one can use one;
-                // counting idle ones would park cores nobody can take.
-                let usable = a
-                    .threads
-                    .iter()
-                    .filter(|c| self.threads.get(c).is_some_and(|t| t.phase != Phase::Idle))
-                    .count() as u32;
-                Demand {
-                    requested: a.requested,
-                    cap: a.limits.max_cores.min(usable),
-                    held: self.held_by(*id).len() as u32,
-                }
+            .filter_map(|id| self.apps.get(id))
+            .map(|a| Demand {
+                requested: a.requested,
+                cap: a.limits.max_cores.min(a.usable),
+                held: a.held.len() as u32,
+                user: a.uid,
+                user_cap: a.limits.max_cores,
             })
             .collect();
         // Hyperthread siblings stay with one application (see the policy).
         let held_now: Vec<Vec<CoreId>> = app_ids
             .iter()
-            .map(|id| self.held_by(*id).iter().map(|h| h.1).collect())
+            .map(|id| {
+                self.apps
+                    .get(id)
+                    .map_or_else(Vec::new, |a| a.held.keys().copied().collect())
+            })
             .collect();
         let shares = whole_core_targets(&demands, &held_now, &self.managed, &self.topo);
         let target: Vec<u32> = shares.iter().map(|s| s.cpus).collect();
 
-        // Releases: down to the share's CPUs, on at most its physical cores.
+        // Releases (only applications holding cores can give any back):
+        // down to the share's CPUs, on at most its physical cores.
         for (i, &id) in app_ids.iter().enumerate() {
+            if self.apps.get(&id).is_none_or(|a| a.held.is_empty()) {
+                continue;
+            }
             let held = self.held_by(id);
             let releasing = held.iter().filter(|h| h.2).count() as u32;
             let keep = held.len() as u32 - releasing;
@@ -454,14 +719,17 @@ impl State {
                     };
                     candidates.retain(|&c| c != v);
                     if let Some((tc, _, _)) = held.iter().find(|h| h.1 == v) {
-                        if let Some(t) = self.threads.get_mut(tc) {
-                            t.phase = Phase::Running {
+                        self.set_phase(
+                            *tc,
+                            Phase::Running {
                                 core: v,
                                 deadline: Some(now + self.timeout),
-                            };
-                        }
+                            },
+                        );
                     }
-                    self.apps[&id].shm.set_release(v, true);
+                    if let Some(a) = self.apps.get(&id) {
+                        a.shm.set_release(v, true);
+                    }
                     // The core is about to fall idle and be granted again:
                     // keep it polling through the hand-over.
                     self.warm.freed(v, now);
@@ -477,26 +745,40 @@ impl State {
                         candidates.pop();
                         continue;
                     }
-                    if let Some(t) = self.threads.get_mut(tc) {
-                        t.phase = Phase::Running {
+                    self.set_phase(
+                        *tc,
+                        Phase::Running {
                             core: *core,
                             deadline: None,
-                        };
+                        },
+                    );
+                    if let Some(a) = self.apps.get(&id) {
+                        a.shm.set_release(*core, false);
                     }
-                    self.apps[&id].shm.set_release(*core, false);
                 }
             }
         }
 
         // Grants, most important applications first.
-        let mut order: Vec<usize> = (0..app_ids.len()).collect();
-        order.sort_by_key(|&i| {
-            let lvl = self.apps[&app_ids[i]]
-                .requested
+        let level_of = |a: &App| {
+            a.requested
                 .iter()
                 .position(|&n| n > 0)
-                .unwrap_or(PRIORITY_LEVELS);
-            (lvl, i)
+                .unwrap_or(PRIORITY_LEVELS)
+        };
+        // Only applications below their target with a thread waiting.
+        let mut order: Vec<usize> = (0..app_ids.len())
+            .filter(|&i| {
+                self.apps
+                    .get(&app_ids[i])
+                    .is_some_and(|a| (a.held.len() as u32) < target[i] && !a.waiting.is_empty())
+            })
+            .collect();
+        order.sort_by_key(|&i| {
+            (
+                self.apps.get(&app_ids[i]).map_or(PRIORITY_LEVELS, level_of),
+                i,
+            )
         });
         let mut free: Vec<CoreId> = self
             .managed
@@ -513,18 +795,15 @@ impl State {
             .collect();
         for i in order {
             let id = app_ids[i];
-            let mut mine: Vec<CoreId> = self.held_by(id).iter().map(|h| h.1).collect();
-            let mut waiting: Vec<ConnId> = self.apps[&id]
-                .threads
-                .iter()
-                .copied()
-                .filter(|c| {
-                    self.threads
-                        .get(c)
-                        .is_some_and(|t| t.phase == Phase::Waiting)
-                })
-                .collect();
-            while (mine.len() as u32) < target[i] && !waiting.is_empty() {
+            let Some(a) = self.apps.get(&id) else {
+                continue;
+            };
+            let mut mine: Vec<CoreId> = a.held.keys().copied().collect();
+            let mut waiting = a.waiting.iter().copied();
+            while (mine.len() as u32) < target[i] && !free.is_empty() {
+                let Some(tc) = waiting.next() else {
+                    break;
+                };
                 // Free CPUs whose siblings are free or this application's,
                 // within its share of physical cores.
                 let open: Vec<CoreId> = free
@@ -545,7 +824,7 @@ impl State {
                 free.retain(|&c| c != core);
                 owner.insert(core, id);
                 mine.push(core);
-                grants.push((id, waiting.remove(0), core));
+                grants.push((id, tc, core));
             }
         }
         if grants.is_empty() {
@@ -559,26 +838,28 @@ impl State {
         self.sync_unmanaged();
         let mut failed = false;
         for (app, tc, core) in grants {
-            let tid = self.threads[&tc].tid;
-            match self.fence.confine(tid, core) {
+            match self.move_thread(tc, Some(core)) {
                 Ok(()) => {
-                    if let Some(t) = self.threads.get_mut(&tc) {
-                        t.phase = Phase::Running {
+                    self.set_phase(
+                        tc,
+                        Phase::Running {
                             core,
                             deadline: None,
-                        };
+                        },
+                    );
+                    let tid = self.threads.get(&tc).map_or(0, |t| t.task.tid());
+                    if let Some(a) = self.apps.get(&app) {
+                        a.shm.set_granted(core, tid);
                     }
-                    self.apps[&app].shm.set_granted(core, tid);
                     self.outbox.push((tc, Response::Granted { core }));
                     tracing::debug!(app, tid, core, "core granted");
                 }
                 Err(e) => {
-                    tracing::warn!(tid, core, error = %e, "could not confine thread; dropping it");
-                    self.holder.remove(&core);
-                    if let Some(t) = self.threads.get_mut(&tc) {
-                        t.phase = Phase::Idle;
+                    tracing::warn!(conn = tc, core, error = %e, "could not confine thread; dropping it");
+                    if self.holder.get(&core) == Some(&tc) {
+                        self.holder.remove(&core);
                     }
-                    self.to_close.push(tc);
+                    self.forget(tc);
                     failed = true;
                 }
             }
@@ -611,8 +892,7 @@ impl State {
         self.apps
             .iter()
             .map(|(&id, a)| {
-                let mut granted: Vec<u32> = self.held_by(id).iter().map(|h| h.1).collect();
-                granted.sort();
+                let granted: Vec<u32> = self.held_by(id).iter().map(|h| h.1).collect();
                 StatusEntry {
                     pid: a.pid,
                     uid: a.uid,

@@ -15,10 +15,18 @@
 //! [`Builder::arbiter`](crate::Builder::arbiter) or
 //! [`Builder::arbiter_socket`](crate::Builder::arbiter_socket), or leave it
 //! at [`ArbiterChoice::Auto`] and set the environment variable
-//! [`ARBITER_ENV`] (`COREWISE_ARBITER=/run/corewise-arbiter.sock`). A daemon
-//! that cannot be reached at start is not an error: the runtime logs one
-//! warning and runs with [`Local`], because a program must not stop working
-//! when an optional system service is down.
+//! [`ARBITER_ENV`] (`COREWISE_ARBITER=/run/corewise-arbiter.sock`).
+//!
+//! A daemon the program asked for by name ([`ArbiterChoice::Daemon`],
+//! `Builder::arbiter_socket`) that cannot be reached at start fails the
+//! build with [`BuildError::ArbiterUnreachable`](crate::BuildError): the
+//! caller said where its cores must come from, and silently taking them
+//! from elsewhere would defeat the daemon's sharing between applications.
+//! A fallback is a choice the caller makes explicitly
+//! ([`ArbiterChoice::DaemonOrLocal`], `Builder::arbiter_socket_or_local`),
+//! and so is the environment variable: a deployment setting for an
+//! optional system service, so an unreachable daemon there logs one
+//! warning and the runtime runs with [`Local`].
 
 mod daemon;
 mod escape;
@@ -86,9 +94,13 @@ pub enum ArbiterChoice {
     Auto,
     /// Always the in-process arbiter.
     Local,
-    /// The daemon listening on this socket ([`Local`] if it cannot be
-    /// reached at start).
+    /// The daemon listening on this socket; building fails with
+    /// [`BuildError::ArbiterUnreachable`](crate::BuildError::ArbiterUnreachable)
+    /// if it cannot be reached at start.
     Daemon(PathBuf),
+    /// The daemon listening on this socket, or [`Local`] (with one warning
+    /// logged through `tracing`) if it cannot be reached at start.
+    DaemonOrLocal(PathBuf),
 }
 
 /// The arbiter protocol, as the runtime's kernel threads use it.
@@ -131,28 +143,36 @@ pub trait CoreArbiter: Send + Sync + 'static {
 }
 
 /// Connects to the daemon `choice` names, if it names one, for requests at
-/// priority `priority` (0 highest). `None`: use [`Local`]; a daemon that
-/// cannot be reached is logged once, as a warning, and gives `None` too.
-pub(crate) fn choose(choice: &ArbiterChoice, priority: usize) -> Option<Daemon> {
-    let socket = match choice {
-        ArbiterChoice::Local => None,
-        ArbiterChoice::Daemon(p) => Some(p.clone()),
-        ArbiterChoice::Auto => std::env::var_os(ARBITER_ENV)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from),
-    }?;
+/// priority `priority` (0 highest). `Ok(None)`: use [`Local`]. A daemon
+/// that cannot be reached is an error for [`ArbiterChoice::Daemon`]; for
+/// [`ArbiterChoice::DaemonOrLocal`] and [`ARBITER_ENV`] it is logged once,
+/// as a warning, and gives `Ok(None)`.
+pub(crate) fn choose(
+    choice: &ArbiterChoice,
+    priority: usize,
+) -> Result<Option<Daemon>, crate::BuildError> {
+    let (socket, required) = match choice {
+        ArbiterChoice::Local => return Ok(None),
+        ArbiterChoice::Daemon(p) => (p.clone(), true),
+        ArbiterChoice::DaemonOrLocal(p) => (p.clone(), false),
+        ArbiterChoice::Auto => match std::env::var_os(ARBITER_ENV).filter(|v| !v.is_empty()) {
+            Some(v) => (PathBuf::from(v), false),
+            None => return Ok(None),
+        },
+    };
     match Daemon::connect(&socket, 1, priority) {
         Ok(d) => {
             tracing::debug!(socket = %socket.display(), priority, "cores come from the core arbiter daemon");
-            Some(d)
+            Ok(Some(d))
         }
+        Err(source) if required => Err(crate::BuildError::ArbiterUnreachable { socket, source }),
         Err(e) => {
             tracing::warn!(
                 socket = %socket.display(),
                 error = %e,
                 "core arbiter daemon unreachable; using the in-process arbiter"
             );
-            None
+            Ok(None)
         }
     }
 }

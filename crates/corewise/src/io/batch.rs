@@ -12,8 +12,8 @@
 use super::op::{self, Ctx, Kind};
 use super::slab::{OpCell, EVACUATED, IGNORE};
 use super::Driver;
-use crate::core::Core;
 use crate::net::{sockaddr_to_std, TcpListener, TcpStream};
+use crate::sched::core::Core;
 use std::io;
 use std::marker::PhantomData;
 use std::net::SocketAddr;

@@ -9,7 +9,7 @@
 //! side fenced) means an operation that starts during a cancel either sees
 //! the mark or is seen by the canceller.
 
-use crate::core::Core;
+use crate::sched::core::Core;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -21,7 +21,7 @@
 //! (pipes opened through [`crate::fs`]) keep the one-shot interest.
 //!
 //! The idle gate's wakers only do a `futex_wake` on the gate word (see
-//! [`crate::idle`]); epoll cannot wait on a futex, so a small bridge thread
+//! [`crate::sched::idle`]); epoll cannot wait on a futex, so a small bridge thread
 //! per core waits on the gate word while the core sleeps in `epoll_wait` and
 //! turns the futex wake into an eventfd write (one extra thread hop per
 //! wakeup of a sleeping core: the price of keeping the waker side a plain
@@ -39,8 +39,7 @@ use std::time::Duration;
 
 const EVENTFD: u64 = u64::MAX;
 const STOP: u32 = u32::MAX;
-const GATE_SLEEPING: u32 = 1;
-const GATE_AWAKE: u32 = 0;
+use crate::sched::idle::{AWAKE as GATE_AWAKE, SLEEPING as GATE_SLEEPING};
 
 /// What [`Epoll::arm`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

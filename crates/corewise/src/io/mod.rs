@@ -11,7 +11,7 @@
 //! `uring`). The core's idle sleep is a wait in the same ring, woken by
 //! completions, by the next timer, and by the idle gate's futex word, which
 //! an armed `IORING_OP_FUTEX_WAIT` watches: idle sleep and I/O wait are one
-//! wait, and the waker side of `crate::idle` is unchanged.
+//! wait, and the waker side of `crate::sched::idle` is unchanged.
 //!
 //! Where io_uring is missing or forbidden (ENOSYS, EPERM from seccomp,
 //! `kernel.io_uring_disabled`, or a kernel without the futex opcode) the
@@ -38,7 +38,7 @@ pub use batch::{Batch, Completion, Token};
 pub(crate) use cancel::CancelState;
 pub use cancel::{is_cancelled, Cancelled, Canceller};
 
-use crate::idle::IdleGate;
+use crate::sched::idle::IdleGate;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Mutex;

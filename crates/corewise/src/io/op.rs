@@ -14,7 +14,7 @@ use super::cancel::{cancelled_error, CancelState};
 use super::epoll::Armed;
 use super::slab::{OpCell, EVACUATED, IGNORE};
 use super::Driver;
-use crate::core::Core;
+use crate::sched::core::Core;
 use io_uring::{opcode, squeue, types};
 use std::io;
 use std::os::fd::RawFd;
@@ -275,7 +275,7 @@ pub(crate) enum Ctx {
 /// The calling thread's context, looked up through its slot.
 #[inline]
 pub(crate) fn ctx() -> Ctx {
-    let Some(slot) = crate::thread::current_slot() else {
+    let Some(slot) = crate::sched::current::current_slot() else {
         return Ctx::Os;
     };
     let core = slot.core();
@@ -549,7 +549,7 @@ fn epoll_ready(
         Some(r) if r == -libc::ECANCELED => Err(cancelled_error()),
         Some(_) => Ok(()),
         None => {
-            let here = crate::thread::current_slot().map(|s| s.core());
+            let here = crate::sched::current::current_slot().map(|s| s.core());
             if here.is_some_and(|h| std::ptr::eq(h, core)) {
                 // Still pending and we run on the core that holds the
                 // record: free it here.

@@ -11,7 +11,7 @@
 //!
 //! The idle wait is the ring's wait: an `IORING_OP_FUTEX_WAIT` on the core's
 //! idle-gate word stays armed while the core sleeps, so a waker's ordinary
-//! `futex_wake` on that word (see [`crate::idle`]) completes it, and the same
+//! `futex_wake` on that word (see [`crate::sched::idle`]) completes it, and the same
 //! `io_uring_enter` that waits for I/O also waits for wakeups and (as its
 //! timeout) for the next timer.
 
@@ -21,12 +21,10 @@ use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 /// futex2 flags: 32-bit word, process-private (matches `FUTEX_PRIVATE_FLAG`
-/// wakes from [`crate::idle::IdleGate::wake`]).
+/// wakes from [`crate::sched::idle::IdleGate::wake`]).
 const FUTEX2_SIZE_U32: u32 = 0x02;
 const FUTEX2_PRIVATE: u32 = 128;
 const FUTEX_BITSET_MATCH_ANY: u64 = 0xffff_ffff;
-/// The gate word's value while the core sleeps (`idle::SLEEPING`).
-const GATE_SLEEPING: u64 = 1;
 
 /// How to set up rings.
 #[derive(Debug, Clone, Copy, Default)]
@@ -277,7 +275,7 @@ impl Uring {
         if !self.gate_armed {
             let sqe = opcode::FutexWait::new(
                 gate.as_ptr().cast_const(),
-                GATE_SLEEPING,
+                u64::from(crate::sched::idle::SLEEPING),
                 FUTEX_BITSET_MATCH_ANY,
                 FUTEX2_SIZE_U32 | FUTEX2_PRIVATE,
             )

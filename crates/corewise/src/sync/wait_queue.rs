@@ -31,7 +31,7 @@ use std::time::Instant;
 enum Owner {
     /// A user thread; the link sits in this slot.
     #[cfg(not(loom))]
-    Slot(&'static crate::core::ThreadContext),
+    Slot(&'static crate::sched::ThreadContext),
     /// A thread whose link and `Waiter` are on its own stack.
     Stack(*const Waiter),
 }
@@ -175,7 +175,7 @@ impl WaitQueue {
         let stack_waiter: Waiter;
         let stack_link: Link;
         #[cfg(not(loom))]
-        let slot_link = crate::thread::current_slot().map(|slot| {
+        let slot_link = crate::sched::current::current_slot().map(|slot| {
             // SAFETY: we are the slot's running thread, and no link of ours
             // is queued anywhere (a wait ends unlinked).
             unsafe { slot.invocation.wait_link(Link::new(Owner::Slot(slot))) }

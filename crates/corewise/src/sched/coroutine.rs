@@ -2,22 +2,24 @@
 //! the dispatcher and a user thread.
 //!
 //! corosensei does the switch (a few instructions, no system call); it stays
-//! behind this small API so it can be replaced. Each slot gets its stack the
-//! first time a thread starts there and keeps it for the runtime's life, so
-//! the 56 slots of a core are that core's stack pool and creating a thread
-//! never allocates a stack. The slot's coroutine runs a loop: take the
+//! behind this small API so it can be replaced. A context gets its stack
+//! (see [`crate::sched::stack`]) when it is made and keeps it for the
+//! runtime's life; contexts are reused, so creating a thread never
+//! allocates a stack. The slot's coroutine runs a loop: take the
 //! function from the slot's first cache line, run it, free the slot, switch
 //! out, and wait to be resumed for the next thread.
 //!
 //! A stack overflow hits the guard page below the stack. A SIGSEGV handler,
-//! on the kernel thread's alternate signal stack, finds the slot whose guard
-//! page was hit and prints which user thread overflowed before aborting, as
-//! std does for OS threads; faults elsewhere go to the previous handler.
+//! on the kernel thread's alternate signal stack, finds the context whose
+//! guard page was hit (by address, see [`find_guard`]) and prints which user
+//! thread overflowed before aborting, as std does for OS threads; faults
+//! elsewhere go to the previous handler.
 
-use crate::core::ThreadContext;
-use corosensei::stack::{DefaultStack, Stack};
+use crate::sched::stack::{find_guard, PoolStack, StackRange};
+use crate::sched::ThreadContext;
+use corosensei::stack::Stack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Once;
 
 /// What the dispatcher tells a slot's coroutine when it resumes it.
@@ -32,10 +34,13 @@ pub(crate) enum Resume {
 /// The handle a running user thread uses to switch back to the dispatcher.
 pub(crate) type SlotYielder = Yielder<Resume, ()>;
 
-/// A slot's coroutine and stack.
+/// A context's coroutine and stack.
 pub(crate) struct Context {
-    coroutine: Coroutine<Resume, (), (), DefaultStack>,
-    guard: GuardRegistration,
+    coroutine: Coroutine<Resume, (), (), PoolStack>,
+    /// The stack's extent (the coroutine owns the stack itself).
+    stack: StackRange,
+    /// The lowest address of the stack's usable part.
+    stack_bottom: usize,
 }
 
 impl Context {
@@ -43,13 +48,10 @@ impl Context {
     /// (plus a guard page).
     pub(crate) fn new(stack_size: usize, slot: &'static ThreadContext) -> std::io::Result<Self> {
         install_overflow_handler();
-        let stack = DefaultStack::new(stack_size)?;
-        let page = rustix::param::page_size();
-        // corosensei's limit is the bottom of the mapping, whose first page
-        // is the guard page.
-        let limit = stack.limit().get();
-        let guard =
-            GuardRegistration::new(limit, limit + page, slot, stack.base().get() - limit - page);
+        let stack = PoolStack::new(stack_size)?;
+        stack.set_owner(slot);
+        let stack_bottom = stack.base().get() - stack.usable();
+        let range = stack.range();
         let coroutine = Coroutine::with_stack(stack, move |yielder: &SlotYielder, first| {
             slot.yielder.set(yielder as *const SlotYielder);
             let mut cmd = first;
@@ -59,12 +61,33 @@ impl Context {
                 // spawner has published.
                 // SAFETY: this is the slot's own coroutine.
                 if unsafe { slot.invocation.run_published() } {
-                    crate::thread::exit_slot_thread(slot);
+                    // The next thread on this stack starts on pages this
+                    // one may have used deeply (see `give_back_stack`).
+                    slot.stack_used.set(true);
+                    crate::sched::current::exit_slot_thread(slot);
                 }
+                slot.stack_pointer.set(stack_pointer());
                 cmd = yielder.suspend(());
             }
         });
-        Ok(Self { coroutine, guard })
+        Ok(Self {
+            coroutine,
+            stack: range,
+            stack_bottom,
+        })
+    }
+
+    /// Gives back the stack's pages below `sp`, the stack pointer (or an
+    /// address at most [`SP_SLACK`] above it) the suspended thread recorded
+    /// when it switched out.
+    ///
+    /// # Safety
+    /// The coroutine is suspended (not running on any kernel thread) and
+    /// `sp` was recorded by its last switch out.
+    pub(crate) unsafe fn give_back_below(&self, sp: usize) {
+        if sp > self.stack_bottom + SP_SLACK {
+            self.stack.give_back_below(sp - SP_SLACK);
+        }
     }
 
     /// Runs the slot's thread until it switches out or exits.
@@ -83,8 +106,35 @@ impl Drop for Context {
             // Leave the slot loop normally so nothing needs a forced unwind.
             let _ = self.coroutine.resume(Resume::Exit);
         }
-        self.guard.clear();
     }
+}
+
+/// Bytes below a recorded stack pointer that the switch itself may still
+/// use (the frames of the suspend call and the registers it saves): the
+/// pages given back start below this.
+pub(crate) const SP_SLACK: usize = 2048;
+
+/// The stack pointer of the calling code, for [`Context::give_back_below`].
+#[inline(always)]
+fn stack_pointer() -> usize {
+    let sp: usize;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: reads a register, touches no memory.
+    unsafe {
+        std::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: reads a register, touches no memory.
+    unsafe {
+        std::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        // An address in this frame; the switch's frames sit below it.
+        let here = 0u8;
+        sp = std::ptr::addr_of!(here) as usize - SP_SLACK;
+    }
+    sp
 }
 
 /// Switches from the running user thread back to its dispatcher.
@@ -97,64 +147,11 @@ pub(crate) unsafe fn switch_out(slot: &ThreadContext) {
     // SAFETY: the yielder lives on the running coroutine's stack for as long
     // as the coroutine does, and we are that coroutine (caller's contract).
     let yielder = unsafe { &*slot.yielder.get() };
+    slot.stack_pointer.set(stack_pointer());
     let _ = yielder.suspend(());
 }
 
 // ---- stack-overflow detection -------------------------------------------
-
-const GUARD_ENTRIES: usize = 8192;
-
-struct GuardEntry {
-    lo: AtomicUsize,
-    hi: AtomicUsize,
-    stack_size: AtomicUsize,
-    slot: AtomicPtr<ThreadContext>,
-}
-
-#[allow(clippy::declare_interior_mutable_const)]
-const EMPTY_ENTRY: GuardEntry = GuardEntry {
-    lo: AtomicUsize::new(0),
-    hi: AtomicUsize::new(0),
-    stack_size: AtomicUsize::new(0),
-    slot: AtomicPtr::new(std::ptr::null_mut()),
-};
-
-/// Guard pages of live slot stacks, searched by the SIGSEGV handler (which
-/// may not lock or allocate, hence a fixed table of atomics).
-static GUARDS: [GuardEntry; GUARD_ENTRIES] = [EMPTY_ENTRY; GUARD_ENTRIES];
-
-struct GuardRegistration(Option<usize>);
-
-impl GuardRegistration {
-    fn new(lo: usize, hi: usize, slot: &'static ThreadContext, stack_size: usize) -> Self {
-        for (i, e) in GUARDS.iter().enumerate() {
-            if e.lo
-                .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                e.hi.store(hi, Ordering::Relaxed);
-                e.stack_size.store(stack_size, Ordering::Relaxed);
-                e.slot
-                    .store(slot as *const ThreadContext as *mut _, Ordering::Relaxed);
-                e.lo.store(lo, Ordering::Release);
-                return Self(Some(i));
-            }
-        }
-        // Table full: the stack still has its guard page, only the message
-        // naming the thread is lost.
-        Self(None)
-    }
-
-    fn clear(&mut self) {
-        if let Some(i) = self.0.take() {
-            GUARDS[i].lo.store(usize::MAX, Ordering::Release);
-            GUARDS[i]
-                .slot
-                .store(std::ptr::null_mut(), Ordering::Relaxed);
-            GUARDS[i].lo.store(0, Ordering::Release);
-        }
-    }
-}
 
 static INSTALL: Once = Once::new();
 static PREVIOUS_SEGV: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
@@ -239,12 +236,7 @@ extern "C" fn overflow_handler(
 ) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
-    for e in GUARDS.iter() {
-        let lo = e.lo.load(Ordering::Acquire);
-        if lo == 0 || lo == usize::MAX || addr < lo || addr >= e.hi.load(Ordering::Relaxed) {
-            continue;
-        }
-        let slot = e.slot.load(Ordering::Relaxed);
+    if let Some((slot, stack_size)) = find_guard(addr) {
         let mut out = StackBuf {
             buf: [0; 512],
             len: 0,
@@ -271,7 +263,7 @@ extern "C" fn overflow_handler(
         let _ = writeln!(
             out,
             "has overflowed its stack of {} KiB; raise it with Builder::stack_size",
-            e.stack_size.load(Ordering::Relaxed) / 1024
+            stack_size / 1024
         );
         let _ = writeln!(out, "fatal runtime error: stack overflow, aborting");
         // SAFETY: write(2) and abort(3) are async-signal-safe.

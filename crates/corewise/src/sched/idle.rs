@@ -15,8 +15,11 @@
 use crate::shim::{fence, AtomicU32, Ordering};
 use std::time::Duration;
 
-const AWAKE: u32 = 0;
-const SLEEPING: u32 = 1;
+/// The gate word of a core that is running or spinning.
+pub(crate) const AWAKE: u32 = 0;
+/// The gate word of a core that sleeps (or is about to) in the kernel;
+/// the I/O back ends wait on the same word with the same value.
+pub(crate) const SLEEPING: u32 = 1;
 
 /// The sleep/wake word of one core.
 #[derive(Debug)]

@@ -14,7 +14,7 @@
 //!   the next sweep has been blocked for at least one sweep period, and
 //!   leaves its slot. So does every blocked thread when the core is about
 //!   to sleep in the kernel, and when threads wait for a slot here. Leaving
-//!   is one compare-and-swap that sets [`PARKED`](crate::core::PARKED) in
+//!   is one compare-and-swap that sets [`PARKED`](crate::sched::wakeup::PARKED) in
 //!   the thread's signal word if no signal came since it last ran; then a
 //!   spare context takes the slot (every slot always holds a context, so
 //!   creation keeps writing into the slot's line and nothing else).
@@ -22,7 +22,7 @@
 //!   signaller sees the mark in the old value, and the one that clears it
 //!   places the thread: power of two choices among the cores its class may
 //!   use (so threads rebalance on every wake-up), then a push into that
-//!   core's inbox (see [`crate::inbox`]) and a wake of the core. The core
+//!   core's inbox (see [`crate::sched::inbox`]) and a wake of the core. The core
 //!   moves it into a free slot on its next pass.
 //! - **When every slot is busy.** Threads taken from the inbox wait in a
 //!   core-private FIFO ([`CoreSched`]); the dispatcher first parks blocked
@@ -44,11 +44,12 @@
 //! Pinned threads (`Builder::core`) and `Exclusive` threads never leave
 //! their slot for load: their core is part of their contract.
 
+use super::placement::{place, place_in};
 use crate::clock;
-use crate::core::{Core, ThreadContext, BLOCKED};
 use crate::error::SpawnError;
-use crate::policy::{CoreMask, CoreView};
+use crate::policy::CoreMask;
 use crate::runtime::Shared;
+use crate::sched::{Core, ThreadContext, BLOCKED};
 use crate::shim::Ordering;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -170,6 +171,55 @@ fn keep_spare(
     shared.limit_wait.notify();
 }
 
+/// Spares beyond the cores' own: the remains of a burst. Taken newest first
+/// (their stacks are warm); the oldest are given back their stack pages
+/// once more than [`DIRTY_SPARES`] may hold some, so a burst of a million
+/// threads that ran deep and ended does not keep a million used stacks,
+/// while contexts that cycle through the top of the pool never pay for an
+/// `madvise`.
+#[derive(Default)]
+pub(crate) struct SparePool {
+    list: Vec<&'static ThreadContext>,
+    /// `list[..clean_below]` hold no pages of earlier threads.
+    clean_below: usize,
+}
+
+/// Spares in the pool that may keep an earlier thread's stack pages.
+const DIRTY_SPARES: usize = 1024;
+
+impl SparePool {
+    /// The newest spare.
+    pub(crate) fn pop(&mut self) -> Option<&'static ThreadContext> {
+        let c = self.list.pop();
+        self.clean_below = self.clean_below.min(self.list.len());
+        c
+    }
+
+    /// Adds a spare; gives back the stacks of the oldest dirty ones.
+    pub(crate) fn push(&mut self, ctx: &'static ThreadContext) {
+        self.list.push(ctx);
+        if self.list.len() - self.clean_below > DIRTY_SPARES {
+            let upto = self.list.len() - DIRTY_SPARES / 2;
+            for c in &self.list[self.clean_below..upto] {
+                if c.stack_used.replace(false) {
+                    // SAFETY: a context in the pool runs nowhere: its
+                    // coroutine is suspended in its slot loop, where it
+                    // recorded its stack pointer; the pool's lock orders
+                    // this after its last owner's writes.
+                    unsafe { c.give_back_stack() };
+                }
+            }
+            self.clean_below = upto;
+        }
+    }
+
+    /// Empties the pool.
+    pub(crate) fn take_all(&mut self) -> Vec<&'static ThreadContext> {
+        self.clean_below = 0;
+        std::mem::take(&mut self.list)
+    }
+}
+
 /// Spawners waiting for the thread limit (`spawn_wait`): woken when a
 /// context becomes spare or a thread exits.
 #[derive(Default)]
@@ -239,75 +289,6 @@ pub(crate) fn signal_context(ctx: &'static ThreadContext) {
 pub(crate) fn unpark(ctx: &'static ThreadContext) {
     if ctx.invocation.signals.claim_unpark() {
         place(ctx.core().runtime(), ctx, None);
-    }
-}
-
-/// Places a runnable context that is in no slot: power of two choices among
-/// the cores its class may use (all active cores but `exclude`), then the
-/// chosen core's inbox. If every inbox is closed (cores changing hands), the
-/// runtime's shared inbox, which every running core drains.
-pub(crate) fn place(shared: &'static Shared, ctx: &'static ThreadContext, exclude: Option<usize>) {
-    let mut active = shared.active_mask.load(Ordering::Acquire);
-    if let Some(x) = exclude {
-        active &= !(1u64 << x);
-    }
-    let counts = |c: usize| shared.cores.get(c).map_or(u32::MAX, |k| k.mask.count());
-    let view = CoreView {
-        active: CoreMask(active),
-        counts: &counts,
-    };
-    let allowed = shared.policy.cores_for(ctx.class(), &view).0 & active;
-    place_in(
-        shared,
-        ctx,
-        CoreMask(if allowed != 0 { allowed } else { active }),
-    );
-}
-
-/// [`place`] among `candidates` (which the caller computed).
-/// The caller has counted the thread in `Shared::detached`.
-pub(crate) fn place_in(shared: &'static Shared, ctx: &'static ThreadContext, candidates: CoreMask) {
-    let cores = &shared.cores;
-    let n = candidates.len();
-    let first = match n {
-        0 => None,
-        1 => Some(candidates.0.trailing_zeros() as usize),
-        _ => {
-            let r = crate::spawn::next_random();
-            let ia = crate::spawn::below(r as u32, n);
-            let mut ib = crate::spawn::below((r >> 32) as u32, n - 1);
-            if ib >= ia {
-                ib += 1;
-            }
-            match (candidates.nth(ia), candidates.nth(ib)) {
-                (Some(a), Some(b)) => {
-                    if cores[a].load() <= cores[b].load() {
-                        Some(a)
-                    } else {
-                        Some(b)
-                    }
-                }
-                (a, b) => a.or(b),
-            }
-        }
-    };
-    let order = first
-        .into_iter()
-        .chain(candidates.iter().filter(|&c| Some(c) != first));
-    for c in order {
-        let core = &cores[c];
-        core.queued.fetch_add(1, Ordering::Relaxed);
-        if core.inbox.push(ctx) {
-            core.gate.wake_after_rmw();
-            return;
-        }
-        core.queued.fetch_sub(1, Ordering::Relaxed);
-    }
-    // No candidate runs now: any core that runs takes it.
-    let pushed = shared.homeless.push(ctx);
-    debug_assert!(pushed, "the shared inbox is never closed");
-    for core in cores.iter() {
-        core.gate.wake_after_rmw();
     }
 }
 
@@ -387,7 +368,7 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
     let Some(spare) = spare_for(core, s) else {
         return false;
     };
-    if !ctx.wakeup().try_park() {
+    if !try_park(ctx) {
         // A signal came since it last ran: it is runnable, it stays.
         s.spares.push(spare);
         return false;
@@ -399,6 +380,23 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
     }
     detach(core, i, spare);
     true
+}
+
+/// Dispatcher of the thread's core, for a blocked thread in a slot: marks
+/// it parked unless a signal came since it last ran (see
+/// [`Wakeup::try_park`](crate::sched::wakeup::Wakeup::try_park)). First, if
+/// an earlier thread ran to its end on this stack, gives back the stack's
+/// pages below the thread's stack pointer: whatever the earlier thread left
+/// there is dead, and a parked thread should hold only its own frames. Done
+/// before the mark, while no other core can resume the thread.
+fn try_park(ctx: &'static ThreadContext) -> bool {
+    if ctx.stack_used.replace(false) {
+        // SAFETY: we are the dispatcher of the context's core and the thread
+        // is suspended in its slot (blocked); the stack pointer was recorded
+        // by its last switch out.
+        unsafe { ctx.give_back_stack() };
+    }
+    ctx.wakeup().try_park()
 }
 
 /// Fires the timers due at `now`; returns the earliest one left.
@@ -456,7 +454,7 @@ pub(crate) fn make_room(core: &'static Core, last: Option<usize>, now: u64) {
         let Some(deadline) = ctx.wakeup().due_or_deadline(now) else {
             continue;
         };
-        if !ctx.wakeup().try_park() {
+        if !try_park(ctx) {
             continue;
         }
         if deadline != BLOCKED {
@@ -596,7 +594,7 @@ pub(crate) fn evict_all(core: &'static Core) -> bool {
             continue;
         };
         let w = ctx.wakeup();
-        let parked = ctx.movable() && w.due_or_deadline(now) == Some(BLOCKED) && w.try_park();
+        let parked = ctx.movable() && w.due_or_deadline(now) == Some(BLOCKED) && try_park(ctx);
         if !parked {
             // Runnable, sleeping (no timer here any more: wake it early) or
             // bound to this core: it runs elsewhere now.
@@ -652,7 +650,11 @@ pub(crate) fn drop_spares(shared: &'static Shared, core: Option<&'static Core>) 
         // SAFETY: called by the core's kernel thread after its dispatcher
         // returned for good; no other reference exists.
         Some(c) => std::mem::take(&mut unsafe { c.sched() }.spares),
-        None => std::mem::take(&mut *shared.spares.lock().unwrap_or_else(|p| p.into_inner())),
+        None => shared
+            .spares
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take_all(),
     };
     for ctx in spares {
         // SAFETY: a spare holds no thread and nothing runs it: its

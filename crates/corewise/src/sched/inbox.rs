@@ -2,7 +2,7 @@
 //! dispatcher to put into free slots.
 //!
 //! A thread that has left its slot (it blocked for a while, see
-//! [`crate::park`]) is placed again when it is signalled; a thread created
+//! [`crate::sched::park`]) is placed again when it is signalled; a thread created
 //! while every slot of its cores is busy waits for one. Either way another
 //! kernel thread hands a context to a chosen core. The receiving core's
 //! slot table stays its own: the sender only pushes the context here, and
@@ -170,7 +170,7 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::idle::IdleGate;
+    use crate::sched::idle::IdleGate;
     use loom::sync::Arc;
 
     struct Node(AtomicPtr<Node>);

@@ -7,7 +7,7 @@
 //! yields marks itself runnable before switching back; one that blocks
 //! leaves `BLOCKED` or a deadline. When a full scan finds nothing, the core
 //! spins for the idle budget and then sleeps in the kernel (see
-//! [`crate::idle`]) with the earliest deadline as the timeout.
+//! [`crate::sched::idle`]) with the earliest deadline as the timeout.
 //!
 //! The loop also keeps the two statistics of Arachne's core estimation, as
 //! cumulative counters the core manager samples: idle ticks (so utilization
@@ -28,19 +28,19 @@
 //!
 //! When the arbiter asks for the core back, the dispatcher stops new
 //! threads from landing here, parks its blocked threads and hands the
-//! others to the remaining cores (see [`crate::park::evict_all`]): joins
+//! others to the remaining cores (see [`crate::sched::park::evict_all`]): joins
 //! and signals follow the context, a sleeper is woken early and sleeps
 //! again where it lands. Then it returns and the kernel thread waits for a
 //! core again.
 //!
 //! Between runs the dispatcher also moves threads between its slots and the
-//! rest of the runtime (see [`crate::park`]): it takes threads handed to it
+//! rest of the runtime (see [`crate::sched::park`]): it takes threads handed to it
 //! into free slots, fires the timers of threads it parked, and at a sweep
-//! (at most every [`crate::park::SWEEP`], at a clock read it makes anyway)
+//! (at most every [`crate::sched::park::SWEEP`], at a clock read it makes anyway)
 //! lets threads that stayed blocked leave their slots.
 
 use crate::clock;
-use crate::core::{Core, BLOCKED};
+use crate::sched::{Core, BLOCKED};
 use crate::shim::Ordering;
 
 /// Per-core cumulative counter update by its only writer.
@@ -157,13 +157,13 @@ pub(crate) fn run(core: &'static Core) {
     let mut idle_now = 0u64;
     // Empty scans left before the idle loop reads the clock again.
     let mut idle_polls = 0u32;
-    // Parking (see `crate::park`): slots seen occupied at the last sweep
+    // Parking (see `crate::sched::park`): slots seen occupied at the last sweep
     // and not run since, when that sweep was, and whether the next one is
     // due after the current run.
     let mut marks = 0u64;
     let mut last_sweep = clock::now();
     let mut sweep_due = false;
-    let sweep_ticks = crate::park::SWEEP_TICKS.load(std::sync::atomic::Ordering::Relaxed);
+    let sweep_ticks = crate::sched::park::SWEEP_TICKS.load(std::sync::atomic::Ordering::Relaxed);
     loop {
         if let Some(i) = find_runnable(core, next) {
             if idle_since != 0 {
@@ -190,11 +190,11 @@ pub(crate) fn run(core: &'static Core) {
                 // idle); every RUNS_PER_CLOCK runs, account the load and see
                 // whether the core must go.
                 core.io.pass();
-                crate::park::service(core);
+                crate::sched::park::service(core);
                 if load.end_rotation() {
                     let now = clock::now();
                     bump(&core.stats.load_ticks, load.take(now));
-                    crate::park::fire_timers(core, now);
+                    crate::sched::park::fire_timers(core, now);
                     // SAFETY: the dispatcher, between runs; the reference
                     // ends here.
                     let waiting = unsafe { core.sched() }.waiting();
@@ -230,9 +230,9 @@ pub(crate) fn run(core: &'static Core) {
             if sweep_due {
                 sweep_due = false;
                 let now = clock::now();
-                crate::park::make_room(core, Some(i), now);
+                crate::sched::park::make_room(core, Some(i), now);
                 if now.wrapping_sub(last_sweep) >= sweep_ticks {
-                    marks = crate::park::sweep(core, marks, now, false);
+                    marks = crate::sched::park::sweep(core, marks, now, false);
                     last_sweep = now;
                 }
             }
@@ -243,7 +243,7 @@ pub(crate) fn run(core: &'static Core) {
             next = i + 1;
             continue;
         }
-        if crate::park::service(core) || core.io.pass() {
+        if crate::sched::park::service(core) || core.io.pass() {
             continue;
         }
         if idle_polls != 0 {
@@ -274,11 +274,11 @@ pub(crate) fn run(core: &'static Core) {
             core.stats.idle_since.store(0, Ordering::Release);
             return;
         }
-        crate::park::fire_timers(core, now);
+        crate::sched::park::fire_timers(core, now);
         // Threads waiting for a slot while every slot holds a blocked one.
-        crate::park::make_room(core, None, now);
+        crate::sched::park::make_room(core, None, now);
         if now.wrapping_sub(last_sweep) >= sweep_ticks {
-            marks = crate::park::sweep(core, marks, now, false);
+            marks = crate::sched::park::sweep(core, marks, now, false);
             last_sweep = now;
         }
         if spin_since == 0 {
@@ -291,7 +291,7 @@ pub(crate) fn run(core: &'static Core) {
         }
         // Going to sleep in the kernel: every blocked thread leaves its
         // slot, so that whoever wakes it places it by load.
-        marks = crate::park::sweep(core, marks, now, true);
+        marks = crate::sched::park::sweep(core, marks, now, true);
         last_sweep = now;
         core.gate.prepare_sleep();
         let (runnable, earliest) = recheck(core);
@@ -337,7 +337,7 @@ fn must_go(core: &'static Core) -> bool {
         return release(core);
     }
     if !core.active.load(Ordering::Relaxed) {
-        crate::park::reopen(core);
+        crate::sched::park::reopen(core);
         core.active.store(true, Ordering::SeqCst);
         shared
             .active_mask
@@ -369,7 +369,7 @@ fn release(core: &'static Core) -> bool {
     if core.mask.occupied() != 0 || core.io.busy() {
         core.io.evacuate();
     }
-    crate::park::evict_all(core)
+    crate::sched::park::evict_all(core)
 }
 
 /// Shutting down: no core takes threads from others any more; a core runs
@@ -388,7 +388,7 @@ fn shutdown_done(core: &'static Core) -> bool {
     }
     // Closed for good: a thread placed from now on goes to a core that
     // still runs (or to the runtime's shared inbox).
-    !crate::park::close_for_shutdown(core)
+    !crate::sched::park::close_for_shutdown(core)
 }
 
 /// The first due thread at or after slot `start` (wrapping), taken.
@@ -443,14 +443,14 @@ fn recheck(core: &Core) -> (bool, Option<u64>) {
 #[inline]
 fn run_thread(core: &'static Core, i: usize) {
     let slot = core.slot(i);
-    crate::thread::set_current(slot);
+    crate::sched::current::set_current(slot);
     // SAFETY: this is the core's kernel thread; the context exists (made at
     // kernel-thread start) and is not running.
     let ctx = unsafe { slot.context(0) }.expect("slot contexts are created at start");
     let d = &core.stats.dispatches;
     d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     ctx.resume();
-    crate::thread::set_current(std::ptr::null());
+    crate::sched::current::set_current(std::ptr::null());
 }
 
 #[cfg(all(test, not(loom)))]

@@ -9,13 +9,13 @@
 //! fills them without touching the core's occupancy word again (see
 //! [`crate::reserve`]; a departure from Arachne's one claim per spawn).
 
-use crate::core::{Core, ThreadContext};
+use super::placement::{below, next_random};
 use crate::error::SpawnError;
-use crate::policy::{CoreMask, CoreView, ThreadClass};
+use crate::policy::{CoreMask, ThreadClass};
 use crate::runtime::Shared;
+use crate::sched::{Core, ThreadContext};
 use crate::shim::Ordering;
 use crate::thread::ThreadId;
-use std::cell::Cell;
 
 /// How a thread is to be created.
 #[derive(Debug, Clone, Default)]
@@ -49,7 +49,7 @@ where
     };
     let class = opts.class.to_u32()
         | if opts.core.is_some() {
-            crate::core::PINNED
+            crate::sched::PINNED
         } else {
             0
         };
@@ -85,7 +85,7 @@ where
         }
         Target::Spare(ctx, candidates) => {
             shared.detached.fetch_add(1, Ordering::Relaxed);
-            crate::park::place_in(shared, ctx, candidates);
+            crate::sched::placement::place_in(shared, ctx, candidates);
         }
     }
     Ok(id)
@@ -101,12 +101,7 @@ fn choose(shared: &'static Shared, opts: &SpawnOptions) -> Result<Target, SpawnE
         Some(c) if active.contains(c) => CoreMask::single(c),
         Some(c) => return Err(SpawnError::CoreUnavailable(c)),
         None => {
-            let counts = |c: usize| shared.cores.get(c).map_or(u32::MAX, |k| k.mask.count());
-            let view = CoreView {
-                active,
-                counts: &counts,
-            };
-            let m = CoreMask(shared.policy.cores_for(opts.class, &view).0 & active.0);
+            let m = super::placement::class_cores(shared, opts.class, active);
             if m.is_empty() {
                 return Err(SpawnError::NoCoreForClass(opts.class));
             }
@@ -118,7 +113,7 @@ fn choose(shared: &'static Shared, opts: &SpawnOptions) -> Result<Target, SpawnE
     // its spare contexts. Looked up after the policy ran (which may switch
     // out, and the thread resume on another core in a new run).
     // Exclusive threads never claim ahead (their core is theirs alone).
-    let from = crate::thread::current_slot()
+    let from = crate::sched::current::current_slot()
         .map(|s| s.core())
         .filter(|c| std::ptr::eq(c.runtime(), shared));
     let burst =
@@ -127,7 +122,7 @@ fn choose(shared: &'static Shared, opts: &SpawnOptions) -> Result<Target, SpawnE
         return Ok(Target::Slot(core, slot));
     }
     // Every slot of the candidates is taken: the thread waits in an inbox.
-    match crate::park::take_spare(shared, from) {
+    match crate::sched::park::take_spare(shared, from) {
         Ok(ctx) => Ok(Target::Spare(ctx, candidates)),
         Err(e) => {
             if opts.core.is_none() {
@@ -229,34 +224,6 @@ fn claim_on(
         }
         _ => target.mask.claim(),
     }
-}
-
-/// `x` scaled into `0..n` (Lemire's multiply-shift; `n` ≤ 64 here).
-#[inline]
-pub(crate) fn below(x: u32, n: usize) -> usize {
-    ((u64::from(x) * n as u64) >> 32) as usize
-}
-
-thread_local! {
-    static RNG: Cell<u64> = const { Cell::new(0) };
-}
-
-/// xorshift64*, seeded per OS thread. Not inlined: a user thread may move
-/// between kernel threads, so the thread-local's address is looked up anew
-/// on every call.
-#[inline(never)]
-pub(crate) fn next_random() -> u64 {
-    RNG.with(|s| {
-        let mut x = s.get();
-        if x == 0 {
-            x = crate::clock::now() | 1;
-        }
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        s.set(x);
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    })
 }
 
 #[cfg(all(test, not(loom)))]

@@ -1,0 +1,255 @@
+//! A user thread's context: its slot line, its core, name, inbox link,
+//! the dispatcher's private wake-up half and its coroutine. Contexts exist
+//! apart from slots: a parked thread keeps its context while the slot runs
+//! someone else.
+
+use super::core::Core;
+use super::coroutine::Context;
+use super::slot::Invocation;
+use super::wakeup::{LocalWake, Wakeup};
+use crate::shim::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use crossbeam_utils::CachePadded;
+use std::cell::{Cell, UnsafeCell};
+
+/// One thread slot.
+#[repr(C, align(64))]
+pub(crate) struct ThreadContext {
+    /// Line 0: function, class, generation, signal count.
+    pub(crate) invocation: Invocation,
+    /// Line 1 is read-mostly: a signaller reads `core` right after its
+    /// swap on line 0, so nothing the dispatcher writes on every
+    /// wakeup may share this line (that would cost the signaller a
+    /// second transfer).
+    /// Owned by the core's kernel thread.
+    core: AtomicPtr<Core>,
+    /// The slot the context occupies in its core (it moves when the
+    /// thread migrates).
+    index: AtomicUsize,
+    /// The thread's name, if it has one (a leaked `Box<str>` while the
+    /// thread lives; read by the stack-overflow handler).
+    name_ptr: AtomicPtr<u8>,
+    name_len: AtomicUsize,
+    /// The next context in an inbox (see [`crate::sched::inbox`]), written by
+    /// the sender before it publishes the context there.
+    link: AtomicPtr<ThreadContext>,
+    /// Lines 2 on, core-private: the dispatcher's half of the wakeup
+    /// state (written on every wakeup), the execution context, the
+    /// yielder.
+    local: CachePadded<LocalWake>,
+    /// The thread's `corewise::thread_local!` values (see `crate::local`),
+    /// null until it first uses one and again after its exit; touched only
+    /// by the thread itself, so it moves with the context.
+    locals: Cell<*mut crate::local::Table>,
+    context: UnsafeCell<Option<Context>>,
+    /// Set by the slot's coroutine when it starts; valid while it lives.
+    pub(crate) yielder: Cell<*const crate::sched::coroutine::SlotYielder>,
+    /// The stack pointer the thread had when it last switched out.
+    pub(crate) stack_pointer: Cell<usize>,
+    /// A thread has run to its end on this stack since its pages were last
+    /// given back: the next thread that parks here gives back the pages
+    /// below its stack pointer.
+    pub(crate) stack_used: Cell<bool>,
+}
+
+// SAFETY: the `Cell`/`UnsafeCell` fields are touched only by the kernel
+// thread that owns the slot's core (the dispatcher and the thread it runs),
+// or by a spawner that owns the slot through `MaskAndCount::claim` before
+// it publishes the slot's function (release).
+unsafe impl Sync for ThreadContext {}
+// SAFETY: as for `Sync`; a context is created on one thread and handed to
+// the core's kernel thread before any use.
+unsafe impl Send for ThreadContext {}
+
+impl crate::sched::inbox::Linked for ThreadContext {
+    fn link(&self) -> &AtomicPtr<Self> {
+        &self.link
+    }
+}
+
+/// The class word's flag for a thread created with `Builder::core`: it
+/// runs on that core only, so it is never parked or moved by load.
+pub(crate) const PINNED: u32 = 1 << 16;
+
+impl ThreadContext {
+    /// A context that belongs to no slot yet (see [`crate::sched::park`]).
+    pub(crate) fn new_spare() -> &'static Self {
+        Box::leak(Box::new(Self::new(0)))
+    }
+
+    /// The thread's class.
+    #[inline]
+    pub(crate) fn class(&self) -> crate::policy::ThreadClass {
+        crate::policy::ThreadClass::from_u32(
+            self.invocation.class.load(Ordering::Relaxed) & !PINNED,
+        )
+    }
+
+    /// Whether the thread may leave its slot and be placed on any core
+    /// its class may use (not pinned, not `Exclusive`).
+    #[inline]
+    pub(crate) fn movable(&self) -> bool {
+        let c = self.invocation.class.load(Ordering::Relaxed);
+        c & PINNED == 0
+            && crate::policy::ThreadClass::from_u32(c) != crate::policy::ThreadClass::Exclusive
+    }
+
+    /// Whether the context holds a live thread's function (see
+    /// [`Invocation::is_published`]).
+    #[inline]
+    pub(crate) fn is_published(&self) -> bool {
+        self.invocation.is_published()
+    }
+
+    pub(crate) fn new(index: usize) -> Self {
+        Self {
+            invocation: Invocation::new(),
+            core: AtomicPtr::new(std::ptr::null_mut()),
+            index: AtomicUsize::new(index),
+            name_ptr: AtomicPtr::new(std::ptr::null_mut()),
+            name_len: AtomicUsize::new(0),
+            link: AtomicPtr::new(std::ptr::null_mut()),
+            local: CachePadded::new(LocalWake::new()),
+            locals: Cell::new(std::ptr::null_mut()),
+            context: UnsafeCell::new(None),
+            yielder: Cell::new(std::ptr::null()),
+            stack_pointer: Cell::new(0),
+            stack_used: Cell::new(false),
+        }
+    }
+
+    /// The running thread's per-thread storage table (see `crate::local`).
+    #[inline]
+    pub(crate) fn locals(&self) -> &Cell<*mut crate::local::Table> {
+        &self.locals
+    }
+
+    /// The slot's wakeup state.
+    #[inline]
+    pub(crate) fn wakeup(&self) -> Wakeup<'_> {
+        Wakeup {
+            shared: &self.invocation.signals,
+            local: &self.local,
+        }
+    }
+
+    /// The slot's generation counter.
+    #[inline]
+    pub(crate) fn generation(&self) -> &AtomicU32 {
+        &self.invocation.generation
+    }
+
+    /// The core the context is on now.
+    #[inline]
+    pub(crate) fn core(&self) -> &'static Core {
+        // SAFETY: always a pointer to a core of a leaked ('static)
+        // runtime, set before the context is first used.
+        unsafe { &*self.core.load(Ordering::Acquire) }
+    }
+
+    /// The slot index the context occupies in [`core`](Self::core).
+    #[inline]
+    pub(crate) fn index(&self) -> usize {
+        self.index.load(Ordering::Relaxed)
+    }
+
+    /// Moves the context to slot `index` of `core` (migration).
+    pub(crate) fn relocate(&self, core: &'static Core, index: usize) {
+        self.index.store(index, Ordering::Relaxed);
+        self.core
+            .store(core as *const Core as *mut Core, Ordering::Release);
+    }
+
+    /// The slot's execution context, creating it on first use.
+    ///
+    /// # Safety
+    /// Only the owning core's kernel thread may call this, and not while
+    /// the context runs; the returned reference must not outlive that.
+    #[allow(clippy::mut_from_ref)]
+    #[inline]
+    pub(crate) unsafe fn context(
+        &'static self,
+        stack_size: usize,
+    ) -> std::io::Result<&'static mut Context> {
+        // SAFETY: per the contract, no other reference exists.
+        let slot = unsafe { &mut *self.context.get() };
+        match slot {
+            Some(c) => Ok(c),
+            None => Self::create_context(slot, stack_size, self),
+        }
+    }
+
+    /// The first use of a slot: its stack and coroutine (out of the
+    /// dispatch path, which only ever finds them made).
+    #[cold]
+    #[inline(never)]
+    fn create_context(
+        slot: &'static mut Option<Context>,
+        stack_size: usize,
+        this: &'static Self,
+    ) -> std::io::Result<&'static mut Context> {
+        Ok(slot.insert(Context::new(stack_size, this)?))
+    }
+
+    /// Gives back the stack's pages below the stack pointer the thread
+    /// recorded when it last switched out.
+    ///
+    /// # Safety
+    /// Only the owning core's kernel thread may call this, while the thread
+    /// is suspended after a switch out (not a fresh context).
+    pub(crate) unsafe fn give_back_stack(&self) {
+        // SAFETY: per the contract, no other reference exists.
+        if let Some(c) = unsafe { (*self.context.get()).as_ref() } {
+            let sp = self.stack_pointer.get();
+            if sp != 0 {
+                // SAFETY: the coroutine is suspended and `sp` is from its
+                // last switch out (contract).
+                unsafe { c.give_back_below(sp) };
+            }
+        }
+    }
+
+    /// Drops the slot's context (its stack), at runtime shutdown.
+    ///
+    /// # Safety
+    /// As for [`context`](Self::context), and the slot must be free.
+    pub(crate) unsafe fn drop_context(&self) {
+        // SAFETY: per the contract.
+        unsafe { *self.context.get() = None };
+    }
+
+    /// Sets the thread's name, freeing any old one. Costs nothing for a
+    /// thread that never had a name.
+    pub(crate) fn set_name(&self, name: Option<Box<str>>) {
+        if name.is_none() && self.name_ptr.load(Ordering::Relaxed).is_null() {
+            return;
+        }
+        let (ptr, len) = match name {
+            Some(n) => {
+                let len = n.len();
+                (Box::into_raw(n).cast::<u8>(), len)
+            }
+            None => (std::ptr::null_mut(), 0),
+        };
+        let old_len = self.name_len.swap(len, Ordering::Relaxed);
+        let old = self.name_ptr.swap(ptr, Ordering::Release);
+        if !old.is_null() {
+            // SAFETY: `old`/`old_len` came from `Box::into_raw` of a
+            // `Box<str>` above, and the swap took them out exactly once.
+            drop(unsafe {
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(old, old_len) as *mut str)
+            });
+        }
+    }
+
+    /// The thread's name, if any.
+    pub(crate) fn name(&self) -> Option<&str> {
+        let ptr = self.name_ptr.load(Ordering::Acquire);
+        if ptr.is_null() {
+            return None;
+        }
+        let len = self.name_len.load(Ordering::Relaxed);
+        // SAFETY: the name lives until the slot's thread exits; callers
+        // are that thread or the crash handler.
+        Some(unsafe { std::str::from_utf8_unchecked(std::slice::from_raw_parts(ptr, len)) })
+    }
+}

@@ -1,0 +1,56 @@
+//! The scheduler engine: cores, their thread slots, the dispatcher, and
+//! the protocols by which other cores create, wake, park and move threads.
+//!
+//! Everything here is crate-private; `thread` is the public front. The
+//! pieces, from the words other cores touch to the loop that runs threads:
+//!
+//! - [`occupancy`]: the 56-bit slot occupancy word a spawner claims a slot in.
+//! - [`wakeup`]: a slot's signal count and the dispatcher's private half.
+//! - [`slot`]: a slot's first cache line (function, class, generation, signals).
+//! - [`context`]: a user thread's context, which exists apart from any slot.
+//! - [`coroutine`]: the switch into and out of a thread; overflow naming.
+//! - [`stack`]: stacks carved from large mappings, guard pages, give-back.
+//! - [`core`]: one core's slots, gate, inbox, statistics.
+//! - [`idle`]: how an idle core sleeps and how a waker wakes it.
+//! - [`inbox`]: the lock-free stack of threads handed to a core.
+//! - [`park`]: threads leaving their slot, timers, spares, rebalancing.
+//! - [`placement`]: which core a new or woken thread goes to.
+//! - [`spawn`]: thread creation.
+//! - [`dispatch`]: the loop each core's kernel thread runs.
+//! - [`current`]: the running user thread, and its exit.
+
+pub(crate) mod idle;
+pub(crate) mod inbox;
+pub(crate) mod occupancy;
+pub(crate) mod wakeup;
+
+#[cfg(not(loom))]
+pub(crate) mod context;
+#[cfg(not(loom))]
+pub(crate) mod core;
+#[cfg(not(loom))]
+pub(crate) mod coroutine;
+#[cfg(not(loom))]
+pub(crate) mod current;
+#[cfg(not(loom))]
+pub(crate) mod dispatch;
+#[cfg(not(loom))]
+pub(crate) mod park;
+#[cfg(not(loom))]
+pub(crate) mod placement;
+#[cfg(not(loom))]
+pub(crate) mod slot;
+#[cfg(not(loom))]
+pub(crate) mod spawn;
+#[cfg(not(loom))]
+pub(crate) mod stack;
+
+#[cfg(all(test, loom))]
+mod models;
+
+#[cfg(not(loom))]
+pub(crate) use self::context::{ThreadContext, PINNED};
+#[cfg(not(loom))]
+pub(crate) use self::core::Core;
+#[cfg(not(loom))]
+pub(crate) use wakeup::BLOCKED;

@@ -1,0 +1,225 @@
+//! Loom models of the dispatcher's cross-core protocol: slot claim,
+//! publication through the wake-up word, parking, and the idle gate, as
+//! the dispatcher and spawners use them together.
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use crate::sched::idle::IdleGate;
+    use crate::sched::occupancy::*;
+    use crate::sched::wakeup::*;
+    use crate::shim::{AtomicBool, Ordering, UnsafeCell};
+    use loom::sync::Arc;
+
+    /// The dispatcher's loop, reduced to one slot: take a due thread, or
+    /// announce sleep, re-check with SeqCst, and sleep.
+    fn dispatch_until(
+        mask: &MaskAndCount,
+        w: Wakeup<'_>,
+        gate: &IdleGate,
+        mut run: impl FnMut() -> bool,
+    ) {
+        loop {
+            if mask.occupied() & 1 != 0 && w.take_if_due(&mut || 0) {
+                if run() {
+                    return;
+                }
+                continue;
+            }
+            gate.prepare_sleep();
+            if mask.occupied() & 1 != 0 && w.due_or_deadline(0).is_none() {
+                gate.cancel_sleep();
+                continue;
+            }
+            gate.sleep(None);
+        }
+    }
+
+    #[test]
+    fn spawn_onto_a_sleeping_core_is_never_lost() {
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            let shared = Arc::new(SignalWord::new());
+            let local = LocalWake::new();
+            let gate = Arc::new(IdleGate::new());
+            let job = Arc::new(UnsafeCell::new(0u32));
+            let published = Arc::new(AtomicBool::new(false));
+            let spawner = {
+                let (mask, shared, gate, job, published) = (
+                    mask.clone(),
+                    shared.clone(),
+                    gate.clone(),
+                    job.clone(),
+                    published.clone(),
+                );
+                loom::thread::spawn(move || {
+                    assert_eq!(mask.claim(), Some(0));
+                    // SAFETY: the slot is ours until it is published.
+                    job.with_mut(|p| unsafe { *p = 42 });
+                    published.store(true, Ordering::Release);
+                    // The spawner's signal touches only the shared half.
+                    shared.0.fetch_add(SIGNAL, Ordering::Release);
+                    gate.wake_after_rmw();
+                })
+            };
+            let w = Wakeup {
+                shared: &shared,
+                local: &local,
+            };
+            dispatch_until(&mask, w, &gate, || {
+                // A stale signal may run the slot before it is published:
+                // the slot loop checks the publication flag.
+                if !published.load(Ordering::Acquire) {
+                    return false;
+                }
+                // SAFETY: published with release; the spawner is done.
+                assert_eq!(job.with_mut(|p| unsafe { *p }), 42);
+                mask.release(0);
+                true
+            });
+            spawner.join().unwrap();
+            assert_eq!(mask.count(), 0);
+        });
+    }
+
+    #[test]
+    fn signal_racing_block_is_never_lost() {
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            let shared = Arc::new(SignalWord::new());
+            let local = LocalWake::new();
+            let gate = Arc::new(IdleGate::new());
+            let flag = Arc::new(AtomicBool::new(false));
+            assert_eq!(mask.claim(), Some(0));
+            let w = Wakeup {
+                shared: &shared,
+                local: &local,
+            };
+            w.signal();
+            let signaller = {
+                let (shared, gate, flag) = (shared.clone(), gate.clone(), flag.clone());
+                loom::thread::spawn(move || {
+                    flag.store(true, Ordering::Relaxed);
+                    shared.0.fetch_add(SIGNAL, Ordering::Release);
+                    gate.wake_after_rmw();
+                })
+            };
+            // The user thread: wait for the flag with block().
+            dispatch_until(&mask, w, &gate, || loop {
+                if flag.load(Ordering::Relaxed) {
+                    return true;
+                }
+                if w.block_until(BLOCKED) {
+                    return false; // switched out
+                }
+            });
+            signaller.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn claiming_ahead_racing_a_claim_and_a_release_never_shares_a_slot() {
+        // Slot 0 taken; the core frees it while one spawner claims three
+        // slots ahead (a reservation) and another claims one.
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            assert_eq!(mask.claim(), Some(0));
+            let m = mask.clone();
+            let freer = loom::thread::spawn(move || m.release(0));
+            let m = mask.clone();
+            let ahead = loom::thread::spawn(move || {
+                let (first, more) = m.claim_ahead(3).unwrap();
+                (1u64 << first) | more
+            });
+            let m = mask.clone();
+            let one = loom::thread::spawn(move || 1u64 << m.claim().unwrap());
+            freer.join().unwrap();
+            let (a, b) = (ahead.join().unwrap(), one.join().unwrap());
+            assert_eq!(a & b, 0, "shared slots: {a:#b} and {b:#b}");
+            assert!(a.count_ones() >= 1 && a.count_ones() <= 3);
+            assert_eq!(mask.occupied(), a | b);
+            mask.release_all(a | b);
+            assert_eq!(mask.occupied(), 0);
+        });
+    }
+
+    #[test]
+    fn claims_racing_a_release_never_share_a_slot() {
+        // Slots 0 and 1 taken; the core frees slot 0 while two spawners
+        // claim. Each spawner must end with a slot of its own, and the
+        // mask must hold exactly the slots in use.
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            assert_eq!(mask.claim(), Some(0));
+            assert_eq!(mask.claim(), Some(1));
+            let m = mask.clone();
+            let freer = loom::thread::spawn(move || m.release(0));
+            let hs: Vec<_> = (0..2)
+                .map(|_| {
+                    let m = mask.clone();
+                    loom::thread::spawn(move || m.claim().unwrap())
+                })
+                .collect();
+            freer.join().unwrap();
+            let got: Vec<usize> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+            assert_ne!(got[0], got[1], "two spawners claimed slot {}", got[0]);
+            assert!(
+                got.iter().all(|&s| s != 1),
+                "slot 1 is still taken: {got:?}"
+            );
+            let expect = got.iter().fold(1u64 << 1, |m, &s| m | (1 << s));
+            assert_eq!(mask.occupied(), expect);
+            assert_eq!(mask.count(), 3);
+        });
+    }
+
+    #[test]
+    fn signals_racing_a_park_place_the_thread_exactly_once() {
+        // A blocked thread's dispatcher parks it while two signallers
+        // signal it. Either the park fails (a signal came first: the thread
+        // stays in its slot and is due) or exactly one signaller places it.
+        loom::model(|| {
+            let shared = Arc::new(SignalWord::new());
+            let local = LocalWake::new();
+            let w = Wakeup {
+                shared: &shared,
+                local: &local,
+            };
+            assert!(w.block_until(BLOCKED));
+            let signallers: Vec<_> = (0..2)
+                .map(|_| {
+                    let shared = shared.clone();
+                    loom::thread::spawn(move || {
+                        let parked = shared.0.fetch_add(SIGNAL, Ordering::AcqRel) & PARKED != 0;
+                        usize::from(parked && shared.claim_unpark())
+                    })
+                })
+                .collect();
+            let parked = w.try_park();
+            let placed: usize = signallers.into_iter().map(|h| h.join().unwrap()).sum();
+            if parked {
+                assert_eq!(placed, 1, "a parked thread is placed once");
+            } else {
+                assert_eq!(placed, 0);
+                assert!(w.take_if_due(&mut || 0), "an unparked thread is due");
+            }
+            assert_eq!(shared.0.load(Ordering::Relaxed) & PARKED, 0);
+        });
+    }
+
+    #[test]
+    fn two_spawners_claim_distinct_slots() {
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            let hs: Vec<_> = (0..2)
+                .map(|_| {
+                    let m = mask.clone();
+                    loom::thread::spawn(move || m.claim().unwrap())
+                })
+                .collect();
+            let mut got: Vec<usize> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+            got.sort_unstable();
+            assert_eq!(got, vec![0, 1]);
+            assert_eq!(mask.count(), 2);
+        });
+    }
+}

@@ -1,0 +1,149 @@
+//! A slot's first cache line (`Invocation`): the function of the thread
+//! that will start there (inline when it fits in 40 bytes), its class and
+//! generation, and the signal word. Creating a thread on another core moves
+//! this one line; a signal touches it too, and the wait link of a blocked
+//! thread reuses the dead closure storage.
+
+use super::wakeup::SignalWord;
+use crate::shim::{AtomicU32, AtomicUsize, Ordering};
+use std::cell::UnsafeCell;
+use std::mem::{align_of, size_of, MaybeUninit};
+
+#[cfg(test)]
+const _LINE0_IS_ONE_LINE: () = assert!(size_of::<Invocation>() == 64);
+
+/// Bytes of a thread's function that fit in the slot's first cache line.
+const INLINE_BYTES: usize = 40;
+
+/// The first cache line of a slot: everything a spawner writes and a
+/// signaller touches, so creating a thread on another core moves one
+/// line (plus the core's `MaskAndCount`), and so does a signal.
+#[repr(C, align(64))]
+pub(crate) struct Invocation {
+    /// The thread's closure, when it fits (else a `Box` pointer).
+    storage: UnsafeCell<MaybeUninit<[u64; INLINE_BYTES / 8]>>,
+    /// The function that runs `storage`, as a `usize`; 0 = nothing to
+    /// run. Published (release) after `storage` is written.
+    run: AtomicUsize,
+    /// `ThreadClass` of the thread in the slot (as u32).
+    pub(crate) class: AtomicU32,
+    /// Bumped by the spawner that puts a new thread in the slot, so
+    /// `ThreadId`s of earlier threads are recognised as stale.
+    pub(crate) generation: AtomicU32,
+    /// The shared half of the slot's wakeup state.
+    pub(crate) signals: SignalWord,
+}
+
+impl Invocation {
+    pub(crate) fn new() -> Self {
+        Self {
+            storage: UnsafeCell::new(MaybeUninit::uninit()),
+            run: AtomicUsize::new(0),
+            class: AtomicU32::new(0),
+            generation: AtomicU32::new(0),
+            signals: SignalWord::new(),
+        }
+    }
+
+    /// Stores `f` (inline when it fits, otherwise boxed) and publishes it.
+    ///
+    /// # Safety
+    /// The caller owns the slot (claimed it and has not yet made it
+    /// runnable), so nothing else reads or writes `storage`.
+    pub(crate) unsafe fn put<F: FnOnce() + Send + 'static>(&self, f: F) {
+        let run: unsafe fn(*mut u8) = if size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= 8 {
+            // SAFETY: the storage is 40 bytes aligned to 64 and F fits.
+            unsafe { self.storage.get().cast::<F>().write(f) };
+            run_inline::<F>
+        } else {
+            let boxed: Box<F> = Box::new(f);
+            // SAFETY: a pointer fits in the storage.
+            unsafe {
+                self.storage
+                    .get()
+                    .cast::<*mut F>()
+                    .write(Box::into_raw(boxed))
+            };
+            run_boxed::<F>
+        };
+        self.run.store(run as usize, Ordering::Release);
+    }
+
+    /// Whether a function is published in the slot (from `put` until the
+    /// thread's function has returned). An occupied slot without one is
+    /// being filled by a spawner right now.
+    #[inline]
+    pub(crate) fn is_published(&self) -> bool {
+        self.run.load(Ordering::Acquire) != 0
+    }
+
+    /// Slot's own thread: runs the published function, if there is one,
+    /// leaving the line empty. Returns whether one ran.
+    ///
+    /// # Safety
+    /// Called only by the slot's own coroutine.
+    pub(crate) unsafe fn run_published(&self) -> bool {
+        let run = self.run.load(Ordering::Acquire);
+        if run == 0 {
+            return false;
+        }
+        // SAFETY: a non-zero `run` is an `unsafe fn(*mut u8)` stored by
+        // `put`, which wrote the matching closure before publishing.
+        unsafe {
+            let run: unsafe fn(*mut u8) = std::mem::transmute::<usize, unsafe fn(*mut u8)>(run);
+            run(self.storage.get().cast());
+        }
+        // Cleared only now: a write to this line before the thread ran
+        // would cost a cache-line upgrade on the creation path. Nothing
+        // looks at `run` until the slot is free again.
+        self.run.store(0, Ordering::Relaxed);
+        true
+    }
+}
+
+impl Invocation {
+    /// Puts the running thread's wait link in `storage` and returns it.
+    ///
+    /// The storage is dead from the moment the thread's function was
+    /// taken out of it (`run_published` moves it to the thread's stack)
+    /// until the slot is freed, and a user thread waits on one queue at
+    /// a time; so the link sits in the line that a signal writes and the
+    /// dispatcher reads to wake the thread (see `sync::wait_queue`).
+    ///
+    /// # Safety
+    /// Called only by the slot's running thread, while no earlier link
+    /// of its is still queued.
+    pub(crate) unsafe fn wait_link(
+        &self,
+        link: crate::sync::wait_queue::Link,
+    ) -> &crate::sync::wait_queue::Link {
+        const {
+            assert!(size_of::<crate::sync::wait_queue::Link>() <= INLINE_BYTES);
+            assert!(align_of::<crate::sync::wait_queue::Link>() <= 8);
+        }
+        let p = self.storage.get().cast::<crate::sync::wait_queue::Link>();
+        // SAFETY: per the contract the storage holds nothing live and
+        // no other thread reaches it (the old link is unlinked); it is
+        // big and aligned enough (checked above).
+        unsafe {
+            p.write(link);
+            &*p
+        }
+    }
+}
+
+/// # Safety
+/// `p` holds an `F` written by `Invocation::put`, read exactly once.
+unsafe fn run_inline<F: FnOnce()>(p: *mut u8) {
+    // SAFETY: per the function's contract.
+    let f = unsafe { p.cast::<F>().read() };
+    f()
+}
+
+/// # Safety
+/// `p` holds a `*mut F` from `Box::into_raw`, read exactly once.
+unsafe fn run_boxed<F: FnOnce()>(p: *mut u8) {
+    // SAFETY: per the function's contract.
+    let f = unsafe { Box::from_raw(p.cast::<*mut F>().read()) };
+    f()
+}

@@ -1,0 +1,414 @@
+//! User-thread stacks: carved out of large reserved mappings, one guard
+//! page each, committed only as touched, and given back when reused.
+//!
+//! A million threads need a million stacks. One `mmap` per stack plus an
+//! `mprotect`ed guard page is two mappings per stack, and the kernel's
+//! `vm.max_map_count` (65 530 by default) counts every one: that capped a
+//! process near 32 000 threads. Here stacks are carved from chunks of
+//! [`CHUNK_BYTES`] of address space (one mapping each, `MAP_NORESERVE`, so
+//! nothing is committed or charged until touched), and each stack's guard
+//! page is installed with `MADV_GUARD_INSTALL` (Linux 6.13+), which marks
+//! page-table entries and does not split the mapping. So the mapping count
+//! stays flat: one per chunk. On older kernels the guard falls back to
+//! `mprotect(PROT_NONE)` (two mappings per stack, as before).
+//!
+//! The overflow handler finds the thread whose guard page was hit by
+//! address arithmetic over the chunk table ([`find_guard`]): any number of
+//! threads is named, within [`MAX_CHUNKS`] chunks of stacks.
+//!
+//! A parked thread's stack below its stack pointer is dead. When a thread
+//! parks on a stack that an earlier thread used (perhaps deeply), the
+//! dispatcher gives those pages back ([`PoolStack::give_back_below`]), so a
+//! parked thread's resident memory is what its own frames hold.
+
+use crate::sched::ThreadContext;
+use corosensei::stack::{Stack, StackPointer};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Address space reserved per chunk (1 GiB: 4 096 stacks of 256 KiB).
+pub(crate) const CHUNK_BYTES: usize = 1 << 30;
+/// Chunks the process may map (16 TiB of stacks in 1 GiB chunks).
+pub(crate) const MAX_CHUNKS: usize = 16 * 1024;
+
+/// `madvise` advice that installs guard markers (Linux 6.13).
+const MADV_GUARD_INSTALL: i32 = 102;
+
+/// How guard pages are made on this kernel.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GuardKind {
+    /// No stack made yet.
+    Unknown,
+    /// `MADV_GUARD_INSTALL`: no extra mapping per stack.
+    Marker,
+    /// `mprotect(PROT_NONE)`: one extra mapping per stack.
+    Protect,
+}
+
+static GUARD_KIND: AtomicU8 = AtomicU8::new(0);
+
+/// How guard pages are made (known after the first stack).
+#[cfg(test)]
+pub(crate) fn guard_kind() -> GuardKind {
+    match GUARD_KIND.load(Ordering::Relaxed) {
+        1 => GuardKind::Marker,
+        2 => GuardKind::Protect,
+        _ => GuardKind::Unknown,
+    }
+}
+
+/// One chunk, as the overflow handler reads it (no locks there: atomics,
+/// published with `base` last).
+struct ChunkEntry {
+    base: AtomicUsize,
+    len: AtomicUsize,
+    stride: AtomicUsize,
+    /// Owner of each stack of the chunk (a leaked array of `len / stride`).
+    owners: AtomicPtr<AtomicPtr<ThreadContext>>,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY_CHUNK: ChunkEntry = ChunkEntry {
+    base: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    stride: AtomicUsize::new(0),
+    owners: AtomicPtr::new(std::ptr::null_mut()),
+};
+
+static CHUNKS: [ChunkEntry; MAX_CHUNKS] = [EMPTY_CHUNK; MAX_CHUNKS];
+
+/// Stacks of one size: chunks and a free list.
+struct Pool {
+    stride: usize,
+    /// Chunk numbers (in [`CHUNKS`]) and how many stacks of each were handed out.
+    chunks: Vec<(usize, usize)>,
+    /// Stacks returned by dropped contexts: (chunk number, stack number).
+    free: Vec<(usize, usize)>,
+}
+
+struct Pools {
+    pools: Vec<Pool>,
+    chunks_used: usize,
+}
+
+static POOLS: Mutex<Pools> = Mutex::new(Pools {
+    pools: Vec::new(),
+    chunks_used: 0,
+});
+
+fn page() -> usize {
+    rustix::param::page_size()
+}
+
+/// A stack carved from a chunk: `[lo, lo + page)` is its guard,
+/// `[lo + page, lo + stride)` the stack proper.
+#[derive(Debug)]
+pub(crate) struct PoolStack {
+    lo: usize,
+    stride: usize,
+    chunk: usize,
+    index: usize,
+}
+
+/// The extent of a [`PoolStack`], kept beside the coroutine that owns the
+/// stack (which does not lend it out).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StackRange {
+    lo: usize,
+    stride: usize,
+}
+
+impl StackRange {
+    /// Gives back the pages of the stack below `sp` (page-aligned down),
+    /// which the caller guarantees hold nothing live: the thread on this
+    /// stack is suspended with its stack pointer at or above `sp`.
+    pub(crate) fn give_back_below(&self, sp: usize) {
+        let bottom = self.lo + page();
+        let top = sp & !(page() - 1);
+        if top > bottom && top <= self.lo + self.stride {
+            // SAFETY: `[bottom, top)` lies in this stack's own part of a
+            // mapping we made, and the caller guarantees nothing there is
+            // live; MADV_DONTNEED leaves the range mapped (zero on touch).
+            unsafe {
+                libc::madvise(
+                    bottom as *mut libc::c_void,
+                    top - bottom,
+                    libc::MADV_DONTNEED,
+                );
+            }
+        }
+    }
+}
+
+impl PoolStack {
+    /// A stack of at least `size` usable bytes.
+    pub(crate) fn new(size: usize) -> std::io::Result<Self> {
+        let page = page();
+        let stride = size.div_ceil(page) * page + page;
+        let mut g = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+        let g = &mut *g;
+        let pi = match g.pools.iter().position(|p| p.stride == stride) {
+            Some(i) => i,
+            None => {
+                g.pools.push(Pool {
+                    stride,
+                    chunks: Vec::new(),
+                    free: Vec::new(),
+                });
+                g.pools.len() - 1
+            }
+        };
+        let pool = &mut g.pools[pi];
+        if let Some((chunk, index)) = pool.free.pop() {
+            let lo = CHUNKS[chunk].base.load(Ordering::Relaxed) + index * stride;
+            return Ok(Self {
+                lo,
+                stride,
+                chunk,
+                index,
+            });
+        }
+        let (chunk, index) = match pool.chunks.last_mut() {
+            Some((c, used)) if *used < CHUNKS[*c].len.load(Ordering::Relaxed) / stride => {
+                *used += 1;
+                (*c, *used - 1)
+            }
+            _ => {
+                if g.chunks_used >= MAX_CHUNKS {
+                    return Err(std::io::Error::other(format!(
+                        "no address space left for user-thread stacks ({MAX_CHUNKS} chunks of {} MiB mapped)",
+                        CHUNK_BYTES >> 20
+                    )));
+                }
+                let c = g.chunks_used;
+                // A process limited in address space (`ulimit -v`) may not
+                // get a whole chunk: take what it can, down to one stack.
+                let mut per_chunk = (CHUNK_BYTES / stride).max(1);
+                loop {
+                    match map_chunk(c, per_chunk * stride, stride, per_chunk) {
+                        Ok(()) => break,
+                        Err(_) if per_chunk > 1 => per_chunk = (per_chunk / 8).max(1),
+                        Err(e) => return Err(e),
+                    }
+                }
+                g.chunks_used += 1;
+                pool.chunks.push((c, 1));
+                (c, 0)
+            }
+        };
+        let lo = CHUNKS[chunk].base.load(Ordering::Relaxed) + index * stride;
+        install_guard(lo, page)?;
+        Ok(Self {
+            lo,
+            stride,
+            chunk,
+            index,
+        })
+    }
+
+    /// Usable bytes (the guard page excluded).
+    pub(crate) fn usable(&self) -> usize {
+        self.stride - page()
+    }
+
+    /// Records which thread context runs on this stack, for the overflow
+    /// message.
+    pub(crate) fn set_owner(&self, owner: *const ThreadContext) {
+        let owners = CHUNKS[self.chunk].owners.load(Ordering::Acquire);
+        // SAFETY: `owners` is the chunk's leaked array with one entry per
+        // stack, and `index` is within it.
+        unsafe { &*owners.add(self.index) }.store(owner.cast_mut(), Ordering::Release);
+    }
+
+    /// The stack's extent.
+    pub(crate) fn range(&self) -> StackRange {
+        StackRange {
+            lo: self.lo,
+            stride: self.stride,
+        }
+    }
+}
+
+// SAFETY: `base` and `limit` describe `[lo, lo + stride)`, a range of a
+// private read-write mapping that only this `PoolStack` uses until it is
+// dropped; both are page-aligned (so 16-byte aligned), and the limit
+// includes the guard page.
+unsafe impl Stack for PoolStack {
+    fn base(&self) -> StackPointer {
+        StackPointer::new(self.lo + self.stride).expect("stack top is not null")
+    }
+
+    fn limit(&self) -> StackPointer {
+        StackPointer::new(self.lo).expect("stack bottom is not null")
+    }
+}
+
+impl Drop for PoolStack {
+    fn drop(&mut self) {
+        self.set_owner(std::ptr::null());
+        self.range().give_back_below(self.lo + self.stride);
+        let mut g = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = g.pools.iter_mut().find(|p| p.stride == self.stride) {
+            p.free.push((self.chunk, self.index));
+        }
+    }
+}
+
+/// Maps chunk `c`: `len` bytes reserved, nothing committed.
+fn map_chunk(c: usize, len: usize, stride: usize, stacks: usize) -> std::io::Result<()> {
+    // SAFETY: an anonymous private mapping at an address the kernel
+    // chooses; it never overlaps anything we own.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!(
+                "cannot map {} KiB of address space for user-thread stacks: {e}",
+                len >> 10
+            ),
+        ));
+    }
+    let owners: &'static [AtomicPtr<ThreadContext>] = Box::leak(
+        (0..stacks)
+            .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+            .collect(),
+    );
+    let e = &CHUNKS[c];
+    e.owners
+        .store(owners.as_ptr().cast_mut(), Ordering::Relaxed);
+    e.stride.store(stride, Ordering::Relaxed);
+    e.len.store(len, Ordering::Relaxed);
+    e.base.store(base as usize, Ordering::Release);
+    Ok(())
+}
+
+/// Makes `[lo, lo + page)` a guard: a marker if the kernel has them, else
+/// `PROT_NONE`.
+fn install_guard(lo: usize, page: usize) -> std::io::Result<()> {
+    if GUARD_KIND.load(Ordering::Relaxed) != 2 {
+        // SAFETY: the page lies in a mapping we made and holds nothing.
+        let r = unsafe { libc::madvise(lo as *mut libc::c_void, page, MADV_GUARD_INSTALL) };
+        if r == 0 {
+            GUARD_KIND.store(1, Ordering::Relaxed);
+            return Ok(());
+        }
+    }
+    // SAFETY: as above.
+    let r = unsafe { libc::mprotect(lo as *mut libc::c_void, page, libc::PROT_NONE) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("cannot make a stack guard page: {e} (vm.max_map_count reached?)"),
+        ));
+    }
+    GUARD_KIND.store(2, Ordering::Relaxed);
+    Ok(())
+}
+
+/// For the overflow handler (async-signal-safe: atomics only): if `addr`
+/// is in a stack's guard page, that stack's owner and usable size.
+pub(crate) fn find_guard(addr: usize) -> Option<(*const ThreadContext, usize)> {
+    let page = page();
+    for e in CHUNKS.iter() {
+        let base = e.base.load(Ordering::Acquire);
+        if base == 0 {
+            // Chunks are filled in order: the rest are empty.
+            return None;
+        }
+        let len = e.len.load(Ordering::Relaxed);
+        if addr < base || addr >= base + len {
+            continue;
+        }
+        let stride = e.stride.load(Ordering::Relaxed);
+        let off = addr - base;
+        if off % stride >= page {
+            return None;
+        }
+        let owners = e.owners.load(Ordering::Relaxed);
+        // SAFETY: the array has `len / stride` entries and `off / stride`
+        // is below that.
+        let owner = unsafe { &*owners.add(off / stride) }.load(Ordering::Acquire);
+        return Some((owner, stride - page));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mappings of this process that overlap `[lo, hi)`.
+    fn maps_within(lo: usize, hi: usize) -> usize {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+                Some((
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                ))
+            })
+            .filter(|&(a, b)| a < hi && b > lo)
+            .count()
+    }
+
+    #[test]
+    fn stacks_are_guarded_and_recycled() {
+        let a = PoolStack::new(64 * 1024).unwrap();
+        let b = PoolStack::new(64 * 1024).unwrap();
+        assert!(a.usable() >= 64 * 1024);
+        assert_ne!(a.lo, b.lo);
+        assert!(find_guard(a.lo).is_some());
+        assert!(find_guard(a.lo + page()).is_none());
+        let lo = b.lo;
+        drop(b);
+        let c = PoolStack::new(64 * 1024).unwrap();
+        assert_eq!(c.lo, lo, "a dropped stack is reused");
+    }
+
+    #[test]
+    fn many_stacks_cost_no_mappings_with_guard_markers() {
+        let stacks: Vec<_> = (0..2000)
+            .map(|_| PoolStack::new(32 * 1024).unwrap())
+            .collect();
+        let lo = stacks.iter().map(|s| s.lo).min().unwrap();
+        let hi = stacks.iter().map(|s| s.lo + s.stride).max().unwrap();
+        let n = maps_within(lo, hi);
+        match guard_kind() {
+            // One chunk, maybe two (and pieces of others' stacks between).
+            GuardKind::Marker => assert!(n < 16, "2000 stacks lie in {n} mappings"),
+            // Older kernels: a guard splits the mapping.
+            _ => assert!(n >= 2000, "{n}"),
+        }
+        drop(stacks);
+    }
+
+    #[test]
+    fn pages_below_the_stack_pointer_are_given_back() {
+        let s = PoolStack::new(256 * 1024).unwrap();
+        let lo = s.lo + page();
+        let top = s.lo + s.stride;
+        // SAFETY: the usable range is ours and mapped read-write.
+        unsafe { std::ptr::write_bytes(lo as *mut u8, 7, top - lo) };
+        s.range().give_back_below(top - 8 * 1024);
+        // SAFETY: as above; given-back pages read as zero.
+        unsafe {
+            assert_eq!(*(lo as *const u8), 0);
+            assert_eq!(*((top - 16 * 1024) as *const u8), 0);
+            assert_eq!(*((top - 1) as *const u8), 7);
+        }
+    }
+}
