@@ -290,6 +290,46 @@ impl Client {
         self.inner.shm.preempted()
     }
 
+    /// Whether the application's connection is still open: a zero-timeout
+    /// `poll` of its socket, on which the daemon only ever answers
+    /// requests, so anything to read there outside a request is the end of
+    /// the connection (the daemon exited or was killed). One system call;
+    /// a runtime checks it now and then to notice a daemon that died while
+    /// none of its threads was waiting on a socket.
+    ///
+    /// ```no_run
+    /// let c = corewise_arbiter::connect("/run/corewise-arbiter.sock")?;
+    /// assert!(c.is_connected());
+    /// # Ok::<(), corewise_arbiter::client::ClientError>(())
+    /// ```
+    pub fn is_connected(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags};
+        // A request in progress holds the lock and will see the end itself.
+        let Ok(c) = self.inner.control.try_lock() else {
+            return true;
+        };
+        let mut fds = [PollFd::new(&c.stream, PollFlags::IN)];
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match poll(&mut fds, Some(&zero)) {
+            Ok(0) | Err(_) => true,
+            Ok(_) => {
+                let ev = fds[0].revents();
+                if ev.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::RDHUP) {
+                    return false;
+                }
+                // Readable: end of file unless the daemon sent something.
+                let mut b = [0u8; 1];
+                !matches!(
+                    rustix::net::recv(&c.stream, &mut b, RecvFlags::PEEK | RecvFlags::DONTWAIT),
+                    Ok((0, _))
+                )
+            }
+        }
+    }
+
     /// Whether the daemon announced it is exiting.
     pub fn daemon_shutting_down(&self) -> bool {
         self.inner.shm.shutdown()
@@ -431,6 +471,41 @@ mod tests {
             Err(ClientError::Connect { .. })
         ));
         assert!(matches!(status(&p), Err(ClientError::Connect { .. })));
+    }
+
+    #[test]
+    fn a_closed_control_connection_is_seen() {
+        let p = std::env::temp_dir().join(format!("corewise-hangup-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // A daemon that welcomes the application, then dies.
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 6];
+            s.read_exact(&mut b).unwrap();
+            let page = crate::shm::SharedPageWriter::create().unwrap();
+            let bytes = crate::protocol::encode_response(&Response::Welcome { app_token: 7 });
+            let fds = [page.fd()];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut anc = rustix::net::SendAncillaryBuffer::new(&mut space);
+            assert!(anc.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+            rustix::net::sendmsg(
+                &s,
+                &[IoSlice::new(&bytes)],
+                &mut anc,
+                rustix::net::SendFlags::empty(),
+            )
+            .unwrap();
+            rx.recv().unwrap();
+            drop(s);
+        });
+        let c = Client::connect(&p).unwrap();
+        assert!(c.is_connected());
+        tx.send(()).unwrap();
+        t.join().unwrap();
+        assert!(!c.is_connected());
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]

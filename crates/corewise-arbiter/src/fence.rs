@@ -376,6 +376,28 @@ impl CgroupFence {
                 threads,
             });
         }
+        // Sets of a crashed daemon that managed other cores (another
+        // --cpus or --unmanaged): their threads join the unmanaged set and
+        // the sets go, so no task stays fenced on a CPU nobody manages.
+        let ours: Vec<PathBuf> = cores.iter().map(|c| c.dir.clone()).collect();
+        for stale in std::fs::read_dir(&root)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
+            let name = stale.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if !name.starts_with("corewise-core") || ours.contains(&stale) || !stale.is_dir() {
+                continue;
+            }
+            for tid in read_ids(&stale.join(tf)) {
+                let _ = write_tid(&unmanaged_threads, &unmanaged_threads_path, tid);
+            }
+            match rmdir_retry(&stale) {
+                Ok(()) => tracing::info!(dir = %stale.display(), "removed a stale core set"),
+                Err(e) => {
+                    tracing::warn!(dir = %stale.display(), error = %e, "could not remove a stale core set")
+                }
+            }
+        }
         if version == CgroupVersion::V1 {
             // Existing tasks of the root move to the unmanaged set. Some
             // (per-CPU kernel threads) cannot move; that is expected.

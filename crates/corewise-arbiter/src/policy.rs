@@ -8,7 +8,9 @@
 //! the remaining cores are split equally (water-filling one core at a time),
 //! never giving one user's applications together more than that user's cap;
 //! when cores do not divide evenly, applications that already hold cores keep
-//! them (no churn), then older applications win. Placement: keep what an
+//! them (no churn), then older applications win. On machines with
+//! hyperthreads the split is of physical cores, each owned whole by one
+//! application ([`whole_core_targets`]). Placement: keep what an
 //! application holds, then prefer a hyperthread sibling of one of its cores,
 //! then its package, then a physical core that is entirely free.
 
@@ -105,6 +107,137 @@ pub fn targets(demands: &[Demand], cores: u32) -> Vec<u32> {
         }
     }
     given
+}
+
+/// The physical cores among `cpus`: groups of hyperthread siblings, in the
+/// order of their first CPU.
+///
+/// ```
+/// use corewise_arbiter::policy::physical_cores;
+/// use corewise_arbiter::topology::Topology;
+/// let t = Topology::synthetic(2, 2, 2);
+/// assert_eq!(physical_cores(&[2, 3, 4, 6], &t), vec![vec![2, 3], vec![4], vec![6]]);
+/// ```
+pub fn physical_cores(cpus: &[CoreId], topo: &Topology) -> Vec<Vec<CoreId>> {
+    let mut groups: Vec<Vec<CoreId>> = Vec::new();
+    for &c in cpus {
+        match groups.iter_mut().find(|g| topo.are_siblings(g[0], c)) {
+            Some(g) => g.push(c),
+            None => groups.push(vec![c]),
+        }
+    }
+    groups
+}
+
+/// How many physical cores the CPUs `cpus` touch.
+///
+/// ```
+/// use corewise_arbiter::policy::cores_spanned;
+/// use corewise_arbiter::topology::Topology;
+/// let t = Topology::synthetic(1, 2, 2); // (0,1) and (2,3) are sibling pairs
+/// assert_eq!(cores_spanned(&[0, 1], &t), 1);
+/// assert_eq!(cores_spanned(&[1, 2], &t), 2);
+/// ```
+pub fn cores_spanned(cpus: &[CoreId], topo: &Topology) -> u32 {
+    physical_cores(cpus, topo).len() as u32
+}
+
+/// An application's share when physical cores are owned whole: at most
+/// `cpus` CPUs, on at most `cores` physical cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// CPUs (hyperthreads) it may hold.
+    pub cpus: u32,
+    /// Physical cores those CPUs may span.
+    pub cores: u32,
+}
+
+/// Targets when hyperthread siblings stay with one application: the
+/// equal split and the priorities of [`targets`] are applied to physical
+/// cores (a request of `n` CPUs asks for `n / threads per core` cores,
+/// rounded up), and each application may then use that many cores' CPUs,
+/// up to what it asked for. `held[i]` are the CPUs application `i` holds.
+/// Without hyperthreads this is [`targets`] exactly.
+///
+/// Why whole cores: two applications on the two hyperthreads of one core
+/// share its execution units and caches, so neither gets a core's worth of
+/// work done and each disturbs the other's latency; a core's siblings are
+/// also the cheapest CPUs for one application's threads to share data
+/// between. The price: an application asking for an odd number of CPUs
+/// leaves a hyperthread of its last core idle.
+///
+/// ```
+/// use corewise_arbiter::policy::{whole_core_targets, Demand, Share};
+/// use corewise_arbiter::topology::Topology;
+/// let t = Topology::synthetic(2, 2, 2);
+/// let d = |n: u32| Demand {
+///     requested: [n, 0, 0, 0, 0, 0, 0, 0],
+///     cap: 100,
+///     held: 0,
+///     user: 1000,
+///     user_cap: 100,
+/// };
+/// // 6 managed CPUs (3 physical cores), 3 applications asking for 3 CPUs
+/// // each: one core, two CPUs, each.
+/// let shares = whole_core_targets(&[d(3), d(3), d(3)], &[vec![], vec![], vec![]], &[2, 3, 4, 5, 6, 7], &t);
+/// assert!(shares.iter().all(|s| *s == Share { cpus: 2, cores: 1 }));
+/// // One CPU wanted: a core of its own, one CPU used.
+/// let one = whole_core_targets(&[d(1)], &[vec![]], &[2, 3, 4, 5, 6, 7], &t);
+/// assert_eq!(one, vec![Share { cpus: 1, cores: 1 }]);
+/// ```
+pub fn whole_core_targets(
+    demands: &[Demand],
+    held: &[Vec<CoreId>],
+    managed: &[CoreId],
+    topo: &Topology,
+) -> Vec<Share> {
+    let groups = physical_cores(managed, topo);
+    let per_core = groups
+        .iter()
+        .map(|g| g.len() as u32)
+        .min()
+        .unwrap_or(1)
+        .max(1);
+    let in_cores = |cpus: u32| cpus.div_ceil(per_core);
+    let core_demands: Vec<Demand> = demands
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut requested = [0u32; PRIORITY_LEVELS];
+            let (mut cpus, mut cores) = (0u32, 0u32);
+            for (level, &n) in d.requested.iter().enumerate() {
+                cpus = cpus.saturating_add(n);
+                let upto = in_cores(cpus);
+                requested[level] = upto - cores;
+                cores = upto;
+            }
+            Demand {
+                requested,
+                cap: in_cores(d.cap),
+                held: held.get(i).map_or(0, |h| cores_spanned(h, topo)),
+                user: d.user,
+                // Rounded down, so that a user's cores never hold more
+                // CPUs than its limit (one core for a limit of one CPU:
+                // each application's own cap then keeps it to one).
+                user_cap: (d.user_cap / per_core).max(d.user_cap.min(1)),
+            }
+        })
+        .collect();
+    targets(&core_demands, groups.len() as u32)
+        .into_iter()
+        .zip(demands)
+        .map(|(cores, d)| {
+            let wanted = d
+                .requested
+                .iter()
+                .fold(0u32, |a, &b| a.saturating_add(b))
+                .min(d.cap);
+            Share {
+                cpus: wanted.min(cores.saturating_mul(per_core)),
+                cores,
+            }
+        })
+        .collect()
 }
 
 /// Picks the best free core for an application holding `mine`.
@@ -322,9 +455,45 @@ mod tests {
         let pkgs: Vec<_> = mine.iter().map(|&c| t.package_of(c)).collect();
         assert!(pkgs.windows(2).all(|w| w[0] == w[1]), "{mine:?}");
         assert_eq!(choose_core(&[], &mine, &t), None);
+        // Whole cores: three applications asking more than their share of
+        // three physical cores get one each; priorities still count.
+        let d0 = |lvl: usize, n: u32| {
+            let mut r = [0; 8];
+            r[lvl] = n;
+            d(r, 0)
+        };
+        let managed: Vec<CoreId> = (2..8).collect();
+        let none = vec![vec![]; 3];
+        let s = whole_core_targets(&[d0(2, 5), d0(2, 5), d0(2, 5)], &none, &managed, &t);
+        assert_eq!(s, vec![Share { cpus: 2, cores: 1 }; 3]);
+        let s = whole_core_targets(&[d0(7, 6), d0(0, 3), d0(2, 1)], &none, &managed, &t);
+        assert_eq!(
+            s,
+            vec![
+                Share { cpus: 0, cores: 0 },
+                Share { cpus: 3, cores: 2 },
+                Share { cpus: 1, cores: 1 }
+            ]
+        );
+        // An incumbent spread over two cores counts as holding two.
+        let held = vec![vec![2, 4], vec![]];
+        let s = whole_core_targets(&[d0(2, 2), d0(2, 4)], &held, &[2, 3, 4, 5], &t);
+        assert_eq!(s[0].cores + s[1].cores, 2);
+        assert_eq!(
+            physical_cores(&[7, 2, 6, 3], &t),
+            vec![vec![7, 6], vec![2, 3]]
+        );
         // Without hyperthreads nothing breaks.
         let flat = Topology::synthetic(1, 4, 1);
         assert_eq!(choose_core(&[3, 1], &[0], &flat), Some(1));
         assert_eq!(choose_victim(&[0, 2], &flat), Some(2));
+        let r = [3, 1, 0, 0, 0, 0, 0, 2];
+        assert_eq!(
+            whole_core_targets(&[d(r, 0), d(r, 0)], &[vec![], vec![]], &[1, 2, 3], &flat)
+                .iter()
+                .map(|s| s.cpus)
+                .collect::<Vec<_>>(),
+            targets(&[d(r, 0), d(r, 0)], 3)
+        );
     }
 }

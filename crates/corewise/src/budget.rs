@@ -33,7 +33,7 @@
 //! println!("{budget}");
 //! ```
 
-mod cgroup;
+pub(crate) mod cgroup;
 mod filter;
 mod neighbour;
 mod watch;
@@ -314,6 +314,8 @@ pub struct BudgetProbe {
     root: PathBuf,
     max_cores: MaxCores,
     affinity: Option<CpuList>,
+    /// Skip the core arbiter daemon's cpusets (see [`Self::under_arbiter`]).
+    skip_arbiter_sets: bool,
 }
 
 impl Default for BudgetProbe {
@@ -330,7 +332,21 @@ impl BudgetProbe {
             root: PathBuf::from("/"),
             max_cores: MaxCores::Env,
             affinity: None,
+            skip_arbiter_sets: false,
         }
+    }
+
+    /// For a runtime whose cores come from the core arbiter daemon: the
+    /// daemon's own cpusets (`corewise-unmanaged`, `corewise-core<N>`) say
+    /// where the daemon put a thread at the moment, not what the process
+    /// may use (the unmanaged set shrinks with every core the daemon grants,
+    /// the process's own grants included), so they are skipped, and
+    /// `cpus` (the runtime's CPUs) stands in for the affinity the daemon
+    /// narrowed the same way. Quotas and every other cpuset still count.
+    pub(crate) fn under_arbiter(mut self, cpus: CpuList) -> Self {
+        self.affinity = Some(cpus);
+        self.skip_arbiter_sets = true;
+        self
     }
 
     /// Reads process `pid`'s budget instead.
@@ -406,6 +422,9 @@ impl BudgetProbe {
         if let Some(v2) = &v2 {
             collect_quotas(v2, &mut quotas)?;
             collect_cpusets(v2, &mut cpusets)?;
+        }
+        if self.skip_arbiter_sets {
+            cpusets.retain(|(dir, _)| !crate::arbiter::is_daemon_set(dir));
         }
         let online = cgroup::read_optional(&cgroup::under_root(
             &self.root,
@@ -721,6 +740,37 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn under_the_arbiter_its_sets_do_not_count() {
+        // The process in the daemon's unmanaged set, which lacks the CPUs
+        // granted at the moment; the daemon's root allows 0-5.
+        let r = FakeRoot::new("arbiter");
+        r.write("proc/self/cgroup", "0::/d/corewise-unmanaged\n");
+        r.write(
+            "proc/self/mountinfo",
+            "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+        );
+        r.write("sys/devices/system/cpu/online", "0-7\n");
+        r.write("sys/fs/cgroup/d/cpuset.cpus.effective", "0-5\n");
+        r.write(
+            "sys/fs/cgroup/d/corewise-unmanaged/cpuset.cpus.effective",
+            "0-1\n",
+        );
+        assert_eq!(r.probe().read().unwrap().cores(), 2);
+        let b = r.probe().under_arbiter(list("0-7")).read().unwrap();
+        assert_eq!(b.cpus().to_string(), "0-5", "{b}");
+        assert_eq!(
+            b.reason(),
+            &BudgetReason::Cpuset {
+                path: r.0.join("sys/fs/cgroup/d")
+            }
+        );
+        // Quotas still bind.
+        r.write("sys/fs/cgroup/d/cpu.max", "200000 100000\n");
+        let b = r.probe().under_arbiter(list("0-7")).read().unwrap();
+        assert_eq!(b.cores(), 2, "{b}");
     }
 
     #[test]

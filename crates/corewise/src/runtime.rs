@@ -425,7 +425,15 @@ impl Builder {
                 )));
             }
         }
+        // With the daemon, its cpusets say where it put a thread, not the
+        // budget (see `BudgetProbe::under_arbiter`).
+        let probe = if arbiter.is_some() {
+            crate::budget::BudgetProbe::new().under_arbiter(cpus.iter().copied().collect())
+        } else {
+            crate::budget::BudgetProbe::new()
+        };
         let watcher = BudgetWatcher::builder()
+            .probe(probe)
             .neighbour(if n > 1 { self.neighbour } else { None })
             .neighbour_cgroup(self.neighbour_cgroup.clone())
             .spawn()
@@ -448,7 +456,7 @@ impl Builder {
             idle_spin_ticks: crate::clock::duration_to_ticks(self.idle_spin),
             policy,
             arbiter: match arbiter {
-                Some(d) => Box::new(d.with_kthreads(n)),
+                Some(d) => Box::new(d.with_kthreads(n).with_cpus(cpus.clone())),
                 None => Box::new(Local::new(cpus.clone())),
             },
             active_mask: AtomicU64::new(0),

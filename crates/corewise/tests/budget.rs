@@ -340,7 +340,9 @@ fn busy_neighbours_cap_at_one() {
     let _serial = share_test_lock();
     let budget = BudgetProbe::new().max_cores(None).read().unwrap().cores();
     let mut kids = Children(Vec::new());
-    for _ in 0..2 {
+    // One spinning process per CPU, and our own spinner on top: the
+    // neighbours alone fill the machine (2 on the CI machine, 8 in the guest).
+    for _ in 0..budget {
         kids.0.push(
             Command::new("sh")
                 .args(["-c", "while :; do :; done"])
@@ -358,7 +360,21 @@ fn busy_neighbours_cap_at_one() {
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(50));
+    // Sample once every spinner runs (starting 8 shells takes a while on
+    // an emulated CPU): each has used CPU time.
+    let ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = after.split_whitespace().collect();
+        // Fields 14 and 15 (utime, stime) are the 12th and 13th after ')'.
+        f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !kids.0.iter().all(|c| ticks(c.id()) > 0) {
+        assert!(std::time::Instant::now() < deadline, "spinners never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let cfg = NeighbourConfig {
         window: Duration::from_millis(200),
         ..NeighbourConfig::default()
@@ -369,7 +385,10 @@ fn busy_neighbours_cap_at_one() {
     drop(kids);
     let cap = result.unwrap();
     eprintln!("neighbour cap {cap} of budget {budget}");
-    assert_eq!(cap, 1, "three spinners on {budget} CPUs, one of them ours");
+    assert_eq!(
+        cap, 1,
+        "{budget} + 1 spinners on {budget} CPUs, one of them ours"
+    );
 }
 
 #[test]
@@ -677,4 +696,104 @@ fn an_idle_runtime_reads_nothing() {
     })
     .unwrap();
     assert!(b.reads() > last, "a busy runtime's watcher did not read");
+}
+
+/// The cgroup v2 hierarchy (the only one in `scripts/guest.sh`'s guest).
+const V2_ROOT: &str = "/sys/fs/cgroup";
+
+/// A v2 subtree `top/mid/leaf` with the cpu and cpuset controllers enabled
+/// down to the leaf, and a sleeper in the leaf (v2 keeps processes in
+/// leaves); `None` without a v2 root that delegates both controllers.
+fn v2_nest() -> Option<(CgroupTree, [PathBuf; 3], Children)> {
+    let control =
+        std::fs::read_to_string(Path::new(V2_ROOT).join("cgroup.subtree_control")).ok()?;
+    let words: Vec<&str> = control.split_whitespace().collect();
+    if !(words.contains(&"cpu") && words.contains(&"cpuset")) {
+        eprintln!("skipping: {V2_ROOT} does not delegate cpu and cpuset (cgroup v2)");
+        return None;
+    }
+    let mut tree = CgroupTree::new(V2_ROOT, "cgroup.subtree_control")?;
+    let top = tree.top().to_path_buf();
+    must_write(&top.join("cgroup.subtree_control"), "+cpu +cpuset");
+    let mid = tree.child("mid");
+    must_write(&mid.join("cgroup.subtree_control"), "+cpu +cpuset");
+    let leaf = mid.join("leaf");
+    std::fs::create_dir(&leaf).unwrap();
+    tree.dirs.push(leaf.clone());
+    let kids = Children(vec![sleeper()]);
+    move_into(&leaf, kids.0[0].id());
+    Some((tree, [top, mid, leaf], kids))
+}
+
+#[test]
+fn v2_nested_quotas_tightest_parent_wins() {
+    let Some((_tree, [top, mid, leaf], kids)) = v2_nest() else {
+        return;
+    };
+    if machine_cpus() < 4 {
+        eprintln!("skipping: needs 4 CPUs");
+        return;
+    }
+    let pid = kids.0[0].id();
+    let quota_of = |pid: u32| {
+        let b = BudgetProbe::for_pid(pid).max_cores(None).read().unwrap();
+        let BudgetReason::Quota(q) = b.reason() else {
+            panic!("want a quota: {b}")
+        };
+        (b.cores(), q.path.clone(), q.quota_us, q.period_us)
+    };
+    // The grandparent's 3 CPUs, the parent's 2 (the tightest), the leaf
+    // unlimited: the parent's quota decides.
+    must_write(&top.join("cpu.max"), "300000 100000");
+    must_write(&mid.join("cpu.max"), "200000 100000");
+    assert_eq!(quota_of(pid), (2, mid.clone(), 200_000, 100_000));
+    // v2 accepts a child quota above its parent's; the parent still binds.
+    must_write(&leaf.join("cpu.max"), "400000 100000");
+    assert_eq!(quota_of(pid), (2, mid.clone(), 200_000, 100_000));
+    // Tighter at the top: the grandparent decides.
+    must_write(&top.join("cpu.max"), "100000 100000");
+    assert_eq!(quota_of(pid), (1, top.clone(), 100_000, 100_000));
+    // The process's own view, through `corewise::cpu_budget()`.
+    let line = budget_of_child_in(&leaf, None);
+    assert!(
+        line.starts_with("BUDGET cores=1 reason=quota at "),
+        "{line}"
+    );
+    assert!(line.contains(&top.display().to_string()), "{line}");
+}
+
+#[test]
+fn v2_nested_cpusets_narrow_the_cpu_list() {
+    let Some((_tree, [top, mid, leaf], kids)) = v2_nest() else {
+        return;
+    };
+    if machine_cpus() < 8 {
+        eprintln!("skipping: needs 8 CPUs");
+        return;
+    }
+    let pid = kids.0[0].id();
+    // v2 lets a child name CPUs its parent lacks; what it gets is the
+    // intersection, and the directory that narrowed it last is the reason.
+    must_write(&top.join("cpuset.cpus"), "2-5");
+    must_write(&mid.join("cpuset.cpus"), "4-7");
+    let effective = std::fs::read_to_string(leaf.join("cpuset.cpus.effective")).unwrap();
+    assert_eq!(effective.trim(), "4-5");
+    let b = BudgetProbe::for_pid(pid).max_cores(None).read().unwrap();
+    assert_eq!(b.cpus().to_vec(), vec![4, 5], "{b}");
+    assert_eq!(b.cores(), 2, "{b}");
+    assert_eq!(
+        b.reason(),
+        &BudgetReason::Cpuset { path: mid.clone() },
+        "{b}"
+    );
+    // A quota tighter than the CPU list wins over it.
+    must_write(&leaf.join("cpu.max"), "100000 100000");
+    let b = BudgetProbe::for_pid(pid).max_cores(None).read().unwrap();
+    assert_eq!((b.cores(), b.cpus().to_vec()), (1, vec![4, 5]), "{b}");
+    assert!(
+        matches!(b.reason(), BudgetReason::Quota(q) if q.path == leaf),
+        "{b}"
+    );
+    let line = budget_of_child_in(&leaf, None);
+    assert!(line.starts_with("BUDGET cores=1 "), "{line}");
 }

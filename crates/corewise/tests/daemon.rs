@@ -1,8 +1,9 @@
 //! The runtime as a client of the real core arbiter daemon.
 //!
 //! The daemon (`corewise_arbiter::daemon::spawn`, the same code as the
-//! binary) runs on a thread of this test process, on a cgroup v1 cpuset
-//! subtree of the test's own (`--cgroup-root`), with its own socket. The
+//! binary) runs on a thread of this test process, on a cpuset subtree of the
+//! test's own (`--cgroup-root`; cgroup v1, or cgroup v2 where that is the
+//! only hierarchy, as in `scripts/guest.sh`), with its own socket. The
 //! test process moves into that subtree first, so the daemon puts every
 //! thread of it, and of the child processes it starts, in its unmanaged set:
 //! kernel threads only reach a managed CPU when the daemon grants it. Guards
@@ -10,11 +11,14 @@
 //! a test fails. A second application is this test binary re-executed with
 //! an environment variable.
 //!
-//! With 2 CPUs and one kept unmanaged there is exactly one managed core, so
-//! the tests are built around one core changing hands. Waits have generous
-//! limits only so that a broken build fails instead of hanging; nothing
-//! asserts on timing. The tests need root and a cgroup v1 cpuset hierarchy
-//! (except the fallback test); without them they say so and pass.
+//! The daemon gets two CPUs, CPU 0 and the first CPU that is not its
+//! hyperthread sibling, and keeps one unmanaged: there is exactly one
+//! managed core, so the tests are built around one core changing hands.
+//! Waits have generous limits only so that a broken build fails instead of
+//! hanging; nothing asserts on timing (`COREWISE_TEST_WAIT_S` stretches
+//! them and `COREWISE_TEST_RECLAIM_MS` sets the daemon's reclaim timeout,
+//! for the guest's emulated CPU). The tests need root and a cpuset
+//! hierarchy (except the fallback test); without them they say so and pass.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -28,12 +32,16 @@ use corewise::Runtime;
 use corewise_arbiter::daemon::{self, Backend, DaemonHandle, Options};
 
 const CPUSET: &str = "/sys/fs/cgroup/cpuset";
-const WAIT: Duration = Duration::from_secs(30);
-/// Child mode: `high` (a priority-0 application) or `env-fallback`.
+const V2_ROOT: &str = "/sys/fs/cgroup";
+/// Child mode: `high` (a priority-0 application), `env-fallback`, or
+/// `daemon` (the core arbiter daemon, a process of its own).
 const CHILD_ENV: &str = "COREWISE_DAEMON_TEST_CHILD";
 /// The managed CPU, for the `high` child.
 const CPU_ENV: &str = "COREWISE_DAEMON_TEST_CPU";
 const PREFIX: &str = "corewise-rt-test-";
+/// The socket and the cgroup root, for the `daemon` child.
+const SOCKET_ENV: &str = "COREWISE_DAEMON_TEST_SOCKET";
+const ROOT_ENV: &str = "COREWISE_DAEMON_TEST_ROOT";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 /// The daemon tests move the whole process between cgroups: one at a time.
@@ -43,18 +51,74 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A duration in the environment variable `var` (in `unit`s), else `default`.
+fn env_duration(var: &str, unit: Duration, default: Duration) -> Duration {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(default, |n| unit * n)
+}
+
+/// How long a wait may last before the test fails.
+fn wait_limit() -> Duration {
+    env_duration(
+        "COREWISE_TEST_WAIT_S",
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    )
+}
+
+/// Whether the cpuset hierarchy is cgroup v2 (`None`: there is none).
+fn v2() -> Option<bool> {
+    if Path::new(CPUSET).join("tasks").exists() {
+        return Some(false);
+    }
+    std::fs::read_to_string(Path::new(V2_ROOT).join("cgroup.subtree_control"))
+        .ok()?
+        .split_whitespace()
+        .any(|c| c == "cpuset")
+        .then_some(true)
+}
+
+fn base() -> &'static Path {
+    Path::new(if v2() == Some(true) { V2_ROOT } else { CPUSET })
+}
+
+/// The file listing a cgroup's threads.
+fn threads_file() -> &'static str {
+    if v2() == Some(true) {
+        "cgroup.threads"
+    } else {
+        "tasks"
+    }
+}
+
+/// The daemon's two CPUs: 0 and the first CPU that is not its sibling.
+fn two_cpus() -> corewise_arbiter::topology::CpuList {
+    let all = corewise_arbiter::topology::online_cpus();
+    let topo = corewise_arbiter::topology::Topology::read(&all);
+    let other = all
+        .cores()
+        .find(|&c| c != 0 && !topo.are_siblings(0, c))
+        .unwrap_or(1);
+    [0, other as usize].into_iter().collect()
+}
+
 fn can_run() -> bool {
     let ok = rustix::process::geteuid().is_root()
-        && Path::new(CPUSET).join("tasks").exists()
+        && v2().is_some()
         && std::thread::available_parallelism().map_or(0, |n| n.get()) >= 2;
     if !ok {
-        eprintln!("skipping: needs root, 2 CPUs and a cgroup v1 cpuset hierarchy at {CPUSET}");
+        eprintln!(
+            "skipping: needs root, 2 CPUs and a cpuset hierarchy (cgroup v1 at {CPUSET} or v2 \
+             at {V2_ROOT} with cpuset enabled)"
+        );
     }
     ok
 }
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait_limit();
     while !f() {
         assert!(Instant::now() < deadline, "gave up waiting for: {what}");
         std::thread::sleep(Duration::from_millis(2));
@@ -83,7 +147,7 @@ struct Sandbox {
 }
 
 fn remove_tree(cg: &Path) {
-    let root = Path::new(CPUSET);
+    let root = base();
     if let Ok(rd) = std::fs::read_dir(cg) {
         for e in rd.flatten() {
             if e.path().is_dir() {
@@ -93,8 +157,8 @@ fn remove_tree(cg: &Path) {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while cg.exists() && std::fs::remove_dir(cg).is_err() && Instant::now() < deadline {
-        for tid in read_ids(&cg.join("tasks")) {
-            let _ = std::fs::write(root.join("tasks"), tid.to_string());
+        for tid in read_ids(&cg.join(threads_file())) {
+            let _ = std::fs::write(root.join("cgroup.procs"), tid.to_string());
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -103,7 +167,7 @@ fn remove_tree(cg: &Path) {
 impl Sandbox {
     fn new() -> Self {
         // Subtrees of killed runs (their process is gone) go first.
-        if let Ok(rd) = std::fs::read_dir(CPUSET) {
+        if let Ok(rd) = std::fs::read_dir(base()) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let pid = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next());
@@ -116,15 +180,18 @@ impl Sandbox {
         }
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let name = format!("{PREFIX}{}-{n}", std::process::id());
-        let cg = Path::new(CPUSET).join(&name);
+        let cg = base().join(&name);
         std::fs::create_dir(&cg).expect("mkdir test cpuset");
         let sb = Self {
             cg,
             dir: std::env::temp_dir().join(&name),
         };
-        for f in ["cpuset.mems", "cpuset.cpus"] {
-            let v = std::fs::read_to_string(Path::new(CPUSET).join(f)).unwrap();
-            std::fs::write(sb.cg.join(f), v.trim()).unwrap();
+        // A new v1 cpuset starts empty; a v2 one inherits its parent's.
+        if v2() == Some(false) {
+            for f in ["cpuset.mems", "cpuset.cpus"] {
+                let v = std::fs::read_to_string(base().join(f)).unwrap();
+                std::fs::write(sb.cg.join(f), v.trim()).unwrap();
+            }
         }
         std::fs::create_dir_all(&sb.dir).unwrap();
         std::fs::write(sb.cg.join("cgroup.procs"), std::process::id().to_string())
@@ -156,16 +223,18 @@ impl Sandbox {
     }
 
     fn core_tasks(&self, c: usize) -> Vec<u32> {
-        read_ids(&self.cg.join(format!("corewise-core{c}")).join("tasks"))
+        read_ids(
+            &self
+                .cg
+                .join(format!("corewise-core{c}"))
+                .join(threads_file()),
+        )
     }
 }
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        let _ = std::fs::write(
-            Path::new(CPUSET).join("cgroup.procs"),
-            std::process::id().to_string(),
-        );
+        let _ = std::fs::write(base().join("cgroup.procs"), std::process::id().to_string());
         remove_tree(&self.cg);
         if self.cg.exists() {
             eprintln!("warning: could not remove {}", self.cg.display());
@@ -174,13 +243,23 @@ impl Drop for Sandbox {
     }
 }
 
-/// The daemon, on a thread of this process; stopped on drop.
-fn start_daemon(sb: &Sandbox) -> DaemonHandle {
-    daemon::spawn(Options {
-        socket: sb.socket(),
-        backend: Backend::CgroupV1,
-        cgroup_root: Some(sb.cg.clone()),
+/// The daemon's settings for a sandbox's socket and cgroup subtree.
+fn daemon_options(socket: PathBuf, cgroup_root: PathBuf) -> Options {
+    Options {
+        socket,
+        backend: if v2() == Some(true) {
+            Backend::CgroupV2
+        } else {
+            Backend::CgroupV1
+        },
+        cgroup_root: Some(cgroup_root),
+        cpus: Some(two_cpus()),
         unmanaged: 1,
+        reclaim_timeout: env_duration(
+            "COREWISE_TEST_RECLAIM_MS",
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+        ),
         config: corewise_arbiter::config::Config {
             socket: corewise_arbiter::config::SocketConfig {
                 mode: Some(0o600),
@@ -189,8 +268,29 @@ fn start_daemon(sb: &Sandbox) -> DaemonHandle {
             ..Default::default()
         },
         ..Options::default()
-    })
-    .expect("start the core arbiter")
+    }
+}
+
+/// The daemon, on a thread of this process; stopped on drop.
+fn start_daemon(sb: &Sandbox) -> DaemonHandle {
+    daemon::spawn(daemon_options(sb.socket(), sb.cg.clone())).expect("start the core arbiter")
+}
+
+/// The daemon as a process of its own (this test binary in `daemon`
+/// mode), so that it can be killed with SIGKILL; returns once it answers.
+fn start_daemon_process(sb: &Sandbox) -> KillOnDrop {
+    let child = spawn_child(
+        "daemon",
+        &[
+            (SOCKET_ENV, sb.socket().display().to_string()),
+            (ROOT_ENV, sb.cg.display().to_string()),
+        ],
+    );
+    let sock = sb.socket();
+    wait_until("the daemon process answers", || {
+        corewise_arbiter::client::status(&sock).is_ok()
+    });
+    child
 }
 
 /// A child process, killed on drop (even when a test fails).
@@ -239,6 +339,11 @@ fn child_entry() {
     match mode.as_str() {
         "high" => child_high(),
         "env-fallback" => child_env_fallback(),
+        "daemon" => {
+            let socket = PathBuf::from(std::env::var(SOCKET_ENV).unwrap());
+            let root = PathBuf::from(std::env::var(ROOT_ENV).unwrap());
+            daemon::run(daemon_options(socket, root)).expect("daemon");
+        }
         other => panic!("unknown child mode {other}"),
     }
     std::process::exit(0);
@@ -324,9 +429,13 @@ fn capture() -> (impl tracing::Subscriber + Send + Sync, Arc<Mutex<Vec<u8>>>) {
     (sub, buf)
 }
 
+/// Warnings about the arbiter (other subsystems may warn about the
+/// machine, e.g. an old kernel's io_uring).
 fn warnings(log: &Mutex<Vec<u8>>) -> usize {
     let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
-    text.lines().filter(|l| l.contains("WARN")).count()
+    text.lines()
+        .filter(|l| l.contains("WARN") && l.contains("corewise::arbiter"))
+        .count()
 }
 
 // ------------------------------------------------------------- parent side
@@ -401,13 +510,34 @@ impl Workload {
         });
     }
 
-    fn finish(self) -> Vec<u64> {
+    fn finish(mut self) -> Vec<u64> {
         self.stop.store(true, Ordering::Relaxed);
-        self.handles
+        std::mem::take(&mut self.handles)
             .into_iter()
             .map(|h| h.join().unwrap())
             .collect()
     }
+}
+
+impl Drop for Workload {
+    /// A failed test still lets the runtime shut down: the threads stop.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A runtime of the daemon on `sb`, holding the managed core, with 4
+/// threads at work.
+fn runtime_at_work(sb: &Sandbox) -> (Runtime, Workload) {
+    let core = sb.managed()[0];
+    let rt = Runtime::builder()
+        .arbiter_socket(sb.socket())
+        .build()
+        .unwrap();
+    wait_until("the runtime holds the managed core", || only_on(&rt, core));
+    let work = Workload::start(&rt, 4);
+    work.wait_progress("threads run");
+    (rt, work)
 }
 
 /// (a) With the daemon, the runtime gets the managed core and its threads
@@ -548,14 +678,7 @@ fn daemon_stopped_mid_run_leaves_the_application_running() {
     }
     let sb = Sandbox::new();
     let daemon = start_daemon(&sb);
-    let core = sb.managed()[0];
-    let rt = Runtime::builder()
-        .arbiter_socket(sb.socket())
-        .build()
-        .unwrap();
-    wait_until("the runtime holds the managed core", || only_on(&rt, core));
-    let work = Workload::start(&rt, 4);
-    work.wait_progress("threads run");
+    let (rt, work) = runtime_at_work(&sb);
 
     daemon.stop().expect("daemon stops cleanly");
 
@@ -569,6 +692,98 @@ fn daemon_stopped_mid_run_leaves_the_application_running() {
     assert!(rounds.iter().all(|&r| r > 0), "{rounds:?}");
     // Shutting the runtime down does not wait for a daemon that is gone.
     drop(rt);
+}
+
+/// The Linux thread ids of this process.
+fn my_threads() -> Vec<u32> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A thread's allowed CPUs, as the kernel lists them.
+fn allowed_cpus(tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Cpus_allowed_list:")
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// (e) The daemon is killed (SIGKILL) while the runtime holds its core:
+/// the runtime notices, its kernel threads leave the dead daemon's cpusets
+/// for its budget and keep running, and once a new daemon is up the
+/// runtime registers again and gets the core again.
+#[test]
+fn daemon_killed_runtime_runs_on_and_reconnects() {
+    let _g = serial();
+    if !can_run() {
+        return;
+    }
+    // The runtime's kernel threads log from threads of their own: only a
+    // process-wide subscriber sees them (no other test sets one).
+    let (sub, log) = capture();
+    let global = tracing::subscriber::set_global_default(sub).is_ok();
+    let sb = Sandbox::new();
+    let mut first = start_daemon_process(&sb);
+    let core = sb.managed()[0];
+    let (rt, work) = runtime_at_work(&sb);
+    let mine = |tids: Vec<u32>| -> Vec<u32> {
+        let me = my_threads();
+        tids.into_iter().filter(|t| me.contains(t)).collect()
+    };
+    let holder = mine(sb.core_tasks(core));
+    assert_eq!(holder.len(), 1, "one kernel thread of ours on the core");
+
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    // The dead daemon's core set is left behind; our thread is not in it.
+    assert!(sb.cg.join(format!("corewise-core{core}")).exists());
+    wait_until("our kernel thread leaves the dead daemon's core", || {
+        mine(sb.core_tasks(core)).is_empty()
+    });
+    // It went to the daemon's root, with the budget's CPUs (with a daemon,
+    // the runtime's CPUs are the online ones).
+    let root_threads = read_ids(&sb.cg.join(threads_file()));
+    assert!(
+        root_threads.contains(&holder[0]),
+        "the holder is in the daemon's root ({root_threads:?})"
+    );
+    let budget = corewise_arbiter::topology::online_cpus().to_string();
+    assert_eq!(allowed_cpus(holder[0]), budget, "confined no more");
+    work.wait_progress("threads run without the daemon");
+    let hs: Vec<_> = (0..8).map(|i| rt.spawn(move || i + 1).unwrap()).collect();
+    assert_eq!(hs.into_iter().map(|h| h.join().unwrap()).sum::<u64>(), 36);
+
+    // A new daemon: the runtime registers again and gets the core back.
+    let _second = start_daemon_process(&sb);
+    wait_until("the runtime registers with the new daemon", || {
+        corewise_arbiter::client::status(sb.socket()).is_ok_and(|s| {
+            s.iter()
+                .any(|e| e.pid == std::process::id() && e.granted == vec![core as u32])
+        })
+    });
+    wait_until("the runtime holds the core again", || only_on(&rt, core));
+    let on_core = mine(sb.core_tasks(core));
+    assert_eq!(on_core.len(), 1, "one kernel thread of ours on the core");
+    assert_eq!(allowed_cpus(on_core[0]), core.to_string());
+    work.wait_progress("threads run on the core again");
+    let rounds = work.finish();
+    assert!(rounds.iter().all(|&r| r > 0), "{rounds:?}");
+    drop(rt);
+    if global {
+        let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+        assert_eq!(warnings(&log), 1, "the loss is said once:\n{text}");
+        assert!(text.contains("daemon lost"), "{text}");
+        assert!(text.contains("registered again"), "{text}");
+    }
 }
 
 /// (d) An unreachable socket. Asked for by name, it fails the build with a
@@ -666,4 +881,84 @@ fn idle_cpu_cost() {
     wait_until("core held", || only_on(&rt, core));
     let d = measure(&rt);
     println!("idle runtime CPU: local {l:.3} %, daemon (2 ms release poll) {d:.3} % of one CPU");
+}
+
+/// (f) On a machine with 6 managed CPUs (the guest's 8, one physical core
+/// unmanaged), the runtime's core estimation grows from one core to all
+/// six under load and shrinks back when the load goes. (The CPU budget
+/// must not be read from the daemon's unmanaged set, which shrinks with
+/// every grant: the runtime would stop growing at what is left of it.)
+#[test]
+fn estimation_grows_to_six_daemon_cores_and_back() {
+    let _g = serial();
+    if !can_run() {
+        return;
+    }
+    if corewise_arbiter::topology::online_cpus().len() < 8 {
+        eprintln!("skipping: needs 8 CPUs (scripts/guest.sh)");
+        return;
+    }
+    let sb = Sandbox::new();
+    let _daemon = daemon::spawn(Options {
+        cpus: None,
+        ..daemon_options(sb.socket(), sb.cg.clone())
+    })
+    .expect("start the core arbiter");
+    let mut managed = sb.managed();
+    managed.sort_unstable();
+    assert_eq!(managed.len(), 6, "{managed:?}");
+    let rt = Runtime::builder()
+        .arbiter_socket(sb.socket())
+        .build()
+        .unwrap();
+    let granted = || {
+        corewise_arbiter::client::status(sb.socket())
+            .ok()
+            .and_then(|s| s.into_iter().find(|e| e.pid == std::process::id()))
+            .map_or(0, |e| e.granted.len())
+    };
+    wait_until("one core while idle", || granted() <= 1);
+    /// Stops the load even when an assertion fails, so the runtime can
+    /// shut down.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(stop.clone());
+    let hs: Vec<_> = (0..24)
+        .map(|_| {
+            let stop = stop.clone();
+            rt.spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for j in 0..20_000u64 {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(j));
+                    }
+                    corewise::yield_now();
+                }
+                x
+            })
+            .unwrap()
+        })
+        .collect();
+    wait_until("six daemon cores under load", || granted() == 6);
+    wait_until("the runtime's active cores are the managed CPUs", || {
+        let mut on: Vec<usize> = rt
+            .core_stats()
+            .into_iter()
+            .filter(|c| c.active && c.core != 0)
+            .map(|c| c.cpu)
+            .collect();
+        on.sort_unstable();
+        on == managed
+    });
+    stop.store(true, Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+    wait_until("back to at most one core when idle", || granted() <= 1);
+    drop(rt);
 }

@@ -12,7 +12,7 @@ use super::task::TaskIdent;
 
 use crate::config::{Config, Limits};
 use crate::fence::{Fence, FenceError};
-use crate::policy::{choose_core, choose_victim, targets, Demand};
+use crate::policy::{choose_core, choose_victim, cores_spanned, whole_core_targets, Demand};
 use crate::protocol::{Response, StatusEntry, PRIORITY_LEVELS};
 use crate::shm::{SharedPageWriter, ShmError};
 use crate::topology::{CoreId, CpuList, Topology};
@@ -688,9 +688,20 @@ impl State {
                 user_cap: a.limits.max_cores,
             })
             .collect();
-        let target = targets(&demands, self.managed.len() as u32);
+        // Hyperthread siblings stay with one application (see the policy).
+        let held_now: Vec<Vec<CoreId>> = app_ids
+            .iter()
+            .map(|id| {
+                self.apps
+                    .get(id)
+                    .map_or_else(Vec::new, |a| a.held.keys().copied().collect())
+            })
+            .collect();
+        let shares = whole_core_targets(&demands, &held_now, &self.managed, &self.topo);
+        let target: Vec<u32> = shares.iter().map(|s| s.cpus).collect();
 
-        // Releases (only applications holding cores can give any back).
+        // Releases (only applications holding cores can give any back):
+        // down to the share's CPUs, on at most its physical cores.
         for (i, &id) in app_ids.iter().enumerate() {
             if self.apps.get(&id).is_none_or(|a| a.held.is_empty()) {
                 continue;
@@ -698,10 +709,11 @@ impl State {
             let held = self.held_by(id);
             let releasing = held.iter().filter(|h| h.2).count() as u32;
             let keep = held.len() as u32 - releasing;
-            if keep > target[i] {
-                let mut candidates: Vec<CoreId> =
-                    held.iter().filter(|h| !h.2).map(|h| h.1).collect();
-                for _ in 0..(keep - target[i]) {
+            let mut candidates: Vec<CoreId> = held.iter().filter(|h| !h.2).map(|h| h.1).collect();
+            if keep > target[i] || cores_spanned(&candidates, &self.topo) > shares[i].cores {
+                while candidates.len() as u32 > target[i]
+                    || cores_spanned(&candidates, &self.topo) > shares[i].cores
+                {
                     let Some(v) = choose_victim(&candidates, &self.topo) else {
                         break;
                     };
@@ -725,11 +737,14 @@ impl State {
                     tracing::debug!(app = id, core = v, "release requested");
                 }
             } else if keep < target[i] && releasing > 0 {
-                for (tc, core, _) in held
-                    .iter()
-                    .filter(|h| h.2)
-                    .take((target[i] - keep) as usize)
-                {
+                for (tc, core, _) in held.iter().filter(|h| h.2) {
+                    candidates.push(*core);
+                    if candidates.len() as u32 > target[i]
+                        || cores_spanned(&candidates, &self.topo) > shares[i].cores
+                    {
+                        candidates.pop();
+                        continue;
+                    }
                     self.set_phase(
                         *tc,
                         Phase::Running {
@@ -772,6 +787,12 @@ impl State {
             .filter(|c| !self.holder.contains_key(c))
             .collect();
         let mut grants: Vec<(ConnId, ConnId, CoreId)> = Vec::new();
+        // Which application each CPU belongs to, grants of this pass included.
+        let mut owner: BTreeMap<CoreId, ConnId> = self
+            .holder
+            .iter()
+            .filter_map(|(&c, tc)| self.threads.get(tc).map(|t| (c, t.app)))
+            .collect();
         for i in order {
             let id = app_ids[i];
             let Some(a) = self.apps.get(&id) else {
@@ -783,10 +804,25 @@ impl State {
                 let Some(tc) = waiting.next() else {
                     break;
                 };
-                let Some(core) = choose_core(&free, &mine, &self.topo) else {
+                // Free CPUs whose siblings are free or this application's,
+                // within its share of physical cores.
+                let open: Vec<CoreId> = free
+                    .iter()
+                    .copied()
+                    .filter(|&c| {
+                        let sibs = self.topo.siblings(c);
+                        sibs.iter().all(|s| owner.get(s).is_none_or(|&a| a == id)) && {
+                            let mut with = mine.clone();
+                            with.push(c);
+                            cores_spanned(&with, &self.topo) <= shares[i].cores
+                        }
+                    })
+                    .collect();
+                let Some(core) = choose_core(&open, &mine, &self.topo) else {
                     break;
                 };
                 free.retain(|&c| c != core);
+                owner.insert(core, id);
                 mine.push(core);
                 grants.push((id, tc, core));
             }
@@ -833,12 +869,19 @@ impl State {
         }
     }
 
+    /// The unmanaged set: every CPU but the physical cores that hold a
+    /// grant (a granted CPU's idle sibling stays fenced too: it belongs to
+    /// the same application).
     fn sync_unmanaged(&mut self) {
-        let set: CpuList = self
-            .all
-            .cores()
-            .filter(|c| !self.holder.contains_key(c))
-            .collect();
+        let set: CpuList =
+            self.all
+                .cores()
+                .filter(|&c| {
+                    !self.holder.keys().any(|&h| {
+                        h == c || (self.managed.contains(&c) && self.topo.are_siblings(h, c))
+                    })
+                })
+                .collect();
         if let Err(e) = self.fence.set_unmanaged(&set) {
             tracing::error!(error = %e, "could not update the unmanaged set");
         }

@@ -48,17 +48,35 @@
 //! with `Local`, so the futex wake is the better long-term answer if idle
 //! cost matters. Busy dispatchers read the page on every rotation anyway.
 //!
-//! **The daemon going away.** If the daemon exits or crashes after the
-//! runtime started, nothing stops: kernel threads that hold cores keep
-//! them and keep running (`must_release_core` turns false for good, also
-//! when the daemon's shutdown flag is set: after an orderly exit the
-//! daemon has moved them back to its cgroup root, they simply run
-//! unconfined); kernel threads that were waiting for a core stay waiting,
-//! without a socket, until the runtime shuts down; and if no kernel thread
-//! holds a core any more, the floor runs. The choice: no reconnection (a new
-//! daemon re-partitions the machine and would have to adopt running threads,
-//! which the protocol does not describe), no panic, no lost user threads.
-//! The loss is logged once.
+//! **The daemon going away.** The runtime notices when a socket to the
+//! daemon reaches end-of-file or fails (the daemon exited, or crashed:
+//! kill -9 closes its sockets too), or when the daemon announces an orderly
+//! exit in the shared page. It logs the loss once, at warn level, and from
+//! then on runs on its CPU budget without the daemon:
+//!
+//! - it no longer believes it holds any daemon core: every kernel thread
+//!   that held one is told to release it (`must_release_core`), so its user
+//!   threads migrate as after any release;
+//! - each kernel thread, the next time it asks for a core, leaves the dead
+//!   daemon's cpusets for the daemon's cgroup root and widens its affinity
+//!   to the budget's CPUs ([`super::escape`]; without the right to write the
+//!   cgroup files it runs where it is);
+//! - kernel threads `1..=wanted` then run without a grant, like the
+//!   in-process arbiter's, so the runtime keeps the cores its policy wants
+//!   within its budget (the floor steps back as usual);
+//! - every estimation window the core manager's request tries to connect
+//!   again, with a backoff from 50 ms doubling to 2 s (no busy loop; a
+//!   daemon that is still down costs one failed `connect` per attempt).
+//!   Once a daemon answers, the runtime registers again and sends its
+//!   request; the kernel threads running without a grant are told to
+//!   release, and attach their threads to the new daemon when they ask for
+//!   a core again. Answers still in flight from the old connection are
+//!   recognised by its generation and ignored.
+//!
+//! Why reconnect rather than stay unmanaged: a daemon restarted by its
+//! service manager re-partitions the machine; an application that never
+//! comes back would run unconfined beside the applications it does
+//! manage, and take cores it is no longer told to give back.
 //!
 //! ```no_run
 //! // A runtime whose cores come from the daemon at /run/corewise-arbiter.sock,
@@ -77,13 +95,28 @@ use corewise_arbiter::client::{Client, ClientError, CoreThread};
 use corewise_arbiter::protocol::PRIORITY_LEVELS;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long an idle dispatcher sleeps at most before it reads the shared
 /// page again (see the module docs for the trade-off).
 pub const DEFAULT_RELEASE_POLL: Duration = Duration::from_millis(2);
+
+/// The same bound while the daemon is gone: kernel threads running without
+/// a grant look for a reconnection this often.
+const GONE_POLL: Duration = Duration::from_millis(50);
+
+/// First and longest wait between two attempts to reach a lost daemon.
+const RECONNECT_FIRST: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// When to try reaching a lost daemon next.
+struct Retry {
+    next: Instant,
+    backoff: Duration,
+}
 
 /// The kernel thread that runs when no daemon core is held.
 const FLOOR: usize = 0;
@@ -101,6 +134,12 @@ struct Slot {
     holding: AtomicBool,
     /// ... which the daemon wants back (as last seen by its dispatcher).
     releasing: AtomicBool,
+    /// Runs without a grant, on the budget, while the daemon is gone.
+    local: AtomicBool,
+    /// Has left the dead daemon's cpusets since the loss.
+    escaped: AtomicBool,
+    /// The connection generation its socket belongs to.
+    generation: AtomicU64,
 }
 
 /// The [`CoreArbiter`] backed by the `corewise-arbiter` daemon (see the
@@ -115,8 +154,14 @@ pub struct Daemon {
     wanted: AtomicUsize,
     last_sent: Mutex<Option<[u32; PRIORITY_LEVELS]>>,
     floor_active: AtomicBool,
-    /// The daemon is gone (or shutting down): no more grants, no releases.
+    /// The daemon is gone (or shutting down): the runtime runs on its budget
+    /// and tries to reconnect.
     gone: AtomicBool,
+    /// Counts connections to the daemon; news from an older one is stale.
+    generation: AtomicU64,
+    retry: Mutex<Retry>,
+    /// The CPU budget, for kernel threads leaving a dead daemon's cpusets.
+    cpus: Vec<usize>,
     shutdown: AtomicBool,
     release_poll: Duration,
     lock: Mutex<()>,
@@ -166,6 +211,12 @@ impl Daemon {
             last_sent: Mutex::new(None),
             floor_active: AtomicBool::new(false),
             gone: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            retry: Mutex::new(Retry {
+                next: Instant::now(),
+                backoff: RECONNECT_FIRST,
+            }),
+            cpus: Vec::new(),
             shutdown: AtomicBool::new(false),
             release_poll: DEFAULT_RELEASE_POLL,
             lock: Mutex::new(()),
@@ -180,8 +231,15 @@ impl Daemon {
         self
     }
 
+    /// The same arbiter for a runtime whose CPU budget is `cpus` (where its
+    /// kernel threads go when the daemon is lost).
+    pub(crate) fn with_cpus(mut self, cpus: Vec<usize>) -> Self {
+        self.cpus = cpus;
+        self
+    }
+
     /// Whether the daemon is known to be gone (it closed a connection or
-    /// announced its exit).
+    /// announced its exit) and not reconnected yet.
     pub fn daemon_gone(&self) -> bool {
         self.gone.load(Ordering::Acquire)
     }
@@ -215,16 +273,63 @@ impl Daemon {
             && self.healthy() == 0
     }
 
-    /// Records that the daemon is gone; logs it once.
-    fn lost(&self, why: &dyn std::fmt::Display) {
-        if !self.gone.swap(true, Ordering::AcqRel) && !self.shutdown.load(Ordering::Acquire) {
+    /// Records that the daemon of connection `generation` is gone; logs it
+    /// once per loss. News about an older connection is ignored.
+    fn lost(&self, generation: u64, why: &dyn std::fmt::Display) {
+        // Lock order: `retry`, then `client`, then `last_sent`.
+        let first = {
+            let mut client = lock(&self.client);
+            if generation != self.generation.load(Ordering::Acquire) {
+                return;
+            }
+            let first = !self.gone.swap(true, Ordering::AcqRel);
+            if first {
+                client.take();
+            }
+            first
+        };
+        if first && !self.shutdown.load(Ordering::Acquire) {
             tracing::warn!(
                 socket = %self.socket.display(),
                 reason = %why,
-                "core arbiter daemon lost; keeping the cores held, no new grants"
+                "core arbiter daemon lost; running on the CPU budget without it, reconnecting"
             );
+            *lock(&self.retry) = Retry {
+                next: Instant::now() + RECONNECT_FIRST,
+                backoff: RECONNECT_FIRST,
+            };
         }
         self.notify();
+    }
+
+    /// Tries to reach the daemon again, if the backoff allows it now.
+    fn try_reconnect(&self) {
+        let mut retry = lock(&self.retry);
+        let now = Instant::now();
+        if now < retry.next {
+            return;
+        }
+        match Client::connect(&self.socket) {
+            Ok(c) => {
+                let mut client = lock(&self.client);
+                if self.shutdown.load(Ordering::Acquire) {
+                    return;
+                }
+                *client = Some(c);
+                self.generation.fetch_add(1, Ordering::AcqRel);
+                self.gone.store(false, Ordering::Release);
+                self.slots[FLOOR].escaped.store(false, Ordering::Release);
+                drop(client);
+                *lock(&self.last_sent) = None;
+                tracing::info!(socket = %self.socket.display(), "core arbiter daemon is back; registered again");
+                self.notify();
+            }
+            Err(e) => {
+                retry.backoff = (retry.backoff * 2).min(RECONNECT_MAX);
+                retry.next = now + retry.backoff;
+                tracing::debug!(error = %e, retry_in = ?retry.backoff, "core arbiter daemon still unreachable");
+            }
+        }
     }
 
     fn block_floor(&self) -> Option<usize> {
@@ -232,6 +337,13 @@ impl Daemon {
         loop {
             if self.shutdown.load(Ordering::Acquire) {
                 return None;
+            }
+            // The floor never attaches, but the daemon put it in its
+            // unmanaged set, which a crash leaves without the granted CPUs.
+            if self.gone.load(Ordering::Acquire)
+                && !self.slots[FLOOR].escaped.swap(true, Ordering::AcqRel)
+            {
+                super::escape::leave_daemon_cpusets(&self.cpus);
             }
             if self.floor_wanted() {
                 self.floor_active.store(true, Ordering::Release);
@@ -246,20 +358,46 @@ impl Daemon {
         }
     }
 
-    fn wait_for_shutdown(&self) {
-        let mut g = lock(&self.lock);
-        while !self.shutdown.load(Ordering::Acquire) {
-            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
+    /// Sleeps until something changes (or a backstop timeout).
+    fn wait_changed(&self) {
+        let g = lock(&self.lock);
+        if !self.shutdown.load(Ordering::Acquire) {
+            let _ = self.changed.wait_timeout(g, Duration::from_millis(100));
         }
     }
 
     /// Opens kernel thread `slot`'s socket (on the calling kernel thread).
-    fn attach(&self, slot: &Slot) -> Result<CoreThread, ClientError> {
-        let client = lock(&self.client).clone().ok_or(ClientError::DaemonGone)?;
-        let t = client.thread()?;
-        let dup = t.as_fd().try_clone_to_owned()?;
+    fn attach(&self, slot: &Slot) -> Result<CoreThread, (u64, ClientError)> {
+        let (client, generation) = {
+            let c = lock(&self.client);
+            (c.clone(), self.generation.load(Ordering::Acquire))
+        };
+        let client = client.ok_or((generation, ClientError::DaemonGone))?;
+        slot.generation.store(generation, Ordering::Release);
+        let t = client.thread().map_err(|e| (generation, e))?;
+        let dup = t
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| (generation, e.into()))?;
         *lock(&slot.interrupt) = Some(dup);
         Ok(t)
+    }
+
+    /// Kernel thread `kthread` while the daemon is gone: out of its
+    /// cpusets, then run without a grant if the runtime wants that many
+    /// cores. `Some(cpu)`: run now.
+    fn run_without_daemon(&self, kthread: usize, slot: &Slot) -> Option<usize> {
+        if !slot.escaped.swap(true, Ordering::AcqRel) {
+            super::escape::leave_daemon_cpusets(&self.cpus);
+        }
+        if kthread > self.wanted.load(Ordering::Acquire) {
+            return None;
+        }
+        slot.releasing.store(false, Ordering::Release);
+        slot.local.store(true, Ordering::Release);
+        slot.holding.store(true, Ordering::Release);
+        self.notify();
+        Some(rustix::thread::sched_getcpu())
     }
 }
 
@@ -275,10 +413,28 @@ impl CoreArbiter for Daemon {
             left -= take;
             counts[(self.priority + i).min(PRIORITY_LEVELS - 1)] += take;
         }
+        if self.gone.load(Ordering::Acquire) && !self.shutdown.load(Ordering::Acquire) {
+            // Called every estimation window: the reconnection's clock.
+            self.try_reconnect();
+        }
+        if !self.gone.load(Ordering::Acquire) && !self.shutdown.load(Ordering::Acquire) {
+            // A daemon that died while no kernel thread waited on a socket
+            // is noticed here, within one estimation window.
+            let (client, generation) = {
+                let c = lock(&self.client);
+                (c.clone(), self.generation.load(Ordering::Acquire))
+            };
+            if client.is_some_and(|c| !c.is_connected()) {
+                self.lost(generation, &"the connection was closed");
+            }
+        }
         if !self.gone.load(Ordering::Acquire) && !self.shutdown.load(Ordering::Acquire) {
             let mut last = lock(&self.last_sent);
             if *last != Some(counts) {
-                let client = lock(&self.client).clone();
+                let (client, generation) = {
+                    let c = lock(&self.client);
+                    (c.clone(), self.generation.load(Ordering::Acquire))
+                };
                 if let Some(client) = client {
                     match client.set_requested_cores(counts) {
                         Ok(ack) => {
@@ -287,7 +443,10 @@ impl CoreArbiter for Daemon {
                             }
                             *last = Some(counts);
                         }
-                        Err(e) => self.lost(&e),
+                        Err(e) => {
+                            drop(last);
+                            self.lost(generation, &e);
+                        }
                     }
                 }
             }
@@ -311,14 +470,21 @@ impl CoreArbiter for Daemon {
             }
             if self.gone.load(Ordering::Acquire) {
                 *me = None;
-                self.wait_for_shutdown();
+                *lock(&slot.interrupt) = None;
+                if let Some(cpu) = self.run_without_daemon(kthread, slot) {
+                    return Ok(Some(cpu));
+                }
+                self.wait_changed();
                 continue;
             }
             if me.is_none() {
                 match self.attach(slot) {
-                    Ok(t) => *me = Some(t),
-                    Err(e) => {
-                        self.lost(&e);
+                    Ok(t) => {
+                        *me = Some(t);
+                        slot.escaped.store(false, Ordering::Release);
+                    }
+                    Err((generation, e)) => {
+                        self.lost(generation, &e);
                         continue;
                     }
                 }
@@ -343,7 +509,7 @@ impl CoreArbiter for Daemon {
                     *me = None;
                     *lock(&slot.interrupt) = None;
                     if !self.shutdown.load(Ordering::SeqCst) {
-                        self.lost(&e);
+                        self.lost(slot.generation.load(Ordering::Acquire), &e);
                     }
                 }
             }
@@ -360,8 +526,26 @@ impl CoreArbiter for Daemon {
         let Some(slot) = self.slots.get(kthread) else {
             return true;
         };
-        if self.gone.load(Ordering::Relaxed) {
-            return false;
+        let release = if slot.local.load(Ordering::Relaxed) {
+            // Running without a grant: until the daemon is back, or the
+            // runtime wants fewer cores.
+            Some(
+                !self.gone.load(Ordering::Acquire) || kthread > self.wanted.load(Ordering::Relaxed),
+            )
+        } else if self.gone.load(Ordering::Relaxed) {
+            // A dead daemon's core: the runtime no longer holds it.
+            Some(slot.holding.load(Ordering::Relaxed))
+        } else {
+            None
+        };
+        if let Some(release) = release {
+            if !release {
+                slot.releasing.store(false, Ordering::Release);
+            } else if !slot.releasing.swap(true, Ordering::AcqRel) {
+                // The floor may have to take this core's threads.
+                self.notify();
+            }
+            return release;
         }
         // Never contended (see `Slot::thread`); `try_lock` keeps it so.
         let Ok(me) = slot.thread.try_lock() else {
@@ -372,8 +556,11 @@ impl CoreArbiter for Daemon {
         };
         if t.client().daemon_shutting_down() {
             drop(me);
-            self.lost(&"the daemon is shutting down");
-            return false;
+            self.lost(
+                slot.generation.load(Ordering::Acquire),
+                &"the daemon is shutting down",
+            );
+            return true;
         }
         let release = t.must_release_core();
         if release != slot.releasing.load(Ordering::Relaxed) {
@@ -399,6 +586,7 @@ impl CoreArbiter for Daemon {
             }
             slot.holding.store(false, Ordering::Release);
             slot.releasing.store(false, Ordering::Release);
+            slot.local.store(false, Ordering::Release);
         }
         self.notify();
     }
@@ -428,6 +616,10 @@ impl CoreArbiter for Daemon {
     }
 
     fn release_poll(&self) -> Option<Duration> {
-        (!self.gone.load(Ordering::Relaxed)).then_some(self.release_poll)
+        Some(if self.gone.load(Ordering::Relaxed) {
+            GONE_POLL
+        } else {
+            self.release_poll
+        })
     }
 }

@@ -29,9 +29,11 @@
 //! warning and the runtime runs with [`Local`].
 
 mod daemon;
+mod escape;
 mod local;
 
 pub use daemon::{Daemon, DEFAULT_RELEASE_POLL};
+pub(crate) use escape::is_daemon_set;
 pub use local::Local;
 
 use crate::policy::PRIORITIES;
