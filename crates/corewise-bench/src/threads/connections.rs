@@ -1,6 +1,7 @@
 //! The `connections` scenario: thread-per-connection echo servers, each in
 //! its own child process (corewise: [`serve_tpc`], a user thread per
-//! connection; tokio and the epoll loop: the `echo` benchmark's servers) with many
+//! connection; tokio and the epoll loop: the `echo` benchmark's servers;
+//! Go: bench/go-threads, a goroutine per connection) with many
 //! connections open and some of them active at a fixed total rate.
 //!
 //! The load generator runs in another child process (`--load`), so the
@@ -13,6 +14,7 @@
 
 use super::Outcome;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -60,8 +62,44 @@ pub fn load(spec: &str) -> Outcome {
     out
 }
 
-/// Runs one server in a child and the generator in another.
-pub fn measure(server: &str, conns: usize, active: usize, rate: u64, millis: u64) -> Outcome {
+/// The CPU every echo server runs on: the last one this process may use.
+pub fn server_cpu() -> usize {
+    crate::affinity::allowed_cpus()
+        .ok()
+        .and_then(|c| c.last().copied())
+        .unwrap_or(0)
+}
+
+/// The command that starts this program's echo server `server` on `cpu`.
+pub fn server_command(exe: &Path, server: &str, cpu: usize, conns: usize) -> Command {
+    let mut c = Command::new(exe);
+    if server.starts_with("corewise") {
+        c.args(["threads", "--serve-tpc", &format!("{server}:{cpu}")]);
+    } else {
+        c.args(["echo", "--serve", &format!("{server}:{cpu}:{conns}")]);
+    }
+    c
+}
+
+/// Makes the process `cmd` starts run on `cpu` only (all its threads: they
+/// inherit the affinity of the thread that execs).
+pub fn pin_child(cmd: &mut Command, cpu: usize) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs in the forked child before exec and only makes
+    // one system call (sched_setaffinity) on a set built on its stack: no
+    // allocation, no lock, nothing that is unsafe after fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set = rustix::thread::CpuSet::new();
+            set.set(cpu);
+            rustix::thread::sched_setaffinity(None, &set).map_err(std::io::Error::from)
+        });
+    }
+}
+
+/// Runs the server `serve` starts in a child (it prints its port on its
+/// first stdout line) and the generator in another.
+pub fn measure(mut serve: Command, conns: usize, active: usize, rate: u64, millis: u64) -> Outcome {
     let fail = |e: String| Outcome {
         error: Some(e),
         n: conns,
@@ -71,25 +109,7 @@ pub fn measure(server: &str, conns: usize, active: usize, rate: u64, millis: u64
         Ok(e) => e,
         Err(e) => return fail(format!("failed: {e}")),
     };
-    let cpu = crate::affinity::allowed_cpus()
-        .ok()
-        .and_then(|c| c.last().copied())
-        .unwrap_or(0);
-    let serve_args = if server.starts_with("corewise") {
-        [
-            "threads".to_string(),
-            "--serve-tpc".into(),
-            format!("{server}:{cpu}"),
-        ]
-    } else {
-        [
-            "echo".to_string(),
-            "--serve".into(),
-            format!("{server}:{cpu}:{conns}"),
-        ]
-    };
-    let mut child = match Command::new(&exe)
-        .args(&serve_args)
+    let mut child = match serve
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(Stdio::null())

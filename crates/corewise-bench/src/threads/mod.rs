@@ -1,5 +1,5 @@
 //! `corewise-bench threads`: many threads at once, corewise against tokio
-//! tasks, may coroutines and std threads.
+//! tasks, Go goroutines, may coroutines and std threads.
 //!
 //! Scenarios (each a size flag, so they can be tried small):
 //! - `sleepers`: spawn N threads that each sleep 10 ms, join them all: wall
@@ -15,16 +15,20 @@
 //! with the count it reached; the benchmark never panics on it.
 //!
 //! - `connections`: echo servers (corewise on each back end: a user thread
-//!   per connection; tokio: a task per connection; the
-//!   plain epoll loop) with N connections open and `--active` of them
+//!   per connection; tokio: a task per connection; Go: a goroutine per
+//!   connection; the plain epoll loop) with N connections open and `--active` of them
 //!   carrying `--rate` requests/s in total: p50/p99 and server peak RSS.
 //!   The process's RLIMIT_NOFILE soft limit is raised to its hard limit
 //!   first (children inherit it).
 //!
-//! Not built yet: the Go column.
+//! The Go column (when `go` exists) comes from bench/go-threads, built and
+//! run by [`go`]: GOMAXPROCS=2 in `sleepers` and `parked`, and in
+//! `connections` GOMAXPROCS=1 pinned to the one server CPU, as every other
+//! echo server is.
 
 mod child;
 mod connections;
+mod go;
 
 use crate::error::BenchError;
 use serde::{Deserialize, Serialize};
@@ -44,7 +48,8 @@ pub struct Args {
     /// Scenarios to run (default sleepers,parked).
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Option<Vec<String>>,
-    /// Runtimes to run (default corewise,tokio,may,std).
+    /// Runtimes to run (default all: corewise,tokio,go,may,std in every
+    /// scenario; corewise-epoll,epoll-loop in `connections` only).
     #[arg(long, value_delimiter = ',')]
     pub runtimes: Option<Vec<String>>,
     /// Threads in `sleepers` (default 100 000; quick 10 000).
@@ -110,16 +115,17 @@ pub struct Outcome {
 pub struct Record {
     /// sleepers or parked.
     pub scenario: String,
-    /// corewise, tokio, may or std.
+    /// corewise, tokio, go, may, std, corewise-epoll or epoll-loop.
     pub runtime: String,
     /// The child's outcome (`error: "skipped: ..."` when not run).
     #[serde(flatten)]
     pub outcome: Outcome,
 }
 
-const RUNTIMES: [&str; 6] = [
+const RUNTIMES: [&str; 7] = [
     "corewise",
     "tokio",
+    "go",
     "may",
     "std",
     "corewise-epoll",
@@ -133,9 +139,15 @@ fn echo_server(rt: &str) -> Option<&'static str> {
         "corewise" => Some("corewise-uring"),
         "corewise-epoll" => Some("corewise-epoll"),
         "tokio" => Some("tokio"),
+        "go" => Some("go"),
         "epoll-loop" => Some("epoll-loop"),
         _ => None,
     }
+}
+
+/// Runtimes that take part in `sleepers` and `parked`.
+fn thread_runtime(rt: &str) -> bool {
+    matches!(rt, "corewise" | "tokio" | "go" | "may" | "std")
 }
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit.
@@ -179,6 +191,8 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             .unwrap_or(if args.quick { 100_000 } else { 1_000_000 }),
     };
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current_exe", e))?;
+    let go_peer = runtimes.contains(&"go").then(go::GoPeer::build);
+    let timeout = std::time::Duration::from_secs(args.child_timeout);
     let mut records = Vec::new();
     for s in &scenarios {
         let n = n_of(s);
@@ -193,14 +207,25 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     args.active.unwrap_or(if args.quick { 100 } else { 1_000 }),
                 );
                 eprintln!("threads: connections {r} conns={c} active={a}");
-                connections::measure(
-                    server,
-                    c,
-                    a,
-                    args.rate,
-                    if args.quick { 2_000 } else { 10_000 },
-                )
-            } else if echo_server(r).is_some() && *r != "corewise" && *r != "tokio" {
+                let cpu = connections::server_cpu();
+                let serve = match (server, &go_peer) {
+                    ("go", Some(g)) => g.command("serve", c, 1).map(|mut cmd| {
+                        connections::pin_child(&mut cmd, cpu);
+                        cmd
+                    }),
+                    _ => Ok(connections::server_command(&exe, server, cpu, c)),
+                };
+                match serve {
+                    Ok(serve) => connections::measure(
+                        serve,
+                        c,
+                        a,
+                        args.rate,
+                        if args.quick { 2_000 } else { 10_000 },
+                    ),
+                    Err(e) => skipped(e, c),
+                }
+            } else if !thread_runtime(r) {
                 continue;
             } else if *r == "std" && n > args.std_max {
                 Outcome {
@@ -208,15 +233,17 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     n,
                     ..Outcome::default()
                 }
+            } else if let Some(g) = go_peer.as_ref().filter(|_| *r == "go") {
+                eprintln!("threads: {s} {r} n={n}");
+                match g.command(s, n, go::PROCS) {
+                    Ok(cmd) => run_child(cmd, n, timeout),
+                    Err(e) => skipped(e, n),
+                }
             } else {
                 eprintln!("threads: {s} {r} n={n}");
-                run_child(
-                    &exe,
-                    s,
-                    r,
-                    n,
-                    std::time::Duration::from_secs(args.child_timeout),
-                )
+                let mut cmd = Command::new(&exe);
+                cmd.args(["threads", "--child", &format!("{s}:{r}:{n}")]);
+                run_child(cmd, n, timeout)
             };
             records.push(Record {
                 scenario: s.to_string(),
@@ -252,21 +279,20 @@ fn pick(
     }
 }
 
-/// Runs one scenario in a child process; a child that dies is a failed cell.
-fn run_child(
-    exe: &std::path::Path,
-    scenario: &str,
-    runtime: &str,
-    n: usize,
-    timeout: std::time::Duration,
-) -> Outcome {
-    let fail = |e: String| Outcome {
-        error: Some(e),
+/// A cell that was not measured, saying why.
+fn skipped(why: String, n: usize) -> Outcome {
+    Outcome {
+        error: Some(why),
         n,
         ..Outcome::default()
-    };
-    let mut child = match Command::new(exe)
-        .args(["threads", "--child", &format!("{scenario}:{runtime}:{n}")])
+    }
+}
+
+/// Runs one scenario in a child process (`cmd` prints the outcome as its
+/// last stdout line); a child that dies is a failed cell.
+fn run_child(mut cmd: Command, n: usize, timeout: std::time::Duration) -> Outcome {
+    let fail = |e: String| skipped(e, n);
+    let mut child = match cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
