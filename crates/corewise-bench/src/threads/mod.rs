@@ -29,6 +29,7 @@
 mod child;
 mod connections;
 mod go;
+mod map_count;
 
 use crate::error::BenchError;
 use serde::{Deserialize, Serialize};
@@ -58,6 +59,11 @@ pub struct Args {
     /// Threads in `parked` (default 1 000 000; quick 100 000).
     #[arg(long)]
     pub parked: Option<usize>,
+    /// Raise the kernel's vm.max_map_count to this for the run (root; the
+    /// old value is restored afterwards, also on error), so runtimes that
+    /// map each stack on its own (may, std) can reach 1 000 000 threads.
+    #[arg(long, value_name = "N")]
+    pub max_map_count: Option<u64>,
     /// std threads are skipped in a scenario above this many threads.
     #[arg(long, default_value_t = 100_000)]
     pub std_max: usize,
@@ -108,6 +114,18 @@ pub struct Outcome {
     pub rss_per_thread_bytes: Option<f64>,
     /// Peak RSS of the child process (VmHWM), KiB.
     pub peak_rss_kib: Option<u64>,
+}
+
+/// The JSON object written by `--json`: the table's columns, its notes and
+/// one record per (scenario, runtime) cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct Results {
+    /// Columns, in the table's order.
+    pub runtimes: Vec<&'static str>,
+    /// The notes printed under the table (vm.max_map_count, GOMAXPROCS).
+    pub notes: Vec<String>,
+    /// One entry per cell.
+    pub records: Vec<Record>,
 }
 
 /// One row of the results.
@@ -180,6 +198,15 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         return Ok(());
     }
     raise_nofile();
+    // Held until the end of `run`: dropping it restores the old value.
+    let raised = args.max_map_count.map(map_count::Raised::to).transpose()?;
+    let mut notes = vec![match &raised {
+        Some(r) => r.note(),
+        None => format!(
+            "vm.max_map_count = {} (current; --max-map-count N raises it for the run)",
+            map_count::current().map_or("?".into(), |v| v.to_string())
+        ),
+    }];
     let scenarios = pick(&args.scenarios, &SCENARIOS, "scenario")?;
     let runtimes = pick(&args.runtimes, &RUNTIMES, "runtime")?;
     let n_of = |s: &str| match s {
@@ -252,9 +279,20 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             });
         }
     }
-    print!("{}", markdown(&records, &runtimes));
+    if runtimes.contains(&"go") {
+        notes.push(format!(
+            "go: GOMAXPROCS={} in sleepers and parked; in connections GOMAXPROCS=1 pinned to the server CPU",
+            go::PROCS
+        ));
+    }
+    print!("{}", markdown(&records, &runtimes, &notes));
     if let Some(p) = &args.json {
-        let text = serde_json::to_string_pretty(&records)?;
+        let results = Results {
+            runtimes,
+            notes,
+            records,
+        };
+        let text = serde_json::to_string_pretty(&results)?;
         std::fs::write(p, text + "\n")
             .map_err(|e| BenchError::io(format!("writing {}", p.display()), e))?;
     }
@@ -376,7 +414,7 @@ fn ms(v: Option<f64>) -> String {
 }
 
 /// The markdown table: one row per scenario and figure, a column per runtime.
-pub fn markdown(records: &[Record], runtimes: &[&str]) -> String {
+pub fn markdown(records: &[Record], runtimes: &[&str], notes: &[String]) -> String {
     let mut s = String::new();
     let _ = write!(s, "| scenario | figure |");
     for r in runtimes {
@@ -448,6 +486,10 @@ pub fn markdown(records: &[Record], runtimes: &[&str]) -> String {
             }
         }
         s.push('\n');
+    }
+    s.push('\n');
+    for n in notes {
+        let _ = writeln!(s, "- {n}");
     }
     s
 }
