@@ -73,12 +73,20 @@ pub struct Args {
     /// Connections carrying requests in `connections` (default 1 000; quick 100).
     #[arg(long)]
     pub active: Option<usize>,
-    /// Total request rate in `connections`, per second. The generator keeps
-    /// one request in flight, so a rate above 1 / round trip falls behind
-    /// its schedule and the latencies grow with the queue.
+    /// Total request rate in `connections`, per second, spread round-robin
+    /// over the active connections on an open-loop schedule. The rate a
+    /// run can sustain is at most `active * in_flight / round trip`; above
+    /// it requests wait in the generator and their wait counts in the
+    /// latency (measured from the scheduled send time).
     #[arg(long, default_value_t = 2_000)]
     pub rate: u64,
-    /// Internal: run the `connections` load generator (`PORT:CONNS:ACTIVE:RATE:MS`).
+    /// Requests in flight at most per active connection in `connections`
+    /// (pipelined on the connection; a due request beyond that waits for a
+    /// reply).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub in_flight: u64,
+    /// Internal: run the `connections` load generator
+    /// (`PORT:CONNS:ACTIVE:RATE:MS:IN_FLIGHT`).
     #[arg(long, hide = true)]
     pub load: Option<String>,
     /// A scenario child that has not reported after this many seconds is
@@ -248,6 +256,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                         c,
                         a,
                         args.rate,
+                        args.in_flight,
                         if args.quick { 2_000 } else { 10_000 },
                     ),
                     Err(e) => skipped(e, c),
