@@ -52,7 +52,8 @@ enum Command {
     /// rate sweep, p50/p99/p99.9, peak throughput at p99 <= 1 ms.
     Kv(kv::Args),
     /// Many threads at once: 100 000 sleepers, 1 000 000 parked, for
-    /// corewise, tokio, may and std: wall time, RSS per thread.
+    /// corewise, tokio, Go, may and std; thread-per-connection echo with
+    /// many connections open: wall time, RSS per thread, p50/p99.
     Threads(threads::Args),
 }
 

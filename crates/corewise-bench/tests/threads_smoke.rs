@@ -1,6 +1,8 @@
 //! Smoke test of `corewise-bench threads` with tiny counts: every scenario
 //! runs in its child processes and the JSON holds one record per
-//! (scenario, runtime), each with figures or a stated failure.
+//! (scenario, runtime), each with figures or a stated failure (the Go
+//! column's cells say `skipped: ...` when `go` is absent), and the notes
+//! give the vm.max_map_count in force.
 
 use std::process::Command;
 
@@ -14,7 +16,7 @@ fn threads_subcommand_runs_small() {
             "threads",
             "--quick",
             "--runtimes",
-            "corewise,tokio,std",
+            "corewise,tokio,go,std",
             "--threads",
             "20",
             "--parked",
@@ -25,6 +27,8 @@ fn threads_subcommand_runs_small() {
             "2",
             "--rate",
             "500",
+            "--in-flight",
+            "2",
             "--json",
         ])
         .arg(&json)
@@ -42,15 +46,31 @@ fn threads_subcommand_runs_small() {
     );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
-    let recs = v.as_array().expect("array");
-    // sleepers and parked for three runtimes, connections for corewise and tokio.
-    assert_eq!(recs.len(), 8, "{v}");
+    assert_eq!(
+        v["runtimes"],
+        serde_json::json!(["corewise", "tokio", "go", "std"])
+    );
+    assert!(
+        v["notes"][0]
+            .as_str()
+            .is_some_and(|n| n.starts_with("vm.max_map_count = ")),
+        "{v}"
+    );
+    assert!(table.contains("- vm.max_map_count = "), "{table}");
+    let recs = v["records"].as_array().expect("array");
+    // sleepers and parked for four runtimes, connections for corewise,
+    // tokio and go.
+    assert_eq!(recs.len(), 11, "{v}");
     for r in recs {
         let ok = r["error"].is_null();
         let has_figure = ["wall_ms", "create_ms", "p99_us"]
             .iter()
             .any(|k| r[k].as_f64().is_some_and(|x| x > 0.0));
         assert!(ok == has_figure, "record {r}");
+        if r["runtime"] == "go" && !ok {
+            let e = r["error"].as_str().expect("error text");
+            assert!(e.starts_with("skipped: "), "{r}");
+        }
         if r["scenario"] == "sleepers" && r["runtime"] == "tokio" {
             // 20 tasks sleeping 10 ms each: at least the sleep.
             assert!(r["wall_ms"].as_f64().expect("wall") >= 10.0, "{r}");

@@ -39,6 +39,19 @@ pub fn connect(port: u16, conns: usize) -> std::io::Result<Vec<TcpStream>> {
         .collect()
 }
 
+/// Makes `s` non-blocking and adds it to the level-triggered set `ep` for
+/// reading, keyed by `key`.
+pub fn watch(ep: &impl std::os::fd::AsFd, s: &TcpStream, key: usize) -> std::io::Result<()> {
+    s.set_nonblocking(true)?;
+    epoll::add(
+        ep,
+        s,
+        epoll::EventData::new_u64(key as u64),
+        epoll::EventFlags::IN,
+    )?;
+    Ok(())
+}
+
 /// Runs the closed loop for `warmup`, then measures for `window`, calling
 /// `at_start` when the window opens (to start the system-call count).
 pub fn drive(
@@ -51,13 +64,7 @@ pub fn drive(
     let msg = [7u8; MSG];
     let mut conns: Vec<Conn> = Vec::with_capacity(streams.len());
     for (i, s) in streams.into_iter().enumerate() {
-        s.set_nonblocking(true)?;
-        epoll::add(
-            &ep,
-            &s,
-            epoll::EventData::new_u64(i as u64),
-            epoll::EventFlags::IN,
-        )?;
+        watch(&ep, &s, i)?;
         conns.push(Conn {
             s,
             got: 0,

@@ -29,7 +29,7 @@ struct GoOutput {
 }
 
 /// Finds `go`: on PATH, else the usual install location.
-fn find_go() -> Option<PathBuf> {
+pub(crate) fn find_go() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join("go"))
@@ -39,22 +39,29 @@ fn find_go() -> Option<PathBuf> {
 
 fn build(go: &Path, ctx: &Ctx) -> Result<PathBuf, BenchError> {
     let out = ctx.build_dir.join("go-primitives");
+    go_build(go, &ctx.go_dir, &out)?;
+    Ok(out)
+}
+
+/// `go build -o OUT .` in `src` (cgo off): shared by every benchmark with
+/// a Go peer.
+pub(crate) fn go_build(go: &Path, src: &Path, out: &Path) -> Result<(), BenchError> {
     let status = Command::new(go)
         .arg("build")
         .arg("-o")
-        .arg(&out)
+        .arg(out)
         .arg(".")
-        .current_dir(&ctx.go_dir)
+        .current_dir(src)
         .env("CGO_ENABLED", "0")
         .status()
         .map_err(|e| BenchError::io(format!("running {}", go.display()), e))?;
     if !status.success() {
         return Err(BenchError::Runtime {
             runtime: "go",
-            message: format!("go build failed ({status})"),
+            message: format!("go build in {} failed ({status})", src.display()),
         });
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Builds and runs the Go peer; `Err` (reported as "skipped") when Go is

@@ -9,7 +9,7 @@
 
 pub mod common;
 mod corewise;
-mod go;
+pub(crate) mod go;
 mod may_rt;
 mod std_thread;
 mod tokio_rt;

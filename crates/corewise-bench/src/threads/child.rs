@@ -21,17 +21,20 @@ fn status_kib(key: &str) -> Option<u64> {
         .ok()
 }
 
-fn max_map_count() -> String {
-    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+fn sysctl(path: &str) -> String {
+    std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Adds the map-count hint to a failure that may be a mapping limit.
+/// Adds the kernel's limits to a failure that may be one of them: a
+/// mapping per stack (`vm.max_map_count`) or, for kernel threads, a pid
+/// each (`kernel.pid_max`).
 fn spawn_failed(i: usize, e: impl std::fmt::Display) -> String {
     format!(
-        "failed after {i} threads: {e} (vm.max_map_count = {})",
-        max_map_count()
+        "failed after {i} threads: {e} (vm.max_map_count = {}, kernel.pid_max = {})",
+        sysctl("/proc/sys/vm/max_map_count"),
+        sysctl("/proc/sys/kernel/pid_max")
     )
 }
 

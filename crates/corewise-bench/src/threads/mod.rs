@@ -1,5 +1,5 @@
 //! `corewise-bench threads`: many threads at once, corewise against tokio
-//! tasks, may coroutines and std threads.
+//! tasks, Go goroutines, may coroutines and std threads.
 //!
 //! Scenarios (each a size flag, so they can be tried small):
 //! - `sleepers`: spawn N threads that each sleep 10 ms, join them all: wall
@@ -15,16 +15,21 @@
 //! with the count it reached; the benchmark never panics on it.
 //!
 //! - `connections`: echo servers (corewise on each back end: a user thread
-//!   per connection; tokio: a task per connection; the
-//!   plain epoll loop) with N connections open and `--active` of them
+//!   per connection; tokio: a task per connection; Go: a goroutine per
+//!   connection; the plain epoll loop) with N connections open and `--active` of them
 //!   carrying `--rate` requests/s in total: p50/p99 and server peak RSS.
 //!   The process's RLIMIT_NOFILE soft limit is raised to its hard limit
 //!   first (children inherit it).
 //!
-//! Not built yet: the Go column.
+//! The Go column (when `go` exists) comes from bench/go-threads, built and
+//! run by [`go`]: GOMAXPROCS=2 in `sleepers` and `parked`, and in
+//! `connections` GOMAXPROCS=1 pinned to the one server CPU, as every other
+//! echo server is.
 
 mod child;
 mod connections;
+mod go;
+mod map_count;
 
 use crate::error::BenchError;
 use serde::{Deserialize, Serialize};
@@ -44,7 +49,8 @@ pub struct Args {
     /// Scenarios to run (default sleepers,parked).
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Option<Vec<String>>,
-    /// Runtimes to run (default corewise,tokio,may,std).
+    /// Runtimes to run (default all: corewise,tokio,go,may,std in every
+    /// scenario; corewise-epoll,epoll-loop in `connections` only).
     #[arg(long, value_delimiter = ',')]
     pub runtimes: Option<Vec<String>>,
     /// Threads in `sleepers` (default 100 000; quick 10 000).
@@ -53,6 +59,11 @@ pub struct Args {
     /// Threads in `parked` (default 1 000 000; quick 100 000).
     #[arg(long)]
     pub parked: Option<usize>,
+    /// Raise the kernel's vm.max_map_count to this for the run (root; the
+    /// old value is restored afterwards, also on error), so runtimes that
+    /// map each stack on its own (may, std) can reach 1 000 000 threads.
+    #[arg(long, value_name = "N")]
+    pub max_map_count: Option<u64>,
     /// std threads are skipped in a scenario above this many threads.
     #[arg(long, default_value_t = 100_000)]
     pub std_max: usize,
@@ -62,12 +73,20 @@ pub struct Args {
     /// Connections carrying requests in `connections` (default 1 000; quick 100).
     #[arg(long)]
     pub active: Option<usize>,
-    /// Total request rate in `connections`, per second. The generator keeps
-    /// one request in flight, so a rate above 1 / round trip falls behind
-    /// its schedule and the latencies grow with the queue.
+    /// Total request rate in `connections`, per second, spread round-robin
+    /// over the active connections on an open-loop schedule. The rate a
+    /// run can sustain is at most `active * in_flight / round trip`; above
+    /// it requests wait in the generator and their wait counts in the
+    /// latency (measured from the scheduled send time).
     #[arg(long, default_value_t = 2_000)]
     pub rate: u64,
-    /// Internal: run the `connections` load generator (`PORT:CONNS:ACTIVE:RATE:MS`).
+    /// Requests in flight at most per active connection in `connections`
+    /// (pipelined on the connection; a due request beyond that waits for a
+    /// reply).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub in_flight: u64,
+    /// Internal: run the `connections` load generator
+    /// (`PORT:CONNS:ACTIVE:RATE:MS:IN_FLIGHT`).
     #[arg(long, hide = true)]
     pub load: Option<String>,
     /// A scenario child that has not reported after this many seconds is
@@ -105,21 +124,34 @@ pub struct Outcome {
     pub peak_rss_kib: Option<u64>,
 }
 
+/// The JSON object written by `--json`: the table's columns, its notes and
+/// one record per (scenario, runtime) cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct Results {
+    /// Columns, in the table's order.
+    pub runtimes: Vec<&'static str>,
+    /// The notes printed under the table (vm.max_map_count, GOMAXPROCS).
+    pub notes: Vec<String>,
+    /// One entry per cell.
+    pub records: Vec<Record>,
+}
+
 /// One row of the results.
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
     /// sleepers or parked.
     pub scenario: String,
-    /// corewise, tokio, may or std.
+    /// corewise, tokio, go, may, std, corewise-epoll or epoll-loop.
     pub runtime: String,
     /// The child's outcome (`error: "skipped: ..."` when not run).
     #[serde(flatten)]
     pub outcome: Outcome,
 }
 
-const RUNTIMES: [&str; 6] = [
+const RUNTIMES: [&str; 7] = [
     "corewise",
     "tokio",
+    "go",
     "may",
     "std",
     "corewise-epoll",
@@ -133,9 +165,15 @@ fn echo_server(rt: &str) -> Option<&'static str> {
         "corewise" => Some("corewise-uring"),
         "corewise-epoll" => Some("corewise-epoll"),
         "tokio" => Some("tokio"),
+        "go" => Some("go"),
         "epoll-loop" => Some("epoll-loop"),
         _ => None,
     }
+}
+
+/// Runtimes that take part in `sleepers` and `parked`.
+fn thread_runtime(rt: &str) -> bool {
+    matches!(rt, "corewise" | "tokio" | "go" | "may" | "std")
 }
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit.
@@ -168,6 +206,15 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         return Ok(());
     }
     raise_nofile();
+    // Held until the end of `run`: dropping it restores the old value.
+    let raised = args.max_map_count.map(map_count::Raised::to).transpose()?;
+    let mut notes = vec![match &raised {
+        Some(r) => r.note(),
+        None => format!(
+            "vm.max_map_count = {} (current; --max-map-count N raises it for the run)",
+            map_count::current().map_or("?".into(), |v| v.to_string())
+        ),
+    }];
     let scenarios = pick(&args.scenarios, &SCENARIOS, "scenario")?;
     let runtimes = pick(&args.runtimes, &RUNTIMES, "runtime")?;
     let n_of = |s: &str| match s {
@@ -179,6 +226,8 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             .unwrap_or(if args.quick { 100_000 } else { 1_000_000 }),
     };
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current_exe", e))?;
+    let go_peer = runtimes.contains(&"go").then(go::GoPeer::build);
+    let timeout = std::time::Duration::from_secs(args.child_timeout);
     let mut records = Vec::new();
     for s in &scenarios {
         let n = n_of(s);
@@ -193,14 +242,26 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     args.active.unwrap_or(if args.quick { 100 } else { 1_000 }),
                 );
                 eprintln!("threads: connections {r} conns={c} active={a}");
-                connections::measure(
-                    server,
-                    c,
-                    a,
-                    args.rate,
-                    if args.quick { 2_000 } else { 10_000 },
-                )
-            } else if echo_server(r).is_some() && *r != "corewise" && *r != "tokio" {
+                let cpu = connections::server_cpu();
+                let serve = match (server, &go_peer) {
+                    ("go", Some(g)) => g.command("serve", c, 1).map(|mut cmd| {
+                        connections::pin_child(&mut cmd, cpu);
+                        cmd
+                    }),
+                    _ => Ok(connections::server_command(&exe, server, cpu, c)),
+                };
+                match serve {
+                    Ok(serve) => connections::measure(
+                        serve,
+                        c,
+                        a,
+                        args.rate,
+                        args.in_flight,
+                        if args.quick { 2_000 } else { 10_000 },
+                    ),
+                    Err(e) => skipped(e, c),
+                }
+            } else if !thread_runtime(r) {
                 continue;
             } else if *r == "std" && n > args.std_max {
                 Outcome {
@@ -208,15 +269,17 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     n,
                     ..Outcome::default()
                 }
+            } else if let Some(g) = go_peer.as_ref().filter(|_| *r == "go") {
+                eprintln!("threads: {s} {r} n={n}");
+                match g.command(s, n, go::PROCS) {
+                    Ok(cmd) => run_child(cmd, n, timeout),
+                    Err(e) => skipped(e, n),
+                }
             } else {
                 eprintln!("threads: {s} {r} n={n}");
-                run_child(
-                    &exe,
-                    s,
-                    r,
-                    n,
-                    std::time::Duration::from_secs(args.child_timeout),
-                )
+                let mut cmd = Command::new(&exe);
+                cmd.args(["threads", "--child", &format!("{s}:{r}:{n}")]);
+                run_child(cmd, n, timeout)
             };
             records.push(Record {
                 scenario: s.to_string(),
@@ -225,9 +288,20 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             });
         }
     }
-    print!("{}", markdown(&records, &runtimes));
+    if runtimes.contains(&"go") {
+        notes.push(format!(
+            "go: GOMAXPROCS={} in sleepers and parked; in connections GOMAXPROCS=1 pinned to the server CPU",
+            go::PROCS
+        ));
+    }
+    print!("{}", markdown(&records, &runtimes, &notes));
     if let Some(p) = &args.json {
-        let text = serde_json::to_string_pretty(&records)?;
+        let results = Results {
+            runtimes,
+            notes,
+            records,
+        };
+        let text = serde_json::to_string_pretty(&results)?;
         std::fs::write(p, text + "\n")
             .map_err(|e| BenchError::io(format!("writing {}", p.display()), e))?;
     }
@@ -252,21 +326,20 @@ fn pick(
     }
 }
 
-/// Runs one scenario in a child process; a child that dies is a failed cell.
-fn run_child(
-    exe: &std::path::Path,
-    scenario: &str,
-    runtime: &str,
-    n: usize,
-    timeout: std::time::Duration,
-) -> Outcome {
-    let fail = |e: String| Outcome {
-        error: Some(e),
+/// A cell that was not measured, saying why.
+fn skipped(why: String, n: usize) -> Outcome {
+    Outcome {
+        error: Some(why),
         n,
         ..Outcome::default()
-    };
-    let mut child = match Command::new(exe)
-        .args(["threads", "--child", &format!("{scenario}:{runtime}:{n}")])
+    }
+}
+
+/// Runs one scenario in a child process (`cmd` prints the outcome as its
+/// last stdout line); a child that dies is a failed cell.
+fn run_child(mut cmd: Command, n: usize, timeout: std::time::Duration) -> Outcome {
+    let fail = |e: String| skipped(e, n);
+    let mut child = match cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -350,7 +423,7 @@ fn ms(v: Option<f64>) -> String {
 }
 
 /// The markdown table: one row per scenario and figure, a column per runtime.
-pub fn markdown(records: &[Record], runtimes: &[&str]) -> String {
+pub fn markdown(records: &[Record], runtimes: &[&str], notes: &[String]) -> String {
     let mut s = String::new();
     let _ = write!(s, "| scenario | figure |");
     for r in runtimes {
@@ -422,6 +495,10 @@ pub fn markdown(records: &[Record], runtimes: &[&str]) -> String {
             }
         }
         s.push('\n');
+    }
+    s.push('\n');
+    for n in notes {
+        let _ = writeln!(s, "- {n}");
     }
     s
 }

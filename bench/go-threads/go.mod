@@ -1,0 +1,3 @@
+module corewise/bench/go-threads
+
+go 1.21
