@@ -104,7 +104,15 @@ pub(crate) fn run_destructors(cell: &Cell<*mut Table>) -> Option<Box<dyn Any + S
 
 /// Drops the running user thread's values (at its exit); returns the first
 /// destructor panic. Nothing to do on an OS thread.
+#[inline]
 pub(crate) fn exit_current() -> Option<Box<dyn Any + Send>> {
+    // No key was ever used in the process (index 1 is the next one to
+    // give): no thread can hold a value, and the exit of every thread
+    // skips the lookup of the running thread. A key gets its index on its
+    // first access, in program order before any value of it exists.
+    if NEXT_INDEX.load(Ordering::Relaxed) == 1 {
+        return None;
+    }
     current_slot().and_then(|ctx| run_destructors(ctx.locals()))
 }
 
