@@ -603,10 +603,11 @@ fn meta_get(
     let (vivify, touch) = (flags.vivify.is_some(), flags.ttl.is_some());
     let hit = store.meta_get(key, vivify, !flags.no_bump, touch, |it, view| {
         seen = Some((it.class(), it.value.len()));
-        let mut head = Vec::with_capacity(64);
+        // Written straight into the reply: no buffer of its own per hit.
+        let head: &mut Vec<u8> = out;
         if flags.value {
             head.extend_from_slice(b"VA ");
-            num(&mut head, it.value.len() as u64);
+            num(head, it.value.len() as u64);
         } else {
             head.extend_from_slice(b"HD");
         }
@@ -637,26 +638,26 @@ fn meta_get(
                 }
                 b's' => {
                     head.extend_from_slice(b" s");
-                    num(&mut head, it.value.len() as u64);
+                    num(head, it.value.len() as u64);
                 }
                 b't' => {
                     head.extend_from_slice(b" t");
-                    inum(&mut head, clock.ttl_left(it.exptime));
+                    inum(head, clock.ttl_left(it.exptime));
                 }
                 b'c' => {
                     head.extend_from_slice(b" c");
-                    num(&mut head, it.cas);
+                    num(head, it.cas);
                 }
                 b'f' => {
                     head.extend_from_slice(b" f");
-                    num(&mut head, u64::from(it.flags));
+                    num(head, u64::from(it.flags));
                 }
                 b'l' => {
                     head.extend_from_slice(b" l");
-                    num(&mut head, u64::from(view.before.idle));
+                    num(head, u64::from(view.before.idle));
                 }
                 b'h' => head.extend_from_slice(if view.before.fetched { b" h1" } else { b" h0" }),
-                b'O' | b'k' => echo(c, wire_key, flags, &mut head),
+                b'O' | b'k' => echo(c, wire_key, flags, head),
                 _ => {}
             }
         }
@@ -674,10 +675,9 @@ fn meta_get(
             it.token_sent = true;
         }
         head.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&head);
         if flags.value {
-            out.extend_from_slice(&it.value);
-            out.extend_from_slice(b"\r\n");
+            head.extend_from_slice(&it.value);
+            head.extend_from_slice(b"\r\n");
         }
     });
     if !hit && !flags.quiet {

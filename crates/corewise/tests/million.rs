@@ -66,6 +66,28 @@ fn deep() -> u8 {
     buf[1024]
 }
 
+/// Spawns `n` threads that wait at `gate` and then run `after`; returns
+/// once all of them wait there.
+fn park_at<T: Send + 'static>(
+    rt: &corewise::Runtime,
+    gate: &Arc<Gate>,
+    n: usize,
+    after: fn() -> T,
+) -> Vec<corewise::JoinHandle<T>> {
+    let handles = (0..n)
+        .map(|_| {
+            let g = gate.clone();
+            rt.spawn(move || {
+                g.wait();
+                after()
+            })
+            .unwrap()
+        })
+        .collect();
+    gate.until_waiting(n);
+    handles
+}
+
 fn status_kib(field: &str) -> usize {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     s.lines()
@@ -100,17 +122,7 @@ fn a_million_threads_park_wake_and_join() {
     // stacks round 2 gets were all used deeply before.
     let gate = Gate::new();
     let t = Instant::now();
-    let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let g = gate.clone();
-            rt.spawn(move || {
-                g.wait();
-                deep()
-            })
-            .unwrap()
-        })
-        .collect();
-    gate.until_waiting(n);
+    let handles = park_at(&rt, &gate, n, deep);
     let created1 = t.elapsed();
     let t = Instant::now();
     gate.open();
@@ -123,17 +135,7 @@ fn a_million_threads_park_wake_and_join() {
     // Round 2: n threads parked at once, on reused stacks.
     let gate = Gate::new();
     let t = Instant::now();
-    let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let g = gate.clone();
-            rt.spawn(move || {
-                g.wait();
-                1u32
-            })
-            .unwrap()
-        })
-        .collect();
-    gate.until_waiting(n);
+    let handles = park_at(&rt, &gate, n, || 1u32);
     let created2 = t.elapsed();
     // Let every dispatcher's sweep take its blocked threads out of their slots.
     std::thread::sleep(Duration::from_millis(50));

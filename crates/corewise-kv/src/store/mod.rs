@@ -469,17 +469,26 @@ impl Store {
         let mut shard = self.shard(key).lock();
         let mut miss = None;
         let mut created = false;
-        if let Err(m) = shard.lookup(key, now, floor, bump_item) {
-            miss = Some(m);
-            if vivify {
+        let found = match shard.lookup(key, now, floor, bump_item) {
+            Ok(it) => Some(it),
+            Err(m) => {
+                miss = Some(m);
+                None
+            }
+        };
+        // A hit is looked up once; a vivified miss again after its insert.
+        let found = match found {
+            Some(it) => Some(it),
+            None if vivify => {
                 let item = Item::new(key, Vec::new(), 0, 0, self.new_cas(), now);
                 created = shard.insert(item, now);
+                if created {
+                    shard.lookup(key, now, floor, bump_item).ok()
+                } else {
+                    None
+                }
             }
-        }
-        let found = if created || miss.is_none() {
-            shard.lookup(key, now, floor, bump_item).ok()
-        } else {
-            None
+            None => None,
         };
         let Some(it) = found else {
             drop(shard);

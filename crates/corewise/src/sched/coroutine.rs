@@ -17,7 +17,6 @@
 
 use crate::sched::stack::{find_guard, PoolStack, StackRange};
 use crate::sched::ThreadContext;
-use corosensei::stack::Stack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Once;
@@ -39,8 +38,6 @@ pub(crate) struct Context {
     coroutine: Coroutine<Resume, (), (), PoolStack>,
     /// The stack's extent (the coroutine owns the stack itself).
     stack: StackRange,
-    /// The lowest address of the stack's usable part.
-    stack_bottom: usize,
 }
 
 impl Context {
@@ -50,7 +47,6 @@ impl Context {
         install_overflow_handler();
         let stack = PoolStack::new(stack_size)?;
         stack.set_owner(slot);
-        let stack_bottom = stack.base().get() - stack.usable();
         let range = stack.range();
         let coroutine = Coroutine::with_stack(stack, move |yielder: &SlotYielder, first| {
             slot.yielder.set(yielder as *const SlotYielder);
@@ -73,7 +69,6 @@ impl Context {
         Ok(Self {
             coroutine,
             stack: range,
-            stack_bottom,
         })
     }
 
@@ -85,9 +80,8 @@ impl Context {
     /// The coroutine is suspended (not running on any kernel thread) and
     /// `sp` was recorded by its last switch out.
     pub(crate) unsafe fn give_back_below(&self, sp: usize) {
-        if sp > self.stack_bottom + SP_SLACK {
-            self.stack.give_back_below(sp - SP_SLACK);
-        }
+        // The range ignores what lies outside the stack.
+        self.stack.give_back_below(sp.saturating_sub(SP_SLACK));
     }
 
     /// Runs the slot's thread until it switches out or exits.

@@ -208,6 +208,7 @@ impl PoolStack {
     }
 
     /// Usable bytes (the guard page excluded).
+    #[cfg(test)]
     pub(crate) fn usable(&self) -> usize {
         self.stride - page()
     }
