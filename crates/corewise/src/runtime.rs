@@ -54,6 +54,11 @@ pub(crate) struct Shared {
     pub(crate) homeless: crate::sched::inbox::Inbox<ThreadContext>,
     /// Spawners waiting for the thread limit.
     pub(crate) limit_wait: crate::sched::park::LimitWait,
+    /// Core owners and spare kernel threads (see `crate::sched::kthread`).
+    pub(crate) kthreads: crate::sched::kthread::KernelThreads,
+    /// Whether a core stuck in a blocking call is handed to a spare kernel
+    /// thread (see `crate::sched::handoff`).
+    pub(crate) handoff: bool,
     /// Figures for `Runtime::stats` (see [`Figures`]).
     figures: Figures,
 }
@@ -68,6 +73,19 @@ struct Figures {
     requested: std::sync::atomic::AtomicUsize,
     cores_added: AtomicU64,
     cores_released: AtomicU64,
+}
+
+impl Shared {
+    /// A kernel thread took core `k` from the arbiter.
+    pub(crate) fn core_taken(&self, k: usize) {
+        self.figures.cores_added.fetch_add(1, Ordering::Relaxed);
+        self.policy.core_added(k);
+    }
+
+    /// A kernel thread gave its core back to the arbiter.
+    pub(crate) fn core_given_back(&self) {
+        self.figures.cores_released.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Figures {
@@ -151,6 +169,7 @@ pub struct Builder {
     arbiter: ArbiterChoice,
     priority: usize,
     max_threads: Option<usize>,
+    handoff: bool,
 }
 
 impl Default for Builder {
@@ -167,6 +186,7 @@ impl Default for Builder {
             arbiter: ArbiterChoice::Auto,
             priority: 0,
             max_threads: None,
+            handoff: true,
         }
     }
 }
@@ -270,6 +290,35 @@ impl Builder {
     /// ```
     pub fn neighbour_cgroup(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.neighbour_cgroup = Some(dir.into());
+        self
+    }
+
+    /// Whether a core whose kernel thread stays blocked in the kernel (a
+    /// std call, a futex, a page fault) or computes inside one user
+    /// thread's run is handed to a spare kernel thread on the same CPU, so
+    /// that its other threads go on (default: on; Go's handoff). Off, such
+    /// a call stalls the core's other threads, as in Arachne, and each
+    /// core's io_uring is created single-issuer with deferred task running.
+    /// Handoff needs an arbiter that can place the spare (the in-process
+    /// one can; see [`CoreArbiter::core_handed_over`](crate::arbiter::CoreArbiter::core_handed_over)).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::builder().blocking_handoff(true).build().unwrap();
+    /// let ticks = rt
+    ///     .block_on(|| {
+    ///         let blocker = corewise::spawn(|| std::thread::sleep(std::time::Duration::from_millis(50))).unwrap();
+    ///         let mut ticks = 0;
+    ///         while !blocker.is_finished() {
+    ///             corewise::sleep(std::time::Duration::from_millis(5));
+    ///             ticks += 1;
+    ///         }
+    ///         ticks
+    ///     })
+    ///     .unwrap();
+    /// assert!(ticks > 1);
+    /// ```
+    pub fn blocking_handoff(mut self, on: bool) -> Self {
+        self.handoff = on;
         self
     }
 
@@ -410,6 +459,8 @@ impl Builder {
             }
         }
         let mut io = self.io.clone();
+        let handoff = self.handoff && arbiter.as_ref().is_none_or(|a| a.supports_handoff());
+        io.shared_issuer = handoff;
         io.resolve();
         let n = cpus.len();
         // The CPU budget (affinity, cpusets, quotas, COREWISE_MAX_CORES),
@@ -472,6 +523,8 @@ impl Builder {
             detached: std::sync::atomic::AtomicUsize::new(0),
             homeless: crate::sched::inbox::Inbox::new_open(),
             limit_wait: crate::sched::park::LimitWait::default(),
+            kthreads: crate::sched::kthread::KernelThreads::default(),
+            handoff,
             figures: Figures::new(n),
         }));
         for core in shared.cores.iter() {
@@ -479,24 +532,11 @@ impl Builder {
         }
         let mut rt = Runtime {
             shared,
-            kthreads: Vec::new(),
             manager: None,
+            monitor: None,
         };
         for k in 0..n {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let h = std::thread::Builder::new()
-                .name(format!("corewise-core-{k}"))
-                .spawn(move || kernel_thread(shared, k, tx))?;
-            rt.kthreads.push(h);
-            match rx.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    return Err(BuildError::Os(std::io::Error::other(
-                        "a kernel thread died during start-up",
-                    )))
-                }
-            }
+            shared.kthreads.start_core(shared, k)?;
         }
         request_cores(shared);
         let expect = shared.arbiter.granted();
@@ -518,6 +558,14 @@ impl Builder {
             .budget
             .on_active_change(Box::new(move || manager_thread.unpark()));
         rt.manager = Some(manager);
+        if shared.handoff {
+            crate::sched::handoff::install_handler();
+            rt.monitor = Some(
+                std::thread::Builder::new()
+                    .name("corewise-monitor".into())
+                    .spawn(move || crate::sched::monitor::run(shared))?,
+            );
+        }
         Ok(rt)
     }
 }
@@ -611,8 +659,8 @@ fn manage_cores(shared: &'static Shared, watcher: BudgetWatcher) {
 /// its kernel threads and frees the stacks.
 pub struct Runtime {
     shared: &'static Shared,
-    kthreads: Vec<std::thread::JoinHandle<()>>,
     manager: Option<std::thread::JoinHandle<()>>,
+    monitor: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Runtime {
@@ -803,6 +851,12 @@ fn stats_of(shared: &Shared) -> RuntimeStats {
             .saturating_sub(queued),
         arbiter: shared.arbiter.kind(),
         window: shared.window,
+        handoffs: shared
+            .cores
+            .iter()
+            .map(|c| c.handoff.count.load(Ordering::Relaxed))
+            .sum(),
+        kernel_threads: shared.kthreads.live(),
         cores,
     }
 }
@@ -831,6 +885,13 @@ pub struct RuntimeStats {
     pub parked: usize,
     /// Where the cores come from.
     pub arbiter: ArbiterKind,
+    /// Times a core was handed to a spare kernel thread because its user
+    /// thread blocked in the kernel or computed for long (see
+    /// [`Builder::blocking_handoff`]).
+    pub handoffs: u64,
+    /// The runtime's kernel threads alive now: one per core that ever ran,
+    /// plus spares (which exit after a second unused).
+    pub kernel_threads: usize,
     /// The estimation window that `utilization` and `load_factor` cover.
     pub window: Duration,
 }
@@ -900,67 +961,13 @@ impl Drop for Runtime {
             // their own once their threads are done.
             return;
         }
-        for h in self.kthreads.drain(..) {
-            let _ = h.join();
+        if let Some(m) = self.monitor.take() {
+            m.thread().unpark();
+            let _ = m.join();
         }
+        shared.kthreads.join_all();
         // Every kernel thread is gone and no thread is left: the pooled
         // spare contexts' stacks are unmapped too.
         crate::sched::park::drop_spares(shared, None);
     }
-}
-
-fn kernel_thread(
-    shared: &'static Shared,
-    k: usize,
-    started: std::sync::mpsc::Sender<Result<(), BuildError>>,
-) {
-    crate::sched::coroutine::ensure_signal_stack();
-    let core = &shared.cores[k];
-    // Every slot gets its stack now: creating a thread never maps memory.
-    for slot in (0..crate::sched::occupancy::SLOTS).map(|i| core.slot(i)) {
-        // SAFETY: this kernel thread owns the core; nothing runs yet.
-        if let Err(e) = unsafe { slot.context(shared.stack_size) } {
-            let _ = started.send(Err(BuildError::Os(e)));
-            return;
-        }
-    }
-    // The core's ring is created here: this kernel thread is its single issuer.
-    if let Err(e) = core.io.start(&shared.io, &core.gate) {
-        let _ = started.send(Err(BuildError::Os(e)));
-        return;
-    }
-    let _ = started.send(Ok(()));
-    loop {
-        let cpu = match shared.arbiter.block_until_core_available(k) {
-            Ok(Some(cpu)) => cpu,
-            Ok(None) => break,
-            Err(e) => {
-                tracing::error!(core = k, error = %e, "core grant failed; kernel thread stops");
-                break;
-            }
-        };
-        core.cpu.store(cpu, Ordering::Relaxed);
-        crate::sched::park::reopen(core);
-        core.active.store(true, Ordering::SeqCst);
-        shared.active_mask.fetch_or(1 << k, Ordering::AcqRel);
-        shared.figures.cores_added.fetch_add(1, Ordering::Relaxed);
-        shared.policy.core_added(k);
-        shared.budget.dispatcher_awake();
-        crate::sched::dispatch::run(core);
-        shared.budget.dispatcher_asleep();
-        // `dispatch::run` took the core out of the active set before it
-        // moved the threads away.
-        shared.arbiter.core_released(k);
-        shared
-            .figures
-            .cores_released
-            .fetch_add(1, Ordering::Relaxed);
-    }
-    core.io.stop();
-    for slot in (0..crate::sched::occupancy::SLOTS).map(|i| core.slot(i)) {
-        // SAFETY: the dispatcher has returned and the core has no threads.
-        unsafe { slot.drop_context() };
-    }
-    // Spare contexts this core kept: their stacks go too.
-    crate::sched::park::drop_spares(shared, Some(core));
 }

@@ -358,7 +358,11 @@ pub fn yield_now() {
         std::thread::yield_now();
         return;
     };
-    if !slot.core().other_runnable(slot.index()) {
+    // A thread whose core was handed over switches out even with nothing
+    // else to run: its old dispatcher places it on a core.
+    if !slot.core().other_runnable(slot.index())
+        && !slot.handed_off.load(std::sync::atomic::Ordering::Relaxed)
+    {
         return;
     }
     slot.wakeup().set_runnable();

@@ -144,6 +144,28 @@ impl CoreArbiter for Local {
 
     fn core_released(&self, _kthread: usize) {}
 
+    fn supports_handoff(&self) -> bool {
+        true
+    }
+
+    fn core_handed_over(&self, kthread: usize, tid: i32) -> Result<(), ArbiterError> {
+        let cpu = *self
+            .cpus
+            .get(kthread)
+            .ok_or(ArbiterError::NoSuchThread(kthread))?;
+        let mut tids = self.state();
+        let granted = self.requested.load(Ordering::SeqCst);
+        let pid = Pid::from_raw(tid).ok_or(ArbiterError::NoSuchThread(kthread))?;
+        rustix::thread::sched_setaffinity(Some(pid), &self.placement(kthread, granted)).map_err(
+            |e| ArbiterError::Pin {
+                cpu,
+                source: e.into(),
+            },
+        )?;
+        tids[kthread] = Some(pid);
+        Ok(())
+    }
+
     fn granted(&self) -> usize {
         self.requested.load(Ordering::Relaxed)
     }

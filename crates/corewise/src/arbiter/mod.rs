@@ -130,6 +130,34 @@ pub trait CoreArbiter: Send + Sync + 'static {
     /// Which implementation this is.
     fn kind(&self) -> ArbiterKind;
 
+    /// Whether [`core_handed_over`](Self::core_handed_over) can place a
+    /// spare kernel thread on a granted core (default: no, and the runtime
+    /// then runs without blocking handoff).
+    ///
+    /// ```
+    /// use corewise::arbiter::{CoreArbiter, Local};
+    /// assert!(Local::new(vec![0]).supports_handoff());
+    /// ```
+    fn supports_handoff(&self) -> bool {
+        false
+    }
+
+    /// The runtime handed kernel thread `kthread`'s core to another kernel
+    /// thread, `tid` (its first one is blocked in the kernel): place `tid`
+    /// where `kthread` ran, and treat it as `kthread` from now on.
+    ///
+    /// ```
+    /// use corewise::arbiter::{CoreArbiter, Local};
+    /// let a = Local::new(vec![0]);
+    /// a.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0]);
+    /// let tid = rustix::thread::gettid().as_raw_nonzero().get();
+    /// assert!(a.core_handed_over(0, tid).is_ok());
+    /// ```
+    fn core_handed_over(&self, kthread: usize, tid: i32) -> Result<(), ArbiterError> {
+        let _ = (kthread, tid);
+        Ok(())
+    }
+
     /// How long an idle dispatcher may sleep before it looks at
     /// [`must_release_core`](Self::must_release_core) again. `None` (the
     /// default): the arbiter's changes come through

@@ -41,6 +41,11 @@ pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// watcher's futex word is no longer 0.
 const STOPPING: u32 = 1 << 31;
 
+/// A futex wake count that wakes every waiter (the watcher and the handoff
+/// monitor): the kernel reads the count as a signed int, so `u32::MAX`
+/// would be -1 and wake one.
+const WAKE_ALL: u32 = i32::MAX as u32;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -80,7 +85,7 @@ struct Shared {
     awake: AtomicU32,
     /// Whether the watcher thread waits on `awake` (wakers skip the
     /// system call otherwise).
-    waiting: AtomicBool,
+    waiting: AtomicU32,
 }
 
 impl Shared {
@@ -107,7 +112,7 @@ impl Shared {
         if !self.is_idle() {
             return false;
         }
-        self.waiting.store(true, Ordering::SeqCst);
+        self.waiting.fetch_add(1, Ordering::SeqCst);
         // Dekker with `dispatcher_awake`: it adds to `awake` and then reads
         // `waiting`; this side wrote `waiting` and the futex re-reads
         // `awake` atomically with going to sleep. One of them sees the
@@ -120,7 +125,7 @@ impl Shared {
                 None,
             );
         }
-        self.waiting.store(false, Ordering::Relaxed);
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
         true
     }
 
@@ -312,14 +317,31 @@ impl BudgetHandle {
         let _ = self.shared.on_change.set(f);
     }
 
+    /// Blocks while this runtime tracks its dispatchers and every one of
+    /// them sleeps (the handoff monitor waits here); returns whether it
+    /// waited.
+    pub(crate) fn wait_while_idle(&self) -> bool {
+        self.shared.wait_while_idle()
+    }
+
+    /// Whether this runtime tracks its dispatchers and all of them sleep.
+    pub(crate) fn all_asleep(&self) -> bool {
+        self.shared.is_idle()
+    }
+
     /// A dispatcher starts running or woke from a kernel sleep.
     #[inline]
     pub(crate) fn dispatcher_awake(&self) {
         let shared = &self.shared;
-        if shared.awake.fetch_add(1, Ordering::SeqCst) == 0 && shared.waiting.load(Ordering::SeqCst)
+        if shared.awake.fetch_add(1, Ordering::SeqCst) == 0
+            && shared.waiting.load(Ordering::SeqCst) != 0
         {
-            rustix::thread::futex::wake(&shared.awake, rustix::thread::futex::Flags::PRIVATE, 1)
-                .ok();
+            rustix::thread::futex::wake(
+                &shared.awake,
+                rustix::thread::futex::Flags::PRIVATE,
+                WAKE_ALL,
+            )
+            .ok();
         }
     }
 
@@ -429,7 +451,7 @@ impl WatcherBuilder {
             wake: Condvar::new(),
             tracking: AtomicBool::new(false),
             awake: AtomicU32::new(0),
-            waiting: AtomicBool::new(false),
+            waiting: AtomicU32::new(0),
         });
         let due = next_share.map_or(now + self.interval, |s| s.min(now + self.interval));
         shared
@@ -551,8 +573,12 @@ impl Drop for BudgetWatcher {
             *lock(&shared.stop) = true;
             shared.wake.notify_all();
             shared.awake.fetch_or(STOPPING, Ordering::SeqCst);
-            rustix::thread::futex::wake(&shared.awake, rustix::thread::futex::Flags::PRIVATE, 1)
-                .ok();
+            rustix::thread::futex::wake(
+                &shared.awake,
+                rustix::thread::futex::Flags::PRIVATE,
+                WAKE_ALL,
+            )
+            .ok();
             let _ = t.join();
         }
     }
@@ -674,7 +700,7 @@ mod tests {
         // Tracked with no dispatcher awake: the thread blocks.
         h.track_activity();
         let idle_since = std::time::Instant::now();
-        while !w.handle().shared.waiting.load(Ordering::SeqCst) {
+        while w.handle().shared.waiting.load(Ordering::SeqCst) == 0 {
             assert!(
                 idle_since.elapsed() < Duration::from_secs(5),
                 "never blocked"
@@ -692,10 +718,10 @@ mod tests {
             assert!(woke.elapsed() < Duration::from_secs(5), "did not resume");
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert!(!w.handle().shared.waiting.load(Ordering::SeqCst));
+        assert_eq!(w.handle().shared.waiting.load(Ordering::SeqCst), 0);
         // Asleep again, then dropped while blocked: the thread stops.
         h.dispatcher_asleep();
-        while !w.handle().shared.waiting.load(Ordering::SeqCst) {
+        while w.handle().shared.waiting.load(Ordering::SeqCst) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
         drop(w);

@@ -202,6 +202,7 @@ impl<'a> Batch<'a> {
     }
 
     fn add(&mut self, kind: Kind, fd: RawFd, data: Data) -> Token {
+        let _entry = crate::sched::handoff::Entry::enter();
         let i = match self.free.pop() {
             Some(i) => {
                 let e = &mut self.entries[i];
@@ -236,6 +237,7 @@ impl<'a> Batch<'a> {
     /// Waits until every remaining operation has completed and returns
     /// them all, in token order.
     pub fn wait_all(&mut self) -> Vec<(Token, Completion)> {
+        let _entry = crate::sched::handoff::Entry::enter();
         let mut out = Vec::with_capacity(self.left);
         while let Ok(Some(c)) = self.wait_any(None) {
             out.push(c);
@@ -251,6 +253,7 @@ impl<'a> Batch<'a> {
         &mut self,
         timeout: Option<Duration>,
     ) -> io::Result<Option<(Token, Completion)>> {
+        let _entry = crate::sched::handoff::Entry::enter();
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             if self.left == 0 {
@@ -450,6 +453,7 @@ fn events(kind: &Kind) -> (u32, u32) {
 
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
+        let _entry = crate::sched::handoff::Entry::enter();
         // Cancel what is pending, then wait for every result: the buffers
         // must outlive the kernel's use of them.
         for e in &self.entries {

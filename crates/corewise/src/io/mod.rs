@@ -96,12 +96,16 @@ pub(crate) struct IoConfig {
     pub(crate) backend: Option<IoBackend>,
     /// SQPOLL mode; `Some(Some(cpu))` pins the poller thread.
     pub(crate) sqpoll: Option<Option<usize>>,
+    /// The ring changes hands between kernel threads (blocking handoff):
+    /// no single-issuer setup.
+    pub(crate) shared_issuer: bool,
 }
 
 impl IoConfig {
     fn ring_options(&self) -> uring::RingOptions {
         uring::RingOptions {
             sqpoll: self.sqpoll.map(|c| c.map(|c| c as u32)),
+            shared_issuer: self.shared_issuer,
         }
     }
 

@@ -330,6 +330,8 @@ pub(crate) unsafe fn run_on(
     cancel: Option<&CancelState>,
     object: Object,
 ) -> io::Result<usize> {
+    // The core's ring or epoll set is used below: not handed over meanwhile.
+    let _entry = crate::sched::handoff::Entry::enter();
     let mut wait_first = object.wait_first;
     // The ring answered `EAGAIN`: wait for readiness before the next try.
     let mut ring_poll = false;

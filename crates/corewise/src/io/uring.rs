@@ -31,6 +31,11 @@ const FUTEX_BITSET_MATCH_ANY: u64 = 0xffff_ffff;
 pub(crate) struct RingOptions {
     /// SQPOLL: a kernel thread polls the SQ; `Some(cpu)` pins it.
     pub(crate) sqpoll: Option<Option<u32>>,
+    /// Whichever kernel thread owns the core submits (blocking handoff, see
+    /// [`crate::sched::handoff`]): neither `SINGLE_ISSUER` nor the deferred
+    /// or cooperative task running that need one issuer or delay a blocked
+    /// submitter's completions.
+    pub(crate) shared_issuer: bool,
 }
 
 /// One core's ring and the records of its operations.
@@ -86,7 +91,13 @@ impl Uring {
         let sqpoll_single: Setup = |b| {
             b.setup_single_issuer();
         };
-        let attempts: &[(&'static str, Setup)] = if opts.sqpoll.is_some() {
+        let attempts: &[(&'static str, Setup)] = if opts.shared_issuer {
+            if opts.sqpoll.is_some() {
+                &[("SQPOLL", plain)]
+            } else {
+                &[("no flags", plain)]
+            }
+        } else if opts.sqpoll.is_some() {
             &[("SQPOLL|SINGLE_ISSUER", sqpoll_single), ("SQPOLL", plain)]
         } else {
             &[

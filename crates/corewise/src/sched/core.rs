@@ -76,6 +76,9 @@ pub(crate) struct Core {
     /// timers of parked threads, spare contexts): only this core's
     /// kernel thread touches it.
     sched: UnsafeCell<crate::sched::park::CoreSched>,
+    /// The core's owner and the monitor's handoff request (see
+    /// [`crate::sched::handoff`]).
+    pub(crate) handoff: CachePadded<crate::sched::handoff::CoreHandoff>,
 }
 
 // SAFETY: `sched` is touched only by the core's own kernel thread (see
@@ -107,6 +110,7 @@ impl Core {
             inbox: CachePadded::new(crate::sched::inbox::Inbox::new_closed()),
             queued: CachePadded::new(AtomicU32::new(0)),
             sched: UnsafeCell::new(crate::sched::park::CoreSched::default()),
+            handoff: CachePadded::new(crate::sched::handoff::CoreHandoff::default()),
         }
     }
 
@@ -162,9 +166,10 @@ impl Core {
     /// Whether a thread other than `me` could run now on this core.
     #[inline]
     pub(crate) fn other_runnable(&self, me: usize) -> bool {
-        // SAFETY: called by the running user thread, on this core's
-        // kernel thread; the reference ends here.
-        if unsafe { self.sched() }.waiting() || self.inbox.has_items() {
+        // Atomics only: the caller may run on a kernel thread that has just
+        // handed this core over (see `crate::sched::handoff`). `queued`
+        // counts the threads waiting for a slot here and those in the inbox.
+        if self.queued.load(Ordering::Relaxed) != 0 || self.inbox.has_items() {
             return true;
         }
         let mut others = self.mask.occupied() & !(1u64 << me);

@@ -55,8 +55,14 @@ impl Context {
                 // A stale signal can make a free slot look runnable while a
                 // spawner is still writing its function: run only what the
                 // spawner has published.
+                crate::sched::handoff::user_code_begins(slot);
                 // SAFETY: this is the slot's own coroutine.
-                if unsafe { slot.invocation.run_published() } {
+                let ran = unsafe { slot.invocation.run_published() };
+                // Out of user code; if the core was handed over meanwhile,
+                // the thread first moves to a core (the slot it had belongs
+                // to the core's new owner).
+                crate::sched::handoff::Entry::leave_user_code(slot);
+                if ran {
                     // The next thread on this stack starts on pages this
                     // one may have used deeply (see `give_back_stack`).
                     slot.stack_used.set(true);
@@ -142,7 +148,15 @@ pub(crate) unsafe fn switch_out(slot: &ThreadContext) {
     // as the coroutine does, and we are that coroutine (caller's contract).
     let yielder = unsafe { &*slot.yielder.get() };
     slot.stack_pointer.set(stack_pointer());
+    // The dispatcher runs next on this kernel thread: no handoff until the
+    // thread is back in its own code.
+    let was_user = crate::sched::handoff::user_code_ends(slot);
     let _ = yielder.suspend(());
+    if was_user {
+        // Possibly on another kernel thread now: the dispatcher that
+        // resumed the thread set `slot.kthread`.
+        crate::sched::handoff::user_code_begins(slot);
+    }
 }
 
 // ---- stack-overflow detection -------------------------------------------
@@ -278,22 +292,46 @@ extern "C" fn overflow_handler(
     // done. For SIG_DFL/SIG_IGN we restore the default and return, so the
     // faulting instruction runs again and the default action applies.
     unsafe {
-        if !prev.is_null() {
-            let h = (*prev).sa_sigaction;
-            if h != libc::SIG_DFL && h != libc::SIG_IGN {
-                if (*prev).sa_flags & libc::SA_SIGINFO != 0 {
-                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                        std::mem::transmute(h);
-                    f(sig, info, uctx);
-                } else {
-                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
-                    f(sig);
-                }
-                return;
-            }
+        if call_previous(prev, sig, info, uctx) {
+            return;
         }
         let mut dfl: libc::sigaction = std::mem::zeroed();
         dfl.sa_sigaction = libc::SIG_DFL;
         libc::sigaction(sig, &dfl, std::ptr::null_mut());
     }
+}
+
+/// Calls the handler `prev` (an action saved by `sigaction`, or null) as
+/// the kernel would have; returns false when there is none to call
+/// (`SIG_DFL`, `SIG_IGN` or null).
+///
+/// # Safety
+/// `prev` is null or points at an action filled in by `sigaction(2)`; the
+/// other arguments are the ones the kernel passed to the calling handler.
+pub(crate) unsafe fn call_previous(
+    prev: *const libc::sigaction,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uctx: *mut libc::c_void,
+) -> bool {
+    // SAFETY: per the contract.
+    let Some(prev) = (unsafe { prev.as_ref() }) else {
+        return false;
+    };
+    let h = prev.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return false;
+    }
+    // SAFETY: `h` is a handler address of the kind its flags say.
+    unsafe {
+        if prev.sa_flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(h);
+            f(sig, info, uctx);
+        } else {
+            let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+            f(sig);
+        }
+    }
+    true
 }

@@ -40,7 +40,7 @@
 //! lets threads that stayed blocked leave their slots.
 
 use crate::clock;
-use crate::sched::{Core, BLOCKED};
+use crate::sched::{Core, ThreadContext, BLOCKED};
 use crate::shim::Ordering;
 
 /// Per-core cumulative counter update by its only writer.
@@ -142,10 +142,22 @@ impl LoadMeter {
     }
 }
 
+/// Why [`run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The arbiter took the core back and its threads moved elsewhere.
+    Released,
+    /// The core was handed to a spare kernel thread while a user thread
+    /// blocked (see [`crate::sched::handoff`]); that thread was placed on
+    /// a core and this kernel thread owns nothing now.
+    Lost,
+}
+
 /// Runs `core` until the arbiter asks for it back and its threads have
-/// moved elsewhere.
-pub(crate) fn run(core: &'static Core) {
+/// moved elsewhere, or until the core is handed over.
+pub(crate) fn run(core: &'static Core) -> Outcome {
     let shared = core.runtime();
+    let me = crate::sched::handoff::this_kthread().expect("a runtime kernel thread");
     let spin = shared.idle_spin_ticks;
     let mut next = 0usize;
     // Accounting: when the core went idle (0: busy), when spinning started
@@ -208,7 +220,7 @@ pub(crate) fn run(core: &'static Core) {
                         let taken = core.slot(i);
                         taken.wakeup().set_runnable();
                         if must_go(core) {
-                            return;
+                            return Outcome::Released;
                         }
                         if !std::ptr::eq(core.slot(i), taken) {
                             // It moved; slot i holds another context now.
@@ -223,7 +235,10 @@ pub(crate) fn run(core: &'static Core) {
             }
             load.ran();
             marks &= !(1u64 << i);
-            run_thread(core, i);
+            if let Some(ctx) = run_thread(core, i, me) {
+                crate::sched::handoff::place_lost(shared, core, ctx);
+                return Outcome::Lost;
+            }
             // The thread switched out: what it reserved on other cores for
             // more spawns goes back (a load and a branch when nothing is).
             core.reserved.end_run(&shared.cores);
@@ -272,7 +287,7 @@ pub(crate) fn run(core: &'static Core) {
         if must_go(core) {
             bump(&core.stats.idle_ticks, now.wrapping_sub(idle_since));
             core.stats.idle_since.store(0, Ordering::Release);
-            return;
+            return Outcome::Released;
         }
         crate::sched::park::fire_timers(core, now);
         // Threads waiting for a slot while every slot holds a blocked one.
@@ -442,10 +457,18 @@ fn recheck(core: &Core) -> (bool, Option<u64>) {
     (false, earliest)
 }
 
+/// Runs the thread in slot `i` until it switches out. Returns its context
+/// if the core was handed over meanwhile (the thread left the slot then,
+/// and this kernel thread must not touch the core any more).
 #[inline]
-fn run_thread(core: &'static Core, i: usize) {
+fn run_thread(
+    core: &'static Core,
+    i: usize,
+    me: &'static crate::sched::kthread::KernelThread,
+) -> Option<&'static ThreadContext> {
     let slot = core.slot(i);
     crate::sched::current::set_current(slot);
+    slot.kthread.set(me);
     // SAFETY: this is the core's kernel thread; the context exists (made at
     // kernel-thread start) and is not running.
     let ctx = unsafe { slot.context(0) }.expect("slot contexts are created at start");
@@ -453,6 +476,11 @@ fn run_thread(core: &'static Core, i: usize) {
     d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     ctx.resume();
     crate::sched::current::set_current(std::ptr::null());
+    if me.lost.load(Ordering::Relaxed) {
+        me.lost.store(false, Ordering::Relaxed);
+        return Some(slot);
+    }
+    None
 }
 
 #[cfg(all(test, not(loom)))]

@@ -18,6 +18,9 @@
 //! - [`spawn`]: thread creation.
 //! - [`dispatch`]: the loop each core's kernel thread runs.
 //! - [`current`]: the running user thread, and its exit.
+//! - [`handoff`]: a core leaves a kernel thread stuck in a user thread's run.
+//! - [`kthread`]: core owners and the spare kernel threads.
+//! - [`monitor`]: the thread that finds stuck cores.
 
 pub(crate) mod idle;
 pub(crate) mod inbox;
@@ -34,6 +37,12 @@ pub(crate) mod coroutine;
 pub(crate) mod current;
 #[cfg(not(loom))]
 pub(crate) mod dispatch;
+#[cfg(not(loom))]
+pub(crate) mod handoff;
+#[cfg(not(loom))]
+pub(crate) mod kthread;
+#[cfg(not(loom))]
+pub(crate) mod monitor;
 #[cfg(not(loom))]
 pub(crate) mod park;
 #[cfg(not(loom))]

@@ -342,11 +342,20 @@ fn install(core: &'static Core, s: &mut CoreSched, ctx: &'static ThreadContext) 
 /// Takes the thread in slot `i` out (it does not run meanwhile) and puts a
 /// spare in its place. The caller made sure the thread will be found again
 /// (parked, queued or placed).
-fn detach(core: &'static Core, i: usize, spare: &'static ThreadContext) {
+pub(crate) fn detach(core: &'static Core, i: usize, spare: &'static ThreadContext) {
     spare.wakeup().reset();
     spare.relocate(core, i);
     core.set_slot(i, spare);
     core.mask.release(i);
+}
+
+/// Gives a context with no thread back to the runtime's pool.
+pub(crate) fn return_spare(shared: &'static Shared, ctx: &'static ThreadContext) {
+    shared
+        .spares
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(ctx);
 }
 
 /// A spare for `core`'s dispatcher (its own, the pool's, or a new one).

@@ -42,6 +42,9 @@ pub(crate) fn spawn_job<F>(
 where
     F: FnOnce() + Send + 'static,
 {
+    // The spawner's core (its reservations, its spare contexts) is used
+    // below: not handed over meanwhile.
+    let _entry = crate::sched::handoff::Entry::enter();
     let target = if opts.wait {
         shared.limit_wait.wait_for(|| choose(shared, &opts))?
     } else {

@@ -1,0 +1,483 @@
+//! Core handoff: a user thread that blocks in the kernel (a std call, a
+//! futex, a page fault) or computes for long does not stall the other
+//! threads of its core. The core goes to a spare kernel thread, as Go's
+//! `sysmon` retakes the P of an M that sits in a system call.
+//!
+//! Go sees a goroutine enter and leave the kernel (`entersyscall`); corewise
+//! cannot: a user thread calls whatever it likes. So the runtime knows
+//! instead where a kernel thread is *not* in user code, and hands the core
+//! over only while it is:
+//!
+//! - **Who may touch a core.** A core's private state (its slots' contexts,
+//!   its ring, its timers and queues) belongs to the one kernel thread that
+//!   owns the core. Each kernel thread's record has an `in_user` flag, set
+//!   while it runs a user thread's own code and clear while it runs the
+//!   dispatcher, a switch, or a runtime call that touches its core
+//!   ([`Entry`]: spawning, I/O, thread exit). A thread finds its kernel
+//!   thread's record through its context, which the dispatcher points at
+//!   it before each run (no thread-local on the switch path).
+//! - **Detection** ([`crate::sched::monitor`]): a monitor thread, asleep
+//!   while every core sleeps, samples each core's dispatch counter; a core
+//!   whose counter has not moved and that is not idle is stuck in one run.
+//!   The kernel thread's state in `/proc/self/task/TID/stat` says whether it
+//!   is blocked (`S`, `D`) or computing (`R`): a blocked core is handed over
+//!   after [`BLOCKED_AFTER`], a computing one after [`COMPUTING_AFTER`]
+//!   (with one warning per thread).
+//! - **The switch of owners** happens on the stuck kernel thread itself: the
+//!   monitor provisions a spare kernel thread and a spare context, sets the
+//!   core's request flag and sends the thread [`SIGNAL`]. The handler runs
+//!   on that thread, between two of its instructions (a blocking call is
+//!   interrupted, and restarted after the handler with `SA_RESTART`), so it
+//!   reads `in_user` with no race at all: if the thread is in user code,
+//!   the handler takes the running user thread out of its slot (a spare
+//!   context takes the slot), marks the kernel thread `lost`, makes the
+//!   spare the core's owner and wakes it. Otherwise it declines, and the
+//!   monitor asks again later. The handler only uses atomics and one futex
+//!   wake (async-signal-safe).
+//! - **Coming back.** The spare runs the core's dispatcher on the same CPU.
+//!   The handed-off user thread keeps its kernel thread; at its next switch
+//!   or runtime call (the [`Entry`] check) it switches out, and its old
+//!   dispatcher, seeing `lost`, places it on a core like a woken thread and
+//!   becomes a spare itself (see [`crate::sched::kthread`]). Spares wait in
+//!   a pool and exit after [`crate::sched::kthread::SPARE_LIFETIME`] unused,
+//!   so the runtime returns to one kernel thread per core.
+//!
+//! The cost on the dispatch path is a store and a load per run (the
+//! context's kernel thread, is `lost` set?) and, in a switch, a load and
+//! two stores of `in_user`.
+
+use crate::sched::current::current_slot;
+use crate::sched::kthread::KernelThread;
+use crate::sched::{Core, ThreadContext};
+use std::cell::{Cell, UnsafeCell};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The signal that asks a stuck kernel thread to give its core away
+/// (`SIGURG`, as Go uses: rarely used by programs, ignored by default).
+pub(crate) const SIGNAL: libc::c_int = libc::SIGURG;
+
+/// A core stuck in one run with its kernel thread blocked in the kernel is
+/// handed over after this long.
+pub(crate) const BLOCKED_AFTER: Duration = Duration::from_micros(200);
+
+/// A core stuck in one run with its kernel thread computing (or in a
+/// system call that does not sleep) is handed over after this long.
+pub(crate) const COMPUTING_AFTER: Duration = Duration::from_millis(2);
+
+thread_local! {
+    /// This kernel thread's record, if it is one of a runtime's.
+    static KTHREAD: Cell<*const KernelThread> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Registers the calling thread as a runtime kernel thread.
+pub(crate) fn set_kthread(kt: &'static KernelThread) {
+    KTHREAD.with(|k| k.set(kt));
+}
+
+/// The calling thread's record, if it is a runtime kernel thread (for the
+/// dispatcher, which never changes kernel threads).
+pub(crate) fn this_kthread() -> Option<&'static KernelThread> {
+    // SAFETY: records are leaked ('static).
+    unsafe { KTHREAD.with(|k| k.get()).as_ref() }
+}
+
+/// The kernel thread running `slot`'s thread now (set by the dispatcher
+/// before each run, so a thread finds its kernel thread's flags without a
+/// thread-local).
+#[inline]
+fn kthread_of(slot: &ThreadContext) -> Option<&'static KernelThread> {
+    // SAFETY: records are leaked ('static).
+    unsafe { slot.kthread.get().as_ref() }
+}
+
+/// `slot`'s thread runs its own code from now on.
+#[inline]
+pub(crate) fn user_code_begins(slot: &ThreadContext) {
+    if let Some(kt) = kthread_of(slot) {
+        compiler_fence(Ordering::SeqCst);
+        kt.in_user.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `slot`'s thread leaves its own code; returns whether it was in it.
+#[inline]
+pub(crate) fn user_code_ends(slot: &ThreadContext) -> bool {
+    // A load and a store, not a swap (a locked instruction on x86): only
+    // this thread writes the flag, and its signal handler only reads it.
+    let was = kthread_of(slot).is_some_and(|kt| {
+        let was = kt.in_user.load(Ordering::Relaxed);
+        kt.in_user.store(false, Ordering::Relaxed);
+        was
+    });
+    compiler_fence(Ordering::SeqCst);
+    was
+}
+
+/// Whether the core of the kernel thread running `slot`'s thread was
+/// handed over.
+#[inline]
+fn core_lost(slot: &ThreadContext) -> bool {
+    kthread_of(slot).is_some_and(|kt| kt.lost.load(Ordering::Relaxed))
+}
+
+/// A runtime call that touches the caller's core (its ring, its
+/// reservations, its spare contexts, its slot): while it lives the core is
+/// not handed over, and it starts on a kernel thread that owns its core.
+/// On a plain OS thread it does nothing.
+///
+/// ```ignore
+/// let _entry = Entry::enter();
+/// // ... use the current core's private state ...
+/// ```
+#[must_use]
+pub(crate) struct Entry {
+    slot: Option<&'static ThreadContext>,
+    was_user: bool,
+}
+
+impl Entry {
+    /// Enters; if the core was handed over while the caller ran user code,
+    /// first moves the calling user thread to a core (it resumes on that
+    /// core's owner).
+    #[inline]
+    pub(crate) fn enter() -> Self {
+        let slot = current_slot();
+        let was_user = slot.is_some_and(|s| {
+            let was = user_code_ends(s);
+            if core_lost(s) {
+                move_to_a_core(s);
+            }
+            was
+        });
+        Self { slot, was_user }
+    }
+
+    /// `slot`'s thread leaves user code for good (its function returned):
+    /// as [`enter`](Self::enter), but nothing to drop.
+    #[inline]
+    pub(crate) fn leave_user_code(slot: &ThreadContext) {
+        user_code_ends(slot);
+        if core_lost(slot) {
+            move_to_a_core(slot);
+        }
+    }
+}
+
+impl Drop for Entry {
+    #[inline]
+    fn drop(&mut self) {
+        if let (true, Some(s)) = (self.was_user, self.slot) {
+            user_code_begins(s);
+        }
+    }
+}
+
+/// The kernel thread lost its core while this user thread ran: switch out
+/// as runnable; the old dispatcher places the thread (see `dispatch::run`).
+#[cold]
+#[inline(never)]
+fn move_to_a_core(slot: &ThreadContext) {
+    slot.wakeup().set_runnable();
+    // SAFETY: `slot` is the running thread's own slot.
+    unsafe { crate::sched::coroutine::switch_out(slot) };
+}
+
+/// A core's handoff state: written by the monitor and the handler.
+pub(crate) struct CoreHandoff {
+    /// Kernel thread id of the core's owner (0: none).
+    pub(crate) owner_tid: AtomicI32,
+    /// Set by the monitor before it signals the owner.
+    requested: AtomicBool,
+    /// The spare kernel thread and context provisioned for a handoff.
+    spare_kthread: AtomicPtr<KernelThread>,
+    spare_context: AtomicPtr<ThreadContext>,
+    /// Handoffs of this core so far.
+    pub(crate) count: AtomicU64,
+    /// The handed-off thread, for the monitor's report: the handler writes
+    /// `report` (its context address, generation and name) and then sets
+    /// `report_ready`; the monitor reads it and clears the flag.
+    report_ready: AtomicBool,
+    report: UnsafeCell<Report>,
+}
+
+/// What the handler reports about a handed-off thread.
+#[derive(Clone, Copy)]
+pub(crate) struct Report {
+    pub(crate) context: usize,
+    pub(crate) generation: u32,
+    pub(crate) name_len: u8,
+    pub(crate) name: [u8; 48],
+}
+
+// SAFETY: `report` is written only by the handler while `report_ready` is
+// clear and read only by the monitor while it is set (release/acquire).
+unsafe impl Sync for CoreHandoff {}
+
+impl Default for CoreHandoff {
+    fn default() -> Self {
+        Self {
+            owner_tid: AtomicI32::new(0),
+            requested: AtomicBool::new(false),
+            spare_kthread: AtomicPtr::new(std::ptr::null_mut()),
+            spare_context: AtomicPtr::new(std::ptr::null_mut()),
+            count: AtomicU64::new(0),
+            report_ready: AtomicBool::new(false),
+            report: UnsafeCell::new(Report {
+                context: 0,
+                generation: 0,
+                name_len: 0,
+                name: [0; 48],
+            }),
+        }
+    }
+}
+
+impl CoreHandoff {
+    /// Whether a spare kernel thread and context are provisioned.
+    pub(crate) fn provisioned(&self) -> bool {
+        !self.spare_kthread.load(Ordering::Acquire).is_null()
+            && !self.spare_context.load(Ordering::Acquire).is_null()
+    }
+
+    /// Provisions a spare kernel thread (if none is) and a spare context
+    /// (if none is); returns what it could not use back.
+    pub(crate) fn provision(
+        &self,
+        kt: Option<&'static KernelThread>,
+        ctx: Option<&'static ThreadContext>,
+    ) -> (
+        Option<&'static KernelThread>,
+        Option<&'static ThreadContext>,
+    ) {
+        let kt = kt.and_then(|k| {
+            let p = k as *const _ as *mut _;
+            self.spare_kthread
+                .compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+                .err()
+                .map(|_| k)
+        });
+        let ctx = ctx.and_then(|c| {
+            let p = c as *const ThreadContext as *mut ThreadContext;
+            self.spare_context
+                .compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+                .err()
+                .map(|_| c)
+        });
+        (kt, ctx)
+    }
+
+    /// Takes back what is provisioned (the core is quiet again, or the
+    /// runtime shuts down).
+    pub(crate) fn unprovision(
+        &self,
+    ) -> (
+        Option<&'static KernelThread>,
+        Option<&'static ThreadContext>,
+    ) {
+        let kt = self
+            .spare_kthread
+            .swap(std::ptr::null_mut(), Ordering::AcqRel);
+        let ctx = self
+            .spare_context
+            .swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: both were stored from 'static references.
+        unsafe { (kt.as_ref(), ctx.as_ref()) }
+    }
+
+    /// Asks the owner to hand the core over (the caller then signals it).
+    pub(crate) fn request(&self) {
+        self.requested.store(true, Ordering::Release);
+    }
+
+    /// Withdraws a request (the core made progress).
+    pub(crate) fn withdraw(&self) {
+        self.requested.store(false, Ordering::Relaxed);
+    }
+
+    /// The handler's report of a handed-off thread, if one is ready.
+    pub(crate) fn take_report(&self) -> Option<Report> {
+        if !self.report_ready.load(Ordering::Acquire) {
+            return None;
+        }
+        // SAFETY: the flag is set: the handler finished writing and will
+        // not write again until the flag is cleared below.
+        let r = unsafe { *self.report.get() };
+        self.report_ready.store(false, Ordering::Release);
+        Some(r)
+    }
+
+    /// In the handler: records the handed-off thread, if the last report
+    /// was read.
+    fn write_report(&self, ctx: &ThreadContext) {
+        if self.report_ready.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: the flag is clear: the monitor does not read `report`.
+        let r = unsafe { &mut *self.report.get() };
+        r.context = ctx as *const ThreadContext as usize;
+        r.generation = ctx.generation().load(Ordering::Relaxed);
+        let name = ctx.name().unwrap_or("").as_bytes();
+        let n = name.len().min(r.name.len());
+        r.name[..n].copy_from_slice(&name[..n]);
+        r.name_len = n as u8;
+        self.report_ready.store(true, Ordering::Release);
+    }
+}
+
+impl Report {
+    /// The thread's name (cut at 48 bytes), if it had one.
+    pub(crate) fn name(&self) -> Option<String> {
+        (self.name_len > 0)
+            .then(|| String::from_utf8_lossy(&self.name[..self.name_len as usize]).into_owned())
+    }
+}
+
+/// Installs the handoff signal's handler, once per process.
+pub(crate) fn install_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed sigaction is a valid "no handler" value; handler,
+        // flags and mask are filled in before it is installed, and the old
+        // action goes into memory we own (leaked).
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            let old: &'static mut libc::sigaction = Box::leak(Box::new(std::mem::zeroed()));
+            if libc::sigaction(SIGNAL, &action, old) == 0 {
+                PREVIOUS.store(old, Ordering::Release);
+            }
+        }
+    });
+}
+
+static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    // SAFETY: errno is thread-local; the handler restores it.
+    let errno = unsafe { *libc::__errno_location() };
+    if !try_hand_over() {
+        // SAFETY: `PREVIOUS` is null or an action filled in by sigaction;
+        // the arguments are the kernel's.
+        unsafe {
+            crate::sched::coroutine::call_previous(
+                PREVIOUS.load(Ordering::Acquire),
+                sig,
+                info,
+                uctx,
+            );
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// The handler's work: returns false if the signal was not the runtime's
+/// (no request for this kernel thread's core).
+fn try_hand_over() -> bool {
+    let kt = KTHREAD.with(|k| k.get());
+    // SAFETY: records are leaked ('static).
+    let Some(kt) = (unsafe { kt.as_ref() }) else {
+        return false;
+    };
+    let Some(core) = kt.owned() else {
+        return false;
+    };
+    let h = &core.handoff;
+    if !h.requested.swap(false, Ordering::AcqRel) {
+        return false;
+    }
+    if !kt.in_user.load(Ordering::Relaxed) {
+        // In the dispatcher or a runtime call: not now (the monitor asks
+        // again if the core stays stuck).
+        return true;
+    }
+    compiler_fence(Ordering::SeqCst);
+    let Some(running) = current_slot() else {
+        return true;
+    };
+    let spare_kt = h.spare_kthread.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: provisioned from 'static references.
+    let Some(spare_kt) = (unsafe { spare_kt.as_ref() }) else {
+        return true;
+    };
+    let spare_ctx = h.spare_context.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: as above.
+    let Some(spare_ctx) = (unsafe { spare_ctx.as_ref() }) else {
+        h.spare_kthread
+            .store(spare_kt as *const _ as *mut KernelThread, Ordering::Release);
+        return true;
+    };
+    // The running thread leaves its slot (it runs on here, detached, until
+    // its next switch); the spare context takes the slot.
+    h.write_report(running);
+    running.handed_off.store(true, Ordering::Relaxed);
+    crate::sched::park::detach(core, running.index(), spare_ctx);
+    core.runtime().detached.fetch_add(1, Ordering::Relaxed);
+    h.count.fetch_add(1, Ordering::Relaxed);
+    kt.lost.store(true, Ordering::Relaxed);
+    kt.disown();
+    h.owner_tid.store(spare_kt.tid(), Ordering::Relaxed);
+    spare_kt.assign(core);
+    true
+}
+
+/// Thread states of `/proc/self/task/TID/stat` as the monitor reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KernelState {
+    /// Running or runnable (`R`): computing, or in a call that does not
+    /// sleep.
+    Computing,
+    /// Asleep in the kernel (`S`, `D`, ...).
+    Blocked,
+}
+
+/// Reads kernel thread `tid`'s state; `None` if it cannot be read.
+pub(crate) fn kernel_state(tid: i32) -> Option<KernelState> {
+    let path = format!("/proc/self/task/{tid}/stat");
+    let text = std::fs::read(path).ok()?;
+    // The command name may hold spaces and parentheses: the state follows
+    // the last ')'.
+    let end = text.iter().rposition(|&b| b == b')')?;
+    let state = *text.get(end + 2)?;
+    Some(if state == b'R' {
+        KernelState::Computing
+    } else {
+        KernelState::Blocked
+    })
+}
+
+/// Kernel thread `tid`'s time on a CPU so far, in nanoseconds (the first
+/// field of `/proc/self/task/TID/schedstat`); `None` if it cannot be read.
+pub(crate) fn cpu_time_ns(tid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    text.split_ascii_whitespace().next()?.parse().ok()
+}
+
+/// Sends the handoff signal to kernel thread `tid` of this process.
+pub(crate) fn signal_thread(tid: i32) -> bool {
+    // SAFETY: tgkill with our own pid and a thread id of ours; a thread
+    // that exited meanwhile gives ESRCH.
+    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, SIGNAL) == 0 }
+}
+
+/// The old owner, once the handed-off thread switched out: places it on a
+/// core like a woken thread. It is made runnable whatever it switched out
+/// for (a blocked thread wakes spuriously, which `block` allows; a sleeper
+/// sleeps again where it lands), since its wake-up may have gone to the
+/// core it left.
+pub(crate) fn place_lost(
+    shared: &'static crate::runtime::Shared,
+    core: &'static Core,
+    ctx: &'static ThreadContext,
+) {
+    ctx.handed_off.store(false, Ordering::Relaxed);
+    ctx.wakeup().set_runnable();
+    if ctx.movable() {
+        crate::sched::placement::place(shared, ctx, None);
+    } else {
+        crate::sched::placement::place_in(shared, ctx, crate::policy::CoreMask::single(core.index));
+    }
+}

@@ -1,0 +1,197 @@
+//! The handoff monitor: finds cores stuck in one user thread's run and asks
+//! their kernel thread to hand the core over (see [`crate::sched::handoff`]).
+//!
+//! Like Go's `sysmon` it samples rather than spins: it sleeps
+//! [`MIN_PERIOD`] between looks while cores get stuck, doubling the sleep
+//! up to [`MAX_PERIOD`] after [`QUIET_LOOKS`] looks with nothing stuck, and
+//! it blocks altogether while every dispatcher sleeps in the kernel (the
+//! same activity count the budget watcher waits on), so an idle runtime
+//! costs it nothing. A look reads two counters per core; only a core that
+//! looks stuck costs a read of its kernel thread's `/proc` state.
+
+use crate::runtime::Shared;
+use crate::sched::handoff::{self, KernelState, BLOCKED_AFTER, COMPUTING_AFTER};
+use crate::sched::kthread::SPARE_LIFETIME;
+use crate::sched::Core;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The shortest sleep between two looks.
+pub(crate) const MIN_PERIOD: Duration = Duration::from_micros(50);
+/// The longest sleep between two looks (the detection delay of a first
+/// blocking call after a quiet time).
+pub(crate) const MAX_PERIOD: Duration = Duration::from_millis(2);
+/// Looks with nothing stuck before the sleep doubles.
+const QUIET_LOOKS: u32 = 20;
+
+/// What the monitor remembers of a core.
+struct Seen {
+    dispatches: u64,
+    since: Instant,
+    /// The kernel thread computed when the last handoff was asked for.
+    computing: bool,
+    /// Its CPU time when the run was first seen stuck (a thread that waits
+    /// for a CPU, preempted by other processes, is not computing).
+    cpu_base: Option<u64>,
+    last_handoff: Option<Instant>,
+}
+
+/// The monitor thread's loop; returns at shutdown.
+pub(crate) fn run(shared: &'static Shared) {
+    let now = Instant::now();
+    let mut seen: Vec<Seen> = shared
+        .cores
+        .iter()
+        .map(|_| Seen {
+            dispatches: 0,
+            since: now,
+            computing: false,
+            cpu_base: None,
+            last_handoff: None,
+        })
+        .collect();
+    let mut period = MAX_PERIOD;
+    let mut quiet = 0u32;
+    let mut warned: HashSet<(usize, u32)> = HashSet::new();
+    while !shared.shutdown.load(Ordering::Acquire) {
+        if shared.budget.all_asleep() {
+            // An idle runtime keeps no spare: what was provisioned goes
+            // back to the pool, whose threads exit after a while.
+            for (core, s) in shared.cores.iter().zip(seen.iter_mut()) {
+                s.last_handoff = None;
+                unprovision(shared, core);
+            }
+        }
+        if shared.budget.wait_while_idle() {
+            let now = Instant::now();
+            for s in seen.iter_mut() {
+                s.since = now;
+            }
+            continue;
+        }
+        std::thread::park_timeout(period);
+        let now = Instant::now();
+        let mut stuck_any = false;
+        for (core, s) in shared.cores.iter().zip(seen.iter_mut()) {
+            stuck_any |= look(shared, core, s, now);
+            if let Some(r) = core.handoff.take_report() {
+                let name = r.name();
+                if s.computing && warned.insert((r.context, r.generation)) {
+                    tracing::warn!(
+                        thread = name.as_deref().unwrap_or("<unnamed>"),
+                        core = core.index,
+                        "a user thread computed for more than {COMPUTING_AFTER:?} without a switch; its core's other threads moved to another kernel thread"
+                    );
+                } else {
+                    tracing::debug!(
+                        thread = name.as_deref().unwrap_or("<unnamed>"),
+                        core = core.index,
+                        "core handed over while a user thread blocked in the kernel"
+                    );
+                }
+            }
+        }
+        if stuck_any {
+            period = MIN_PERIOD;
+            quiet = 0;
+        } else {
+            quiet += 1;
+            if quiet >= QUIET_LOOKS {
+                quiet = 0;
+                period = (period * 2).min(MAX_PERIOD);
+            }
+        }
+    }
+    for core in shared.cores.iter() {
+        unprovision(shared, core);
+    }
+}
+
+/// Looks at one core; returns whether it is stuck.
+fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant) -> bool {
+    let h = &core.handoff;
+    let tid = h.owner_tid.load(Ordering::Acquire);
+    let dispatches = core.stats.dispatches.load(Ordering::Relaxed);
+    let idle =
+        tid == 0 || core.gate.is_sleeping() || core.stats.idle_since.load(Ordering::Relaxed) != 0;
+    if idle || dispatches != s.dispatches {
+        s.dispatches = dispatches;
+        s.since = now;
+        s.cpu_base = None;
+        h.withdraw();
+        if s.last_handoff
+            .is_some_and(|t| now.duration_since(t) > SPARE_LIFETIME)
+        {
+            s.last_handoff = None;
+            unprovision(shared, core);
+        }
+        return false;
+    }
+    let stuck = now.duration_since(s.since);
+    if stuck < BLOCKED_AFTER {
+        return false;
+    }
+    match handoff::kernel_state(tid) {
+        Some(KernelState::Blocked) => s.computing = false,
+        Some(KernelState::Computing) => {
+            // Handed over after COMPUTING_AFTER of CPU time in this run, not
+            // of wall time: a kernel thread preempted by other processes
+            // would only gain a rival for its CPU.
+            let Some(cpu) = handoff::cpu_time_ns(tid) else {
+                return true;
+            };
+            let base = *s.cpu_base.get_or_insert(cpu);
+            if cpu.saturating_sub(base) < COMPUTING_AFTER.as_nanos() as u64 {
+                return true;
+            }
+            s.computing = true;
+        }
+        None => return true,
+    }
+    if !provision(shared, core) {
+        return true;
+    }
+    h.request();
+    handoff::signal_thread(tid);
+    s.last_handoff = Some(now);
+    true
+}
+
+/// Makes sure `core` has a spare kernel thread and context ready.
+fn provision(shared: &'static Shared, core: &'static Core) -> bool {
+    let h = &core.handoff;
+    if h.provisioned() {
+        return true;
+    }
+    let kt = match shared.kthreads.take_spare(shared) {
+        Ok(kt) => Some(kt),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start a spare kernel thread");
+            None
+        }
+    };
+    let ctx = crate::sched::park::take_spare(shared, None).ok();
+    let (kt, ctx) = h.provision(kt, ctx);
+    give_back(shared, kt, ctx);
+    h.provisioned()
+}
+
+/// Takes back what `core` has provisioned (quiet for a while, or shutdown).
+fn unprovision(shared: &'static Shared, core: &'static Core) {
+    let (kt, ctx) = core.handoff.unprovision();
+    give_back(shared, kt, ctx);
+}
+
+fn give_back(
+    shared: &'static Shared,
+    kt: Option<&'static crate::sched::kthread::KernelThread>,
+    ctx: Option<&'static crate::sched::ThreadContext>,
+) {
+    if let Some(kt) = kt {
+        shared.kthreads.return_spare(kt);
+    }
+    if let Some(ctx) = ctx {
+        crate::sched::park::return_spare(shared, ctx);
+    }
+}
