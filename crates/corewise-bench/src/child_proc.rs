@@ -67,3 +67,38 @@ pub fn output_within(mut cmd: Command, timeout: Duration) -> Result<Output, Chil
         stderr: se.join().unwrap_or_default(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_of_a_child_that_exits() {
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let out = output_within(c, Duration::from_secs(30)).expect("output");
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!(out.stdout, b"out\n");
+        assert_eq!(out.stderr, b"err\n");
+    }
+
+    #[test]
+    fn a_child_past_its_deadline_is_killed() {
+        let mut c = Command::new("sleep");
+        c.arg("30");
+        let t = Instant::now();
+        let r = output_within(c, Duration::from_millis(100));
+        assert!(matches!(r, Err(ChildFailure::Killed(_))), "{r:?}");
+        // Killed, not waited for: far less than the child's 30 s.
+        assert!(t.elapsed() < Duration::from_secs(20));
+    }
+
+    #[test]
+    fn a_missing_program_cannot_start() {
+        let r = output_within(
+            Command::new("/nonexistent/corewise-bench-child"),
+            Duration::from_secs(1),
+        );
+        assert!(matches!(r, Err(ChildFailure::Start(_))), "{r:?}");
+    }
+}
