@@ -481,7 +481,8 @@ fn notes(plan: &child::Plan, peers: &[Peer]) -> Vec<String> {
     }
     if peers.contains(&Peer::Tokio) {
         n.push(format!(
-            "tokio: multi-thread runtime, {} workers, blockers are tasks (no spawn_blocking)",
+            "tokio: multi-thread runtime, {} workers, blockers are tasks (no spawn_blocking); \
+             its timer rounds sleeps up to whole ms",
             plan.cpus.len()
         ));
     }
