@@ -25,6 +25,8 @@ fn blocking_subcommand_runs_small() {
             "200",
             "--interval-ms",
             "10",
+            "--grace-ms",
+            "500",
             "--json",
         ])
         .arg(&json)

@@ -436,13 +436,14 @@ fn run_child(cmd: Command, peer: Peer, plan: &child::Plan) -> Outcome {
     }
 }
 
-/// corewise's p99 over Go's and tokio's, for every kind where both have
-/// one.
+/// corewise's p99 over Go's and tokio's, for every kind where both ran to
+/// the end (a stalled or failed cell's figures are partial: its row says
+/// so, and it has no ratio).
 fn ratios(records: &[Record]) -> Vec<Ratio> {
     let p99 = |peer: &str, kind: &str| {
         records
             .iter()
-            .find(|r| r.peer == peer && r.kind == kind)
+            .find(|r| r.peer == peer && r.kind == kind && r.error.is_none() && !r.stalled)
             .and_then(|r| r.p99_ms)
     };
     let mut out = Vec::new();
@@ -587,6 +588,12 @@ mod tests {
             outcome("go", "sleep", vec![2000.0]),
             outcome("tokio", "sleep", vec![]),
             outcome("go", "fs", vec![1000.0]),
+            Outcome {
+                stalled: true,
+                error: Some("stalled: test".into()),
+                ..outcome("corewise", "compute", vec![5000.0])
+            },
+            outcome("go", "compute", vec![1000.0]),
         ]
         .iter()
         .map(Record::of)
