@@ -30,3 +30,21 @@ pub fn allowed_cpus() -> Result<Vec<usize>, BenchError> {
 pub fn current_cpu() -> usize {
     sched_getcpu()
 }
+
+/// Confines the process `cmd` starts to `cpus` (set between fork and exec,
+/// so the child's every thread inherits it). CPUs beyond what a `CpuSet`
+/// holds are left out; the caller takes its CPUs from [`allowed_cpus`].
+pub fn confine_child(cmd: &mut std::process::Command, cpus: &[usize]) {
+    use std::os::unix::process::CommandExt;
+    let mut set = CpuSet::new();
+    for &c in cpus.iter().filter(|&&c| c < CpuSet::MAX_CPU) {
+        set.set(c);
+    }
+    // SAFETY: the hook runs in the forked child before exec and only makes
+    // one system call (sched_setaffinity) on a set built before the fork
+    // and copied into the closure: no allocation, no lock, nothing that is
+    // unsafe after fork.
+    unsafe {
+        cmd.pre_exec(move || sched_setaffinity(None, &set).map_err(std::io::Error::from));
+    }
+}

@@ -5,6 +5,8 @@
 //! an `Args` type and a `run` function.
 
 mod affinity;
+mod blocking;
+mod child_proc;
 mod clock;
 mod core_grant;
 mod cores;
@@ -30,7 +32,7 @@ struct Cli {
 }
 
 /// One subcommand per benchmark. New benchmarks (`core-grant`, `echo`,
-/// `neighbours`, `cores`, `kv`) add a variant here and a module of their own.
+/// `neighbours`, `cores`, `kv`, `threads`, `blocking`) add a variant here and a module of their own.
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Primitive costs: creation, yield, condition notify, signal, creation
@@ -55,6 +57,10 @@ enum Command {
     /// corewise, tokio, Go, may and std; thread-per-connection echo with
     /// many connections open: wall time, RSS per thread, p50/p99.
     Threads(threads::Args),
+    /// A ticker thread's lateness while one thread per core makes blocking
+    /// std calls (sleep, file reads, computing), for corewise, tokio, Go
+    /// and std threads.
+    Blocking(blocking::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -66,6 +72,7 @@ fn main() -> std::process::ExitCode {
         Command::Echo(args) => echo::run(&args),
         Command::Kv(args) => kv::run(&args),
         Command::Threads(args) => threads::run(&args),
+        Command::Blocking(args) => blocking::run(&args),
         Command::CoreGrant(args) => core_grant::run(args)
             .map(|_| ())
             .map_err(|e| error::BenchError::Machine(format!("core-grant: {e}"))),

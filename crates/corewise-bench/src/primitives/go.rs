@@ -64,6 +64,25 @@ pub(crate) fn go_build(go: &Path, src: &Path, out: &Path) -> Result<(), BenchErr
     Ok(())
 }
 
+/// Finds `go` and builds the program in bench/NAME of this repository
+/// into NAME next to this executable (the temporary directory when that
+/// is unknown); `Err` says why there is no program (the cell's text).
+pub(crate) fn build_bench_program(name: &str) -> Result<PathBuf, String> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench")
+        .join(name);
+    let go = find_go().ok_or("no `go` on PATH or in /usr/local/go/bin")?;
+    if !src.join("main.go").is_file() {
+        return Err(format!("no Go sources in {}", src.display()));
+    }
+    let out = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| std::env::temp_dir().join(name));
+    go_build(&go, &src, &out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
 /// Builds and runs the Go peer; `Err` (reported as "skipped") when Go is
 /// absent or the build fails.
 pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {

@@ -228,17 +228,7 @@ pub fn server_command(exe: &Path, server: &str, cpu: usize, conns: usize) -> Com
 /// Makes the process `cmd` starts run on `cpu` only (all its threads: they
 /// inherit the affinity of the thread that execs).
 pub fn pin_child(cmd: &mut Command, cpu: usize) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the hook runs in the forked child before exec and only makes
-    // one system call (sched_setaffinity) on a set built on its stack: no
-    // allocation, no lock, nothing that is unsafe after fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            let mut set = rustix::thread::CpuSet::new();
-            set.set(cpu);
-            rustix::thread::sched_setaffinity(None, &set).map_err(std::io::Error::from)
-        });
-    }
+    crate::affinity::confine_child(cmd, &[cpu]);
 }
 
 /// Runs the server `serve` starts in a child (it prints its port on its

@@ -8,7 +8,7 @@
 //! the other servers. When `go` is absent or the build fails, every Go
 //! cell says so as `skipped: ...`.
 
-use crate::primitives::go::{find_go, go_build};
+use crate::primitives::go::build_bench_program;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -24,20 +24,9 @@ pub struct GoPeer {
 impl GoPeer {
     /// Finds `go` and builds bench/go-threads next to this executable.
     pub fn build() -> Self {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/go-threads");
-        let bin = (|| {
-            let go = find_go().ok_or("no `go` on PATH or in /usr/local/go/bin")?;
-            if !src.join("main.go").is_file() {
-                return Err(format!("no Go sources in {}", src.display()));
-            }
-            let out = std::env::current_exe()
-                .ok()
-                .and_then(|p| p.parent().map(|d| d.join("go-threads")))
-                .unwrap_or_else(|| std::env::temp_dir().join("go-threads"));
-            go_build(&go, &src, &out).map_err(|e| e.to_string())?;
-            Ok(out)
-        })();
-        GoPeer { bin }
+        GoPeer {
+            bin: build_bench_program("go-threads"),
+        }
     }
 
     /// The command that runs `scenario` (sleepers, parked or serve) with

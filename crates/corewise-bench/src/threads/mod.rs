@@ -35,7 +35,7 @@ use crate::error::BenchError;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Command line of `corewise-bench threads`.
 #[derive(Debug, clap::Args)]
@@ -337,56 +337,11 @@ fn skipped(why: String, n: usize) -> Outcome {
 
 /// Runs one scenario in a child process (`cmd` prints the outcome as its
 /// last stdout line); a child that dies is a failed cell.
-fn run_child(mut cmd: Command, n: usize, timeout: std::time::Duration) -> Outcome {
+fn run_child(cmd: Command, n: usize, timeout: std::time::Duration) -> Outcome {
     let fail = |e: String| skipped(e, n);
-    let mut child = match cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => return fail(format!("failed: cannot start child: {e}")),
-    };
-    // Read both pipes on their own threads so a chatty child never blocks,
-    // and wait with a deadline: a runtime that aborts half-way can hang.
-    let drain = |p: Option<Box<dyn std::io::Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut p) = p {
-                let _ = p.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let so = drain(child.stdout.take().map(|p| Box::new(p) as _));
-    let se = drain(child.stderr.take().map(|p| Box::new(p) as _));
-    let deadline = std::time::Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break Some(st),
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    let out = std::process::Output {
-        status: match status {
-            Some(st) => st,
-            None => {
-                return fail(format!(
-                    "failed: no result within {} s (child killed)",
-                    timeout.as_secs()
-                ))
-            }
-        },
-        stdout: so.join().unwrap_or_default(),
-        stderr: se.join().unwrap_or_default(),
+    let out = match crate::child_proc::output_within(cmd, timeout) {
+        Ok(out) => out,
+        Err(e) => return fail(format!("failed: {e}")),
     };
     let text = String::from_utf8_lossy(&out.stdout);
     match text.lines().last().map(serde_json::from_str::<Outcome>) {
@@ -404,7 +359,7 @@ fn run_child(mut cmd: Command, n: usize, timeout: std::time::Duration) -> Outcom
 /// The line that says why a runtime's child died: the one after a panic
 /// header (a runtime that cannot map a stack panics or aborts), else the
 /// last non-empty line.
-fn crash_reason(stderr: &str) -> String {
+pub(crate) fn crash_reason(stderr: &str) -> String {
     let lines: Vec<&str> = stderr
         .lines()
         .map(str::trim)

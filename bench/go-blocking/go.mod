@@ -1,0 +1,3 @@
+module corewise/bench/go-blocking
+
+go 1.21
