@@ -26,6 +26,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use corewise_arbiter::client;
+use corewise_arbiter::fence::{CgroupVersion, CpusetHierarchy};
 use corewise_arbiter::topology::CpuList;
 
 const CPUSET: &str = "/sys/fs/cgroup/cpuset";
@@ -46,42 +47,20 @@ fn wait_limit() -> Duration {
     })
 }
 
-/// The cpuset hierarchy the tests work in.
-struct Hierarchy {
-    base: PathBuf,
-    v2: bool,
-}
-
-/// A cgroup v1 cpuset mount, else a cgroup v2 root whose children get the
-/// cpuset controller; `None` without either.
-fn hierarchy() -> Option<&'static Hierarchy> {
-    static H: OnceLock<Option<Hierarchy>> = OnceLock::new();
-    H.get_or_init(|| {
-        if Path::new(CPUSET).join("tasks").exists() {
-            return Some(Hierarchy {
-                base: PathBuf::from(CPUSET),
-                v2: false,
-            });
-        }
-        let control = std::fs::read_to_string(Path::new(V2_ROOT).join("cgroup.subtree_control"))
-            .unwrap_or_default();
-        control
-            .split_whitespace()
-            .any(|c| c == "cpuset")
-            .then(|| Hierarchy {
-                base: PathBuf::from(V2_ROOT),
-                v2: true,
-            })
-    })
-    .as_ref()
+/// The cpuset hierarchy the tests work in, found as the daemon's tools
+/// find it: a cgroup v1 cpuset mount, else a cgroup v2 root whose children
+/// get the cpuset controller; `None` without either.
+fn hierarchy() -> Option<&'static CpusetHierarchy> {
+    static H: OnceLock<Option<CpusetHierarchy>> = OnceLock::new();
+    H.get_or_init(CpusetHierarchy::detect).as_ref()
 }
 
 fn base() -> &'static Path {
-    &hierarchy().expect("checked by can_run").base
+    &hierarchy().expect("checked by can_run").root
 }
 
 fn is_v2() -> bool {
-    hierarchy().is_some_and(|h| h.v2)
+    hierarchy().is_some_and(|h| h.version == CgroupVersion::V2)
 }
 
 /// The file listing a cgroup's threads.
