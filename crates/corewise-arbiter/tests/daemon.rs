@@ -1811,15 +1811,21 @@ fn a_client_that_reads_late_gets_every_reply() {
     };
     let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
     let (mut app, _) = Raw::hello(&sb);
-    // More replies than its socket holds (the daemon writes each on its
-    // own), fewer than the daemon's bound on what it keeps for a client.
+    // More replies than its socket and the daemon's high-water mark hold:
+    // the daemon stops reading it until it reads, then goes on. Its
+    // requests are sent by a thread of their own, as the sends block
+    // meanwhile.
     const N: usize = 2000;
-    // Sent in small bursts, as a client pipelining requests would.
-    let burst = encode_request(&Request::SetRequestedCores { counts: [0; 8] }).repeat(10);
-    for _ in 0..N / 10 {
-        app.s.write_all(&burst).unwrap();
-        std::thread::sleep(Duration::from_micros(500));
-    }
+    let mut w = app.s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        // Sent in small bursts, as a client pipelining requests would.
+        let burst = encode_request(&Request::SetRequestedCores { counts: [0; 8] }).repeat(10);
+        for _ in 0..N / 10 {
+            w.write_all(&burst)?;
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        Ok::<(), std::io::Error>(())
+    });
     // Others are served meanwhile.
     for _ in 0..3 {
         client::status(sb.socket()).unwrap();
@@ -1833,6 +1839,7 @@ fn a_client_that_reads_late_gets_every_reply() {
             other => panic!("reply {i} of {N}: {other:?}"),
         }
     }
+    writer.join().unwrap().unwrap();
     drop(app);
     stop_clean(&sb, &mut d);
 }
@@ -1845,13 +1852,15 @@ fn a_client_that_never_reads_is_dropped_alone() {
     let tid = a.thread("coop");
     let (flood, _) = Raw::hello(&sb);
     let mut w = flood.s.try_clone().unwrap();
+    // Blocked once the daemon stops reading it; an error ends the flood.
+    w.set_write_timeout(Some(wait_limit())).unwrap();
     let flooder = std::thread::spawn(move || {
         let burst = encode_request(&Request::SetRequestedCores { counts: [0; 8] }).repeat(64);
-        let mut sent = 0usize;
-        while w.write_all(&burst).is_ok() {
-            sent += 64;
+        loop {
+            if let Err(e) = w.write_all(&burst) {
+                return e;
+            }
         }
-        sent
     });
     // Meanwhile the other application's grants and releases go on.
     for _ in 0..20 {
@@ -1859,15 +1868,113 @@ fn a_client_that_never_reads_is_dropped_alone() {
         a.request([0; 8]);
         a.expect("releasing");
     }
-    // The flooder is disconnected once its unread replies pass the bound.
-    let sent = flooder.join().unwrap();
+    // The flooder is disconnected once it has been behind on its replies
+    // for the frame timeout (2 s), not left blocked.
+    let e = flooder.join().unwrap();
     assert!(
-        sent * 39 > corewise_arbiter::daemon::MAX_OUTPUT,
-        "dropped after {sent} requests"
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
+        "the flood ended with {e}, not by the daemon closing it"
     );
     drop(flood);
     grant_core1(&mut a, &sb, tid);
     drop(a);
+    stop_clean(&sb, &mut d);
+}
+
+/// A client that sends requests and does not read the replies: once its
+/// socket and [`READ_HIGH_WATER`] bytes of replies are full, the daemon
+/// handles none of its requests until it reads, and keeps no more for it.
+/// Request k asks for k cores at the lowest priority (root's limits keep
+/// it), so the status tells the last request handled.
+#[test]
+fn a_client_behind_on_its_replies_is_not_read() {
+    use corewise_arbiter::daemon::{MAX_REQUESTS_PER_WAKE, READ_HIGH_WATER};
+    use corewise_arbiter::protocol::encode_response;
+    use rustix::event::{PollFd, PollFlags};
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    // The stalled client stays connected for the whole test.
+    let mut d = Daemon::start(&sb, &["--frame-timeout-ms", "3600000"]);
+    let (mut flood, _) = Raw::hello(&sb);
+    flood.s.set_nonblocking(true).unwrap();
+    let request = |k: u32| {
+        encode_request(&Request::SetRequestedCores {
+            counts: level(7, k),
+        })
+    };
+    let ack_len = encode_response(&Response::RequestAck {
+        effective: level(7, 1),
+        clipped: false,
+    })
+    .len();
+    // Sends until the socket has taken nothing for a second.
+    let (mut sent, mut rest) = (1u32, request(1));
+    loop {
+        match flood.s.write(&rest) {
+            Ok(n) => {
+                rest.drain(..n);
+                if rest.is_empty() {
+                    sent += 1;
+                    rest = request(sent);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut fds = [PollFd::new(&flood.s, PollFlags::OUT)];
+                let timeout = rustix::time::Timespec {
+                    tv_sec: 1,
+                    tv_nsec: 0,
+                };
+                if rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 0 {
+                    break;
+                }
+            }
+            Err(e) => panic!("the daemon dropped a client behind on its replies: {e}"),
+        }
+    }
+    // Requests 1..sent-1 are whole in the socket (a part of request `sent`
+    // may be too).
+    let sent = sent - 1;
+    let handled = || {
+        status_of(&sb, std::process::id())
+            .expect("the flooder is listed")
+            .requested[7]
+    };
+    let stalled = handled();
+    assert!(
+        stalled < sent,
+        "all {sent} requests were handled: none waits"
+    );
+    // Its replies: in its socket, or kept by the daemon - a bounded amount.
+    let queued = rustix::io::ioctl_fionread(&flood.s).unwrap() as usize;
+    let kept = (stalled as usize * ack_len)
+        .checked_sub(queued)
+        .expect("more replies than requests handled");
+    assert!(
+        kept < READ_HIGH_WATER + MAX_REQUESTS_PER_WAKE * ack_len,
+        "the daemon keeps {kept} bytes of replies for it"
+    );
+    // Nothing more is handled while it does not read.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(handled(), stalled, "requests handled while behind");
+    // Once it reads, every request is answered, in order (the rest of the
+    // last one goes in as the daemon reads again).
+    flood.s.set_nonblocking(false).unwrap();
+    let mut w = flood.s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || w.write_all(&rest));
+    let sent = sent + 1;
+    for k in 1..=sent {
+        match flood.recv() {
+            Some(Response::RequestAck { effective, .. }) => assert_eq!(effective, level(7, k)),
+            other => panic!("reply {k} of {sent}: {other:?}"),
+        }
+    }
+    writer.join().unwrap().unwrap();
+    assert_eq!(handled(), sent);
+    drop(flood);
     stop_clean(&sb, &mut d);
 }
 
