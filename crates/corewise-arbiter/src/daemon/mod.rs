@@ -793,7 +793,7 @@ fn serve(
                 Ok(()) if c.closing && c.wbuf.is_empty() => state.to_close.push(id),
                 Ok(()) => {
                     let caught_up = was_behind && !c.backpressured();
-                    if caught_up && c.must_resume() {
+                    if c.must_resume() {
                         conns.resume.push(id);
                     }
                     let registered = state.is_app(id) || state.is_thread(id);
@@ -956,6 +956,11 @@ fn flush(conns: &mut Conns, state: &mut State, frame_timeout: Duration) {
                 }
                 Ok(()) if c.closing && c.wbuf.is_empty() => state.to_close.push(id),
                 Ok(()) => {
+                    // It may have caught up here (a reply of the daemon's
+                    // own, such as a grant, found its socket drained).
+                    if c.must_resume() {
+                        conns.resume.push(id);
+                    }
                     // A closing connection must take its last reply, a
                     // client behind on its replies must catch up.
                     let registered = state.is_app(id) || state.is_thread(id);
