@@ -1884,42 +1884,31 @@ fn a_client_that_never_reads_is_dropped_alone() {
     stop_clean(&sb, &mut d);
 }
 
-/// A client that sends requests and does not read the replies: once its
-/// socket and [`READ_HIGH_WATER`] bytes of replies are full, the daemon
-/// handles none of its requests until it reads, and keeps no more for it.
-/// Request k asks for k cores at the lowest priority (root's limits keep
-/// it), so the status tells the last request handled.
-#[test]
-fn a_client_behind_on_its_replies_is_not_read() {
-    use corewise_arbiter::daemon::{MAX_REQUESTS_PER_WAKE, READ_HIGH_WATER};
-    use corewise_arbiter::protocol::encode_response;
-    use rustix::event::{PollFd, PollFlags};
-    let Some(sb) = sandbox() else {
-        return;
-    };
-    // The stalled client stays connected for the whole test.
-    let mut d = Daemon::start(&sb, &["--frame-timeout-ms", "3600000"]);
-    let (mut flood, _) = Raw::hello(&sb);
-    flood.s.set_nonblocking(true).unwrap();
-    let request = |k: u32| {
-        encode_request(&Request::SetRequestedCores {
-            counts: level(7, k),
-        })
-    };
-    let ack_len = encode_response(&Response::RequestAck {
-        effective: level(7, 1),
-        clipped: false,
+/// A request of a client that falls behind: request k asks for k cores at
+/// the lowest priority (root's limits keep it), so the status tells the
+/// last request handled.
+fn numbered_request(k: u32) -> Vec<u8> {
+    encode_request(&Request::SetRequestedCores {
+        counts: level(7, k),
     })
-    .len();
-    // Sends until the socket has taken nothing for a second.
-    let (mut sent, mut rest) = (1u32, request(1));
+}
+
+/// Registers an application and sends it numbered requests without reading
+/// a reply until its socket has taken nothing for a second. Returns the
+/// connection (non-blocking), the number of requests that went in whole,
+/// and what is left to send of the next one.
+fn fall_behind(sb: &Sandbox) -> (Raw, u32, Vec<u8>) {
+    use rustix::event::{PollFd, PollFlags};
+    let (flood, _) = Raw::hello(sb);
+    flood.s.set_nonblocking(true).unwrap();
+    let (mut sent, mut rest) = (0u32, numbered_request(1));
     loop {
-        match flood.s.write(&rest) {
+        match (&flood.s).write(&rest) {
             Ok(n) => {
                 rest.drain(..n);
                 if rest.is_empty() {
                     sent += 1;
-                    rest = request(sent);
+                    rest = numbered_request(sent + 1);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -1929,15 +1918,32 @@ fn a_client_behind_on_its_replies_is_not_read() {
                     tv_nsec: 0,
                 };
                 if rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 0 {
-                    break;
+                    return (flood, sent, rest);
                 }
             }
             Err(e) => panic!("the daemon dropped a client behind on its replies: {e}"),
         }
     }
-    // Requests 1..sent-1 are whole in the socket (a part of request `sent`
-    // may be too).
-    let sent = sent - 1;
+}
+
+/// A client that sends requests and does not read the replies: once its
+/// socket and [`READ_HIGH_WATER`] bytes of replies are full, the daemon
+/// handles none of its requests until it reads, and keeps no more for it.
+#[test]
+fn a_client_behind_on_its_replies_is_not_read() {
+    use corewise_arbiter::daemon::{MAX_REQUESTS_PER_WAKE, READ_HIGH_WATER};
+    use corewise_arbiter::protocol::encode_response;
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    // The stalled client stays connected for the whole test.
+    let mut d = Daemon::start(&sb, &["--frame-timeout-ms", "3600000"]);
+    let ack_len = encode_response(&Response::RequestAck {
+        effective: level(7, 1),
+        clipped: false,
+    })
+    .len();
+    let (mut flood, sent, rest) = fall_behind(&sb);
     let handled = || {
         status_of(&sb, std::process::id())
             .expect("the flooder is listed")
@@ -1975,6 +1981,25 @@ fn a_client_behind_on_its_replies_is_not_read() {
     writer.join().unwrap().unwrap();
     assert_eq!(handled(), sent);
     drop(flood);
+    stop_clean(&sb, &mut d);
+}
+
+/// A client behind on its replies that hangs up is let go at once, though
+/// the daemon no longer reads it (its socket turns writable and the write
+/// fails), not at the frame timeout (an hour here).
+#[test]
+fn a_client_behind_on_its_replies_that_hangs_up_is_let_go() {
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let mut d = Daemon::start(&sb, &["--frame-timeout-ms", "3600000"]);
+    let (flood, sent, _) = fall_behind(&sb);
+    let me = std::process::id();
+    assert!(status_of(&sb, me).is_some_and(|e| e.requested[7] < sent));
+    drop(flood);
+    wait_until("the application of a client that hung up is gone", || {
+        status_of(&sb, me).is_none()
+    });
     stop_clean(&sb, &mut d);
 }
 

@@ -556,8 +556,7 @@ impl Conn {
     }
 
     /// What to watch for: requests unless closing or too far behind in
-    /// taking its replies, room to write while output waits. (A hang-up
-    /// is reported whatever the interest.)
+    /// taking its replies, room to write while output waits.
     fn wanted(&self) -> EventFlags {
         let mut f = EventFlags::empty();
         if !self.closing && !self.backpressured() {
@@ -752,10 +751,7 @@ fn serve(
             return Ok(());
         }
         // Whole requests left buffered in the last pass come first.
-        let mut readable: Vec<(ConnId, bool)> = std::mem::take(&mut conns.resume)
-            .into_iter()
-            .map(|id| (id, false))
-            .collect();
+        let mut readable: Vec<ConnId> = std::mem::take(&mut conns.resume);
         let mut writable: Vec<ConnId> = Vec::new();
         if conns_ready {
             events.clear();
@@ -774,9 +770,8 @@ fn serve(
                 if flags.intersects(EventFlags::OUT) {
                     writable.push(id);
                 }
-                let gone = flags.intersects(EventFlags::HUP | EventFlags::ERR);
-                if gone || flags.intersects(EventFlags::IN) {
-                    readable.push((id, gone));
+                if flags.intersects(EventFlags::IN | EventFlags::HUP | EventFlags::ERR) {
+                    readable.push(id);
                 }
             }
         }
@@ -804,16 +799,9 @@ fn serve(
             }
         }
         readable.sort_unstable();
-        readable.dedup_by(|later, kept| {
-            // One entry per connection; a hang-up seen in either is kept.
-            let same = later.0 == kept.0;
-            if same {
-                kept.1 |= later.1;
-            }
-            same
-        });
-        for (id, gone) in readable {
-            let handled = match handle_readable(id, gone, &mut conns.map, state) {
+        readable.dedup();
+        for id in readable {
+            let handled = match handle_readable(id, &mut conns.map, state) {
                 Ok(n) => n,
                 Err(why) => {
                     if let Some(why) = why {
@@ -984,12 +972,12 @@ fn flush(conns: &mut Conns, state: &mut State, frame_timeout: Duration) {
 /// Handles the requests of `id`, buffered first, then read from its
 /// socket: at most [`MAX_REQUESTS_PER_WAKE`] of them and
 /// [`MAX_READ_CHUNKS`] reads, and none while it is behind in taking its
-/// replies ([`READ_HIGH_WATER`]). `gone`: the peer hung up. Returns how
-/// many requests were handled; `Err(Some(reason))` drops a misbehaving
-/// client, `Err(None)` a closed one.
+/// replies ([`READ_HIGH_WATER`]; if it hangs up meanwhile, its socket
+/// turns writable and the failed write closes it). Returns how many
+/// requests were handled; `Err(Some(reason))` drops a misbehaving client,
+/// `Err(None)` a closed one.
 fn handle_readable(
     id: ConnId,
-    gone: bool,
     conns: &mut BTreeMap<ConnId, Conn>,
     state: &mut State,
 ) -> Result<usize, Option<String>> {
@@ -999,13 +987,9 @@ fn handle_readable(
         let Some(c) = conns.get_mut(&id) else {
             return Ok(handled);
         };
-        if c.closing {
+        if c.closing || c.backpressured() {
+            // Its requests wait in its socket until it takes its replies.
             return Ok(handled);
-        }
-        if c.backpressured() {
-            // Its requests wait in its socket until it takes its replies;
-            // one that hung up will never take them.
-            return if gone { Err(None) } else { Ok(handled) };
         }
         if handled == MAX_REQUESTS_PER_WAKE {
             return Ok(handled);
