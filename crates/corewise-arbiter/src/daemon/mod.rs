@@ -483,7 +483,7 @@ pub const MAX_REQUESTS_PER_WAKE: usize = 16;
 /// and this much are full: its requests wait in its own socket, it is out
 /// of the poll set, and after `--frame-timeout-ms` above the mark it is
 /// disconnected. A client following the protocol has a few small replies
-/// outstanding at most (a reply to a request is 39 bytes or less).
+/// outstanding at most (an acknowledgement is 39 bytes, a grant 10).
 ///
 /// ```
 /// use corewise_arbiter::daemon::{MAX_OUTPUT, READ_HIGH_WATER};
