@@ -5,10 +5,14 @@
 # tests (grants, cooperative and forced release, crashes, priorities,
 # limits, restarts, and placement by hyperthread sibling and socket), the
 # runtime's tests against the daemon (a daemon killed mid-run included),
-# and the CPU budget's tests under nested cgroup v2 quotas and cpusets.
+# the CPU budget's tests under nested cgroup v2 quotas and cpusets, and a
+# short run of the core-grant benchmark on the cgroup v2 backend (its
+# figures are printed, never compared: the guest's CPU is emulated). Then,
+# in a second guest with systemd as init, the arbiter's systemd unit as
+# shipped, started with the repository's defaults.
 #
-# The test binaries are built on the host (cargo test --no-run) and run
-# unchanged in the guest, which sees the host's file system read-only.
+# The test binaries (cargo test --no-run), the benchmark and the daemon
+# (debug builds) are built on the host and run unchanged in the guest, which sees the host's file system read-only.
 # The guest's CPU is emulated and many times slower than the host's, so
 # the waits are stretched (COREWISE_TEST_WAIT_S) and so is the daemon's
 # reclaim timeout where a test does not set its own
@@ -18,20 +22,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The executable of one integration test target (the artifact of kind
-# "test"; the daemon's binary, built for the arbiter's tests, is another).
-test_binary() {
-    cargo test --no-run --message-format=json "$@" \
-        | grep '"kind":\["test"\]' \
+# The executable of the artifact of KIND that `cargo ARGS...` builds:
+# "test" for an integration test target, "bin" for a binary (the daemon's
+# binary, built for the arbiter's tests, is marked testable too, so the
+# kind tells them apart).
+artifact() {
+    local kind=$1
+    shift
+    cargo "$@" --message-format=json \
+        | grep "\"kind\":\[\"$kind\"\]" \
         | grep -o '"executable":"[^"]*"' \
         | sed 's/"executable":"\(.*\)"/\1/' \
         | tail -1
 }
 
-arbiter=$(test_binary -p corewise-arbiter --test daemon)
-runtime=$(test_binary -p corewise --test daemon)
-budget=$(test_binary -p corewise --test budget)
-for b in "$arbiter" "$runtime" "$budget"; do
+arbiter=$(artifact test test --no-run -p corewise-arbiter --test daemon)
+runtime=$(artifact test test --no-run -p corewise --test daemon)
+budget=$(artifact test test --no-run -p corewise --test budget)
+bench=$(artifact bin build -p corewise-bench --bin corewise-bench)
+daemon=$(artifact bin build -p corewise-arbiter --bin corewise-arbiter)
+for b in "$arbiter" "$runtime" "$budget" "$bench" "$daemon"; do
     [ -x "$b" ] || { echo "guest-tests: no test binary ($b)" >&2; exit 1; }
 done
 
@@ -41,17 +51,59 @@ done
 # measure load, which an emulated CPU on a shared host does not give). The
 # arbiter's check that a registering process is still alive needs
 # SO_PEERPIDFD (Linux 6.5), which the guest's Debian 6.1 kernel lacks: that
-# test runs on the host only.
+# test runs on the host only. The benchmark (first argument) runs last,
+# with few samples (about 10 s in the guest).
 script='
 failed=0
+bench=$1
+shift
 for t in "$@"; do
     echo "=== guest: $t"
     "${t%%:*}" --test-threads=2 ${t#*:} || failed=1
 done
+echo "=== guest: $bench core-grant --samples 100"
+"$bench" core-grant --samples 100 || failed=1
 exit $failed
 '
+# The systemd unit on a fresh machine: no /etc/default/corewise-arbiter,
+# no limits file (removed from the guest's copy of /etc if the host has
+# them), the daemon at the unit's path. It must start, answer `status` on
+# the default socket with its sets made under the cgroup v2 root, not have
+# been restarted, and leave no set behind when stopped.
+unit_check='
+set -eu
+trap "journalctl --no-pager -u corewise-arbiter.service | tail -20" ERR
+rm -f /etc/default/corewise-arbiter /etc/corewise-arbiter.toml
+install -m 755 "$1" /usr/local/bin/corewise-arbiter
+install -m 644 crates/corewise-arbiter/corewise-arbiter.service /etc/systemd/system/
+systemctl daemon-reload
+systemctl start corewise-arbiter.service
+for _ in $(seq 120); do
+    corewise-arbiter status >/dev/null 2>&1 && break
+    sleep 0.5
+done
+corewise-arbiter status
+test "$(systemctl is-active corewise-arbiter.service)" = active
+test "$(systemctl show -P NRestarts corewise-arbiter.service)" = 0
+test -d /sys/fs/cgroup/corewise-unmanaged
+systemctl stop corewise-arbiter.service
+test -z "$(ls -d /sys/fs/cgroup/corewise-* 2>/dev/null)"
+echo "guest: the systemd unit started with the defaults, answered, and stopped cleanly"
+'
+started=$(date +%s)
+status=0
 COREWISE_TEST_WAIT_S=${COREWISE_TEST_WAIT_S:-120} \
 COREWISE_TEST_RECLAIM_MS=${COREWISE_TEST_RECLAIM_MS:-2000} \
     scripts/guest.sh -c 8 -t 2:2:2 -T "${GUEST_TIMEOUT_S:-300}" \
     -e COREWISE_TEST_WAIT_S -e COREWISE_TEST_RECLAIM_MS \
-    -- bash -c "$script" guest-tests "$arbiter:--skip a_socket_kept_after_its_process_exited" "$runtime:" "$budget:v2_"
+    -- bash -c "$script" guest-tests "$bench" "$arbiter:--skip a_socket_kept_after_its_process_exited" "$runtime:" "$budget:v2_" || status=$?
+# The rest of the bound goes to the unit's guest (about 30 s).
+left=$(( ${GUEST_TIMEOUT_S:-300} - ($(date +%s) - started) ))
+if [ "$left" -lt 30 ]; then
+    echo "guest-tests: no time left for the systemd unit's guest" >&2
+    exit 1
+fi
+echo "=== guest (systemd as init): the corewise-arbiter unit"
+scripts/guest.sh -s -c 8 -t 2:2:2 -T "$left" -- bash -c "$unit_check" unit-check "$daemon" \
+    || status=$?
+exit $status

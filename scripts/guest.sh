@@ -3,7 +3,7 @@
 # the command's exit status.
 #
 #   scripts/guest.sh [-c CPUS] [-t SOCKETS:CORES:THREADS] [-m MEM] [-T SECS]
-#                    [-w DIR]... [-e VAR]... [-v] -- COMMAND [ARG...]
+#                    [-w DIR]... [-e VAR]... [-s] [-v] -- COMMAND [ARG...]
 #
 #   -c CPUS   virtual CPUs (default 8)
 #   -t S:C:T  topology, sockets:cores per socket:threads per core
@@ -13,6 +13,9 @@
 #   -w DIR    make DIR writable through to the host (repeatable); every other
 #             write lands in guest memory and is thrown away
 #   -e VAR    export the host's VAR into the guest (repeatable)
+#   -s        boot systemd (the host's /lib/systemd/systemd) as the guest's
+#             init and run the command as a unit of it, so that the command
+#             can start services (systemctl works; installs systemd if absent)
 #   -v        show the kernel's and the init's messages
 #
 # Why: the arbiter's tests need a machine with many CPUs, sockets and
@@ -34,9 +37,9 @@
 # host: use the guest for behaviour, never for timings.
 set -euo pipefail
 
-cpus=8 topo="" mem=2G limit=600 verbose=0
+cpus=8 topo="" mem=2G limit=600 verbose=0 systemd=0
 writable=() passenv=()
-while getopts "c:t:m:T:w:e:vh" opt; do
+while getopts "c:t:m:T:w:e:svh" opt; do
     case $opt in
         c) cpus=$OPTARG ;;
         t) topo=$OPTARG ;;
@@ -44,12 +47,13 @@ while getopts "c:t:m:T:w:e:vh" opt; do
         T) limit=$OPTARG ;;
         w) writable+=("$(realpath "$OPTARG")") ;;
         e) passenv+=("$OPTARG") ;;
+        s) systemd=1 ;;
         v) verbose=1 ;;
-        *) sed -n '2,16p' "$0"; exit 2 ;;
+        *) sed -n '2,19p' "$0"; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
-[ $# -gt 0 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,19p' "$0" >&2; exit 2; }
 
 cache=${COREWISE_GUEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corewise-guest}
 modules="virtio_ring virtio virtio_mmio netfs fscache 9pnet 9pnet_virtio 9p overlay"
@@ -58,12 +62,16 @@ initrd_version=2
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_tools() {
-    command -v qemu-system-x86_64 >/dev/null && [ -x /bin/busybox ] \
-        && command -v cpio >/dev/null && return 0
-    echo "guest.sh: installing qemu-system-x86 busybox-static cpio" >&2
+    local pkgs=()
+    command -v qemu-system-x86_64 >/dev/null || pkgs+=(qemu-system-x86)
+    [ -x /bin/busybox ] || pkgs+=(busybox-static)
+    command -v cpio >/dev/null || pkgs+=(cpio)
+    [ "$systemd" = 0 ] || [ -x /lib/systemd/systemd ] || pkgs+=(systemd)
+    [ ${#pkgs[@]} -gt 0 ] || return 0
+    echo "guest.sh: installing ${pkgs[*]}" >&2
     as_root apt-get update -qq >&2
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends qemu-system-x86 busybox-static cpio >&2
+        --no-install-recommends "${pkgs[@]}" >&2
 }
 
 # The Debian kernel as an uncompressed ELF image (what QEMU's microvm
@@ -199,6 +207,33 @@ $bb sync
 $bb poweroff -f
 EOF
 
+# With -s, the second stage hands over to systemd instead: the command
+# becomes a unit without default dependencies (it starts at once; what it
+# starts gets the usual ones), and powers the guest off when done.
+# systemd-tmpfiles-setup is masked: it would walk the host's whole file
+# system over 9p (a minute and a half with an emulated CPU), and the
+# guest's /run and /tmp start empty anyway.
+if [ "$systemd" = 1 ]; then
+    cat >"$run/stage2" <<'EOF'
+bb=/run/guest/busybox
+$bb mkdir -p /etc/systemd/system
+$bb ln -sf /dev/null /etc/systemd/system/systemd-tmpfiles-setup.service
+$bb cat >/etc/systemd/system/guest-command.service <<'UNIT'
+[Unit]
+Description=guest.sh command
+DefaultDependencies=no
+[Service]
+Type=oneshot
+StandardInput=null
+StandardOutput=tty
+StandardError=tty
+TTYPath=/dev/ttyS0
+ExecStart=/bin/bash -c 'bash /run/guest/ctl/command; echo $? >/run/guest/ctl/status; sync; systemctl poweroff --force --force'
+UNIT
+exec /lib/systemd/systemd --unit=guest-command.service
+EOF
+fi
+
 : >"$run/writable"
 shares=(-fsdev "local,id=host,path=/,security_model=none,readonly=on,multidevs=remap"
     -device virtio-9p-device,fsdev=host,mount_tag=host
@@ -225,7 +260,7 @@ cmdline="panic=-1 cgroup_no_v1=all mitigations=off tsc=reliable tsc_early_khz=$k
 if [ "$verbose" = 1 ]; then
     cmdline+=" console=ttyS0 loglevel=7"
 else
-    cmdline+=" quiet loglevel=1"
+    cmdline+=" quiet loglevel=1 systemd.show_status=error"
 fi
 
 set +e

@@ -82,11 +82,87 @@ pub enum CgroupVersion {
 }
 
 impl CgroupVersion {
-    fn threads_file(self) -> &'static str {
+    /// The file that lists a cgroup's threads and moves one thread by id.
+    ///
+    /// ```
+    /// use corewise_arbiter::fence::CgroupVersion;
+    /// assert_eq!(CgroupVersion::V1.threads_file(), "tasks");
+    /// assert_eq!(CgroupVersion::V2.threads_file(), "cgroup.threads");
+    /// ```
+    pub fn threads_file(self) -> &'static str {
         match self {
             CgroupVersion::V1 => "tasks",
             CgroupVersion::V2 => "cgroup.threads",
         }
+    }
+}
+
+/// A cpuset hierarchy under whose root a cgroup of one's own gets the
+/// cpuset controller: where a daemon's `--cgroup-root` can be made.
+///
+/// Why here: the daemon's backends and the tools that give it a subtree
+/// (the benchmarks) must agree on which hierarchy a machine has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpusetHierarchy {
+    /// cgroup v1 or v2.
+    pub version: CgroupVersion,
+    /// The hierarchy's root directory.
+    pub root: PathBuf,
+}
+
+impl CpusetHierarchy {
+    /// The machine's, at the default mounts: a cgroup v1 cpuset hierarchy
+    /// at [`crate::daemon::DEFAULT_V1_ROOT`] first (as the daemon's
+    /// automatic backend prefers it), else the cgroup v2 root at
+    /// [`crate::daemon::DEFAULT_V2_ROOT`] when its
+    /// `cgroup.subtree_control` gives children the cpuset controller.
+    ///
+    /// ```
+    /// use corewise_arbiter::fence::CpusetHierarchy;
+    /// if let Some(h) = CpusetHierarchy::detect() {
+    ///     assert!(h.root.is_dir());
+    /// }
+    /// ```
+    pub fn detect() -> Option<Self> {
+        Self::detect_at(
+            Path::new(crate::daemon::DEFAULT_V1_ROOT),
+            Path::new(crate::daemon::DEFAULT_V2_ROOT),
+        )
+    }
+
+    /// [`CpusetHierarchy::detect`] with the two mount points given: `v1`
+    /// counts when it holds a `tasks` file, `v2` when its
+    /// `cgroup.subtree_control` names `cpuset`.
+    ///
+    /// ```
+    /// use corewise_arbiter::fence::{CgroupVersion, CpusetHierarchy};
+    /// let d = std::env::temp_dir().join(format!("cpuset-doc-{}", std::process::id()));
+    /// let (v1, v2) = (d.join("v1"), d.join("v2"));
+    /// std::fs::create_dir_all(&v1)?;
+    /// std::fs::create_dir_all(&v2)?;
+    /// std::fs::write(v2.join("cgroup.subtree_control"), "cpu cpuset\n")?;
+    /// let h = CpusetHierarchy::detect_at(&v1, &v2).unwrap();
+    /// assert_eq!((h.version, h.root.as_path()), (CgroupVersion::V2, v2.as_path()));
+    /// std::fs::write(v1.join("tasks"), "")?;
+    /// assert_eq!(CpusetHierarchy::detect_at(&v1, &v2).unwrap().version, CgroupVersion::V1);
+    /// std::fs::remove_dir_all(&d)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn detect_at(v1: &Path, v2: &Path) -> Option<Self> {
+        if v1.join("tasks").exists() {
+            return Some(Self {
+                version: CgroupVersion::V1,
+                root: v1.to_path_buf(),
+            });
+        }
+        std::fs::read_to_string(v2.join("cgroup.subtree_control"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .any(|c| c == "cpuset")
+            .then(|| Self {
+                version: CgroupVersion::V2,
+                root: v2.to_path_buf(),
+            })
     }
 }
 

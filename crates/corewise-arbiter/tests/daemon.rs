@@ -26,6 +26,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use corewise_arbiter::client;
+use corewise_arbiter::fence::{CgroupVersion, CpusetHierarchy};
 use corewise_arbiter::topology::CpuList;
 
 const CPUSET: &str = "/sys/fs/cgroup/cpuset";
@@ -46,42 +47,20 @@ fn wait_limit() -> Duration {
     })
 }
 
-/// The cpuset hierarchy the tests work in.
-struct Hierarchy {
-    base: PathBuf,
-    v2: bool,
-}
-
-/// A cgroup v1 cpuset mount, else a cgroup v2 root whose children get the
-/// cpuset controller; `None` without either.
-fn hierarchy() -> Option<&'static Hierarchy> {
-    static H: OnceLock<Option<Hierarchy>> = OnceLock::new();
-    H.get_or_init(|| {
-        if Path::new(CPUSET).join("tasks").exists() {
-            return Some(Hierarchy {
-                base: PathBuf::from(CPUSET),
-                v2: false,
-            });
-        }
-        let control = std::fs::read_to_string(Path::new(V2_ROOT).join("cgroup.subtree_control"))
-            .unwrap_or_default();
-        control
-            .split_whitespace()
-            .any(|c| c == "cpuset")
-            .then(|| Hierarchy {
-                base: PathBuf::from(V2_ROOT),
-                v2: true,
-            })
-    })
-    .as_ref()
+/// The cpuset hierarchy the tests work in, found as the daemon's tools
+/// find it: a cgroup v1 cpuset mount, else a cgroup v2 root whose children
+/// get the cpuset controller; `None` without either.
+fn hierarchy() -> Option<&'static CpusetHierarchy> {
+    static H: OnceLock<Option<CpusetHierarchy>> = OnceLock::new();
+    H.get_or_init(CpusetHierarchy::detect).as_ref()
 }
 
 fn base() -> &'static Path {
-    &hierarchy().expect("checked by can_run").base
+    &hierarchy().expect("checked by can_run").root
 }
 
 fn is_v2() -> bool {
-    hierarchy().is_some_and(|h| h.v2)
+    hierarchy().is_some_and(|h| h.version == CgroupVersion::V2)
 }
 
 /// The file listing a cgroup's threads.
@@ -1832,15 +1811,21 @@ fn a_client_that_reads_late_gets_every_reply() {
     };
     let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
     let (mut app, _) = Raw::hello(&sb);
-    // More replies than its socket holds (the daemon writes each on its
-    // own), fewer than the daemon's bound on what it keeps for a client.
+    // More replies than its socket and the daemon's high-water mark hold:
+    // the daemon stops reading it until it reads, then goes on. Its
+    // requests are sent by a thread of their own, as the sends block
+    // meanwhile.
     const N: usize = 2000;
-    // Sent in small bursts, as a client pipelining requests would.
-    let burst = encode_request(&Request::SetRequestedCores { counts: [0; 8] }).repeat(10);
-    for _ in 0..N / 10 {
-        app.s.write_all(&burst).unwrap();
-        std::thread::sleep(Duration::from_micros(500));
-    }
+    let mut w = app.s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        // Sent in small bursts, as a client pipelining requests would.
+        let burst = encode_request(&Request::SetRequestedCores { counts: [0; 8] }).repeat(10);
+        for _ in 0..N / 10 {
+            w.write_all(&burst)?;
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        Ok::<(), std::io::Error>(())
+    });
     // Others are served meanwhile.
     for _ in 0..3 {
         client::status(sb.socket()).unwrap();
@@ -1854,6 +1839,7 @@ fn a_client_that_reads_late_gets_every_reply() {
             other => panic!("reply {i} of {N}: {other:?}"),
         }
     }
+    writer.join().unwrap().unwrap();
     drop(app);
     stop_clean(&sb, &mut d);
 }
@@ -1866,13 +1852,15 @@ fn a_client_that_never_reads_is_dropped_alone() {
     let tid = a.thread("coop");
     let (flood, _) = Raw::hello(&sb);
     let mut w = flood.s.try_clone().unwrap();
+    // Blocked once the daemon stops reading it; an error ends the flood.
+    w.set_write_timeout(Some(wait_limit())).unwrap();
     let flooder = std::thread::spawn(move || {
         let burst = encode_request(&Request::SetRequestedCores { counts: [0; 8] }).repeat(64);
-        let mut sent = 0usize;
-        while w.write_all(&burst).is_ok() {
-            sent += 64;
+        loop {
+            if let Err(e) = w.write_all(&burst) {
+                return e;
+            }
         }
-        sent
     });
     // Meanwhile the other application's grants and releases go on.
     for _ in 0..20 {
@@ -1880,15 +1868,138 @@ fn a_client_that_never_reads_is_dropped_alone() {
         a.request([0; 8]);
         a.expect("releasing");
     }
-    // The flooder is disconnected once its unread replies pass the bound.
-    let sent = flooder.join().unwrap();
+    // The flooder is disconnected once it has been behind on its replies
+    // for the frame timeout (2 s), not left blocked.
+    let e = flooder.join().unwrap();
     assert!(
-        sent * 39 > corewise_arbiter::daemon::MAX_OUTPUT,
-        "dropped after {sent} requests"
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
+        "the flood ended with {e}, not by the daemon closing it"
     );
     drop(flood);
     grant_core1(&mut a, &sb, tid);
     drop(a);
+    stop_clean(&sb, &mut d);
+}
+
+/// A request of a client that falls behind: request k asks for k cores at
+/// the lowest priority (root's limits keep it), so the status tells the
+/// last request handled.
+fn numbered_request(k: u32) -> Vec<u8> {
+    encode_request(&Request::SetRequestedCores {
+        counts: level(7, k),
+    })
+}
+
+/// Registers an application and sends it numbered requests without reading
+/// a reply until its socket has taken nothing for a second. Returns the
+/// connection (non-blocking), the number of requests that went in whole,
+/// and what is left to send of the next one.
+fn fall_behind(sb: &Sandbox) -> (Raw, u32, Vec<u8>) {
+    use rustix::event::{PollFd, PollFlags};
+    let (flood, _) = Raw::hello(sb);
+    flood.s.set_nonblocking(true).unwrap();
+    let (mut sent, mut rest) = (0u32, numbered_request(1));
+    loop {
+        match (&flood.s).write(&rest) {
+            Ok(n) => {
+                rest.drain(..n);
+                if rest.is_empty() {
+                    sent += 1;
+                    rest = numbered_request(sent + 1);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut fds = [PollFd::new(&flood.s, PollFlags::OUT)];
+                let timeout = rustix::time::Timespec {
+                    tv_sec: 1,
+                    tv_nsec: 0,
+                };
+                if rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 0 {
+                    return (flood, sent, rest);
+                }
+            }
+            Err(e) => panic!("the daemon dropped a client behind on its replies: {e}"),
+        }
+    }
+}
+
+/// A client that sends requests and does not read the replies: once its
+/// socket and [`READ_HIGH_WATER`] bytes of replies are full, the daemon
+/// handles none of its requests until it reads, and keeps no more for it.
+#[test]
+fn a_client_behind_on_its_replies_is_not_read() {
+    use corewise_arbiter::daemon::{MAX_REQUESTS_PER_WAKE, READ_HIGH_WATER};
+    use corewise_arbiter::protocol::encode_response;
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    // The stalled client stays connected for the whole test.
+    let mut d = Daemon::start(&sb, &["--frame-timeout-ms", "3600000"]);
+    let ack_len = encode_response(&Response::RequestAck {
+        effective: level(7, 1),
+        clipped: false,
+    })
+    .len();
+    let (mut flood, sent, rest) = fall_behind(&sb);
+    let handled = || {
+        status_of(&sb, std::process::id())
+            .expect("the flooder is listed")
+            .requested[7]
+    };
+    let stalled = handled();
+    assert!(
+        stalled < sent,
+        "all {sent} requests were handled: none waits"
+    );
+    // Its replies: in its socket, or kept by the daemon - a bounded amount.
+    let queued = rustix::io::ioctl_fionread(&flood.s).unwrap() as usize;
+    let kept = (stalled as usize * ack_len)
+        .checked_sub(queued)
+        .expect("more replies than requests handled");
+    assert!(
+        kept < READ_HIGH_WATER + MAX_REQUESTS_PER_WAKE * ack_len,
+        "the daemon keeps {kept} bytes of replies for it"
+    );
+    // Nothing more is handled while it does not read.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(handled(), stalled, "requests handled while behind");
+    // Once it reads, every request is answered, in order (the rest of the
+    // last one goes in as the daemon reads again).
+    flood.s.set_nonblocking(false).unwrap();
+    let mut w = flood.s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || w.write_all(&rest));
+    let sent = sent + 1;
+    for k in 1..=sent {
+        match flood.recv() {
+            Some(Response::RequestAck { effective, .. }) => assert_eq!(effective, level(7, k)),
+            other => panic!("reply {k} of {sent}: {other:?}"),
+        }
+    }
+    writer.join().unwrap().unwrap();
+    assert_eq!(handled(), sent);
+    drop(flood);
+    stop_clean(&sb, &mut d);
+}
+
+/// A client behind on its replies that hangs up is let go at once, though
+/// the daemon no longer reads it (its socket turns writable and the write
+/// fails), not at the frame timeout (an hour here).
+#[test]
+fn a_client_behind_on_its_replies_that_hangs_up_is_let_go() {
+    let Some(sb) = sandbox() else {
+        return;
+    };
+    let mut d = Daemon::start(&sb, &["--frame-timeout-ms", "3600000"]);
+    let (flood, sent, _) = fall_behind(&sb);
+    let me = std::process::id();
+    assert!(status_of(&sb, me).is_some_and(|e| e.requested[7] < sent));
+    drop(flood);
+    wait_until("the application of a client that hung up is gone", || {
+        status_of(&sb, me).is_none()
+    });
     stop_clean(&sb, &mut d);
 }
 

@@ -19,20 +19,24 @@
 //!   kernel thread polls `must_release_core` (as a dispatcher would); the
 //!   cost adds the round trip through the shared page and its release.
 //!
-//! On a 2-core machine exactly one core is managed (one always stays
-//! unmanaged); both scenarios only ever need that one core, which is why they
-//! are meaningful there. The benchmark creates its own cgroup v1 subtree,
-//! moves itself into it (so the daemon puts all its other threads on the
-//! unmanaged core), runs the daemon on a thread of its own, and removes
-//! everything afterwards. It needs root.
+//! The daemon gets two physical cores: the first CPU's (unmanaged, as one
+//! always is) and the last CPU's with its hyperthread siblings (managed), so
+//! exactly one core is managed whatever the machine: both scenarios only
+//! ever need that one core, and the reclaim scenario relies on it (with a
+//! second managed core the high-priority application would get that one
+//! instead of reclaiming). On a 2-CPU machine these are simply its two. The benchmark creates its own cpuset subtree
+//! (cgroup v1, or cgroup v2 where the daemon builds a threaded subtree; see
+//! [`crate::cpuset`]), moves itself into it (so the daemon puts all its
+//! other threads on the unmanaged core), runs the daemon on a thread of its
+//! own, and removes everything afterwards. It needs root.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use corewise_arbiter::client::{Client, ClientError};
-use corewise_arbiter::daemon::{self, Backend, DaemonError, Options};
-use corewise_arbiter::topology::CpuList;
+use corewise_arbiter::daemon::{self, DaemonError, Options};
+use corewise_arbiter::topology::{CpuList, Topology};
 
 use crate::cpuset::{Subtree, SubtreeError};
 use serde::Serialize;
@@ -46,6 +50,10 @@ pub struct CoreGrantArgs {
     /// Fewer samples (1000 per scenario) so the run stays well under a minute.
     #[arg(long)]
     pub quick: bool,
+    /// Grants measured per scenario (a fifth of it for the cold one);
+    /// overrides `--quick`. A smoke run (an emulated guest) takes few.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(10..))]
+    pub samples: Option<u32>,
 }
 
 /// Errors of the benchmark.
@@ -301,27 +309,48 @@ fn reference_wake(from: u32, to: u32, n: usize) -> Result<Latency, CoreGrantErro
     Ok(summarize(out))
 }
 
-/// Runs the benchmark, prints a table, and writes JSON if asked.
-pub fn run(args: CoreGrantArgs) -> Result<CoreGrantReport, CoreGrantError> {
-    let n = if args.quick { 1000 } else { 5000 };
-    let online = corewise_arbiter::topology::online_cpus();
-    let (first, last) = match (online.cores().next(), online.cores().last()) {
-        (Some(f), Some(l)) if f != l => (f, l),
-        _ => return Err(CoreGrantError::Unsupported("at least 2 CPUs".into())),
-    };
-    let floor = reference_wake(first, last, n.min(1000))?;
-    let subtree = Subtree::create().map_err(|e| match e {
+fn subtree_error(e: SubtreeError) -> CoreGrantError {
+    match e {
         SubtreeError::Unsupported(why) => CoreGrantError::Unsupported(why),
         SubtreeError::Io { op, path, source } => CoreGrantError::Io { op, path, source },
-    })?;
-    let cpus: CpuList = std::fs::read_to_string(subtree.dir.join("cpuset.cpus"))
-        .map_err(io("read", &subtree.dir))?
-        .parse()
-        .map_err(|e| CoreGrantError::Protocol(format!("{e}")))?;
+    }
+}
+
+/// Runs the benchmark, prints a table, and writes JSON if asked.
+pub fn run(args: CoreGrantArgs) -> Result<CoreGrantReport, CoreGrantError> {
+    let n = match args.samples {
+        Some(n) => n as usize,
+        None if args.quick => 1000,
+        None => 5000,
+    };
+    let online = corewise_arbiter::topology::online_cpus();
+    let topo = Topology::read(&online);
+    // The last CPU that is not a hyperthread sibling of the first.
+    let first = online.cores().next();
+    let last = first.and_then(|f| {
+        online
+            .cores()
+            .filter(|&c| c != f && !topo.are_siblings(f, c))
+            .last()
+    });
+    let (Some(first), Some(last)) = (first, last) else {
+        return Err(CoreGrantError::Unsupported(
+            "at least 2 physical cores".into(),
+        ));
+    };
+    let floor = reference_wake(first, last, n.min(1000))?;
+    let subtree = Subtree::create().map_err(subtree_error)?;
+    let held = subtree.cpus().map_err(subtree_error)?;
+    let cpus: CpuList = topo
+        .siblings(first)
+        .into_iter()
+        .chain(topo.siblings(last))
+        .filter(|&c| held.contains(c as usize))
+        .collect();
     let socket = std::env::temp_dir().join(format!("corewise-bench-{}.sock", std::process::id()));
     let d = daemon::spawn(Options {
         socket: socket.clone(),
-        backend: Backend::CgroupV1,
+        backend: subtree.backend(),
         cgroup_root: Some(subtree.dir.clone()),
         cpus: Some(cpus),
         // As the systemd unit does: a busy unmanaged core must not delay grants.

@@ -463,9 +463,37 @@ fn bind(path: &Path, access: &SocketAccess) -> Result<UnixListener, DaemonError>
 /// outstanding.
 pub const MAX_OUTPUT: usize = 2 * (MAX_RESPONSE_PAYLOAD + HEADER_LEN);
 
-/// Frames decoded from one client per wake-up at most, so that one client
-/// that keeps sending cannot keep the loop from the others.
+/// Reads from one client per wake-up at most (bounds the work of a client
+/// that trickles bytes without completing a request).
 const MAX_READ_CHUNKS: usize = 16;
+
+/// Requests handled from one client per wake-up at most, so that one client
+/// that keeps sending cannot keep the loop from the others: every ready
+/// client gets its turn in each pass of the loop.
+///
+/// ```
+/// // A pass handles a few clients' bursts, not one client's backlog.
+/// assert!(corewise_arbiter::daemon::MAX_REQUESTS_PER_WAKE <= 64);
+/// ```
+pub const MAX_REQUESTS_PER_WAKE: usize = 16;
+
+/// Bytes of replies waiting for a client (beyond what its socket took)
+/// from which the daemon stops reading its requests until it takes them.
+/// A client that sends without reading thus costs nothing once its socket
+/// and this much are full: its requests wait in its own socket, it is out
+/// of the poll set, and after `--frame-timeout-ms` above the mark it is
+/// disconnected. A client following the protocol has a few small replies
+/// outstanding at most (an acknowledgement is 39 bytes, a grant 10).
+///
+/// ```
+/// use corewise_arbiter::daemon::{MAX_OUTPUT, READ_HIGH_WATER};
+/// assert!(READ_HIGH_WATER < MAX_OUTPUT);
+/// ```
+pub const READ_HIGH_WATER: usize = 4096;
+
+/// `SO_SNDBUF` of a client's socket (see [`READ_HIGH_WATER`]): room for
+/// hundreds of replies, while a client that never reads gets few handled.
+const CLIENT_SNDBUF: usize = 8192;
 
 struct Conn {
     stream: UnixStream,
@@ -510,11 +538,28 @@ impl Conn {
         let _ = self.write_out();
     }
 
-    /// What to watch for: requests unless closing, room to write while
-    /// output waits.
+    /// Whether its unread replies keep its requests from being read.
+    fn backpressured(&self) -> bool {
+        self.wbuf.len() >= READ_HIGH_WATER
+    }
+
+    /// Whether a whole request (or a malformed one) is buffered.
+    fn has_frame(&self) -> bool {
+        !matches!(decode_request(&self.rbuf), Ok(None))
+    }
+
+    /// Whether a request waits in its buffer with nothing to stop it:
+    /// handled in the next pass, as the socket may have nothing more to
+    /// say.
+    fn must_resume(&self) -> bool {
+        !self.closing && !self.backpressured() && self.has_frame()
+    }
+
+    /// What to watch for: requests unless closing or too far behind in
+    /// taking its replies, room to write while output waits.
     fn wanted(&self) -> EventFlags {
         let mut f = EventFlags::empty();
-        if !self.closing {
+        if !self.closing && !self.backpressured() {
             f |= EventFlags::IN;
         }
         if !self.wbuf.is_empty() {
@@ -533,6 +578,10 @@ struct Conns {
     deadlines: BTreeSet<(Instant, ConnId)>,
     epoll: OwnedFd,
     next_id: ConnId,
+    /// Connections with a whole request buffered (left by the per-client
+    /// bound, or waiting while its replies were not taken) to handle in
+    /// the next pass without waiting for their sockets.
+    resume: Vec<ConnId>,
 }
 
 impl Conns {
@@ -545,6 +594,7 @@ impl Conns {
             deadlines: BTreeSet::new(),
             epoll,
             next_id: 1,
+            resume: Vec::new(),
         })
     }
 
@@ -596,6 +646,32 @@ impl Conns {
         c.deadline = d;
     }
 
+    /// Sets or clears the deadline of `id` after what happened to it: it
+    /// has one while it owes the daemon something - its first message (not
+    /// yet registered), the rest of a frame, taking its replies (above
+    /// [`READ_HIGH_WATER`]) or its last reply (closing). A deadline runs
+    /// from when it began to owe, unless it made `progress` (completed a
+    /// request, or took its replies below the mark).
+    fn refresh_deadline(
+        &mut self,
+        id: ConnId,
+        registered: bool,
+        progress: bool,
+        now: Instant,
+        frame_timeout: Duration,
+    ) {
+        let Some(c) = self.map.get(&id) else {
+            return;
+        };
+        let owes = c.closing || !registered || !c.rbuf.is_empty() || c.backpressured();
+        let d = match c.deadline {
+            _ if !owes => None,
+            Some(d) if !progress => Some(d),
+            _ => Some(now + frame_timeout),
+        };
+        self.set_deadline(id, d);
+    }
+
     /// Brings the epoll interest of `id` in line with its state.
     fn sync_interest(&mut self, id: ConnId) {
         let Some(c) = self.map.get_mut(&id) else {
@@ -630,7 +706,7 @@ fn serve(
         if accept_paused_until.is_some_and(|t| t <= now) {
             accept_paused_until = None;
         }
-        let wake_at = if state.spin_until().is_some() {
+        let wake_at = if state.spin_until().is_some() || !conns.resume.is_empty() {
             Some(now)
         } else {
             earliest([
@@ -674,7 +750,8 @@ fn serve(
             tracing::info!("stop requested (signal), shutting down");
             return Ok(());
         }
-        let mut readable: Vec<ConnId> = Vec::new();
+        // Whole requests left buffered in the last pass come first.
+        let mut readable: Vec<ConnId> = std::mem::take(&mut conns.resume);
         let mut writable: Vec<ConnId> = Vec::new();
         if conns_ready {
             events.clear();
@@ -706,15 +783,26 @@ fn serve(
             let Some(c) = conns.map.get_mut(&id) else {
                 continue;
             };
+            let was_behind = c.backpressured();
             match c.write_out() {
                 Ok(()) if c.closing && c.wbuf.is_empty() => state.to_close.push(id),
-                Ok(()) => conns.sync_interest(id),
+                Ok(()) => {
+                    let caught_up = was_behind && !c.backpressured();
+                    if c.must_resume() {
+                        conns.resume.push(id);
+                    }
+                    let registered = state.is_app(id) || state.is_thread(id);
+                    conns.refresh_deadline(id, registered, caught_up, now, frame_timeout);
+                    conns.sync_interest(id);
+                }
                 Err(_) => state.to_close.push(id),
             }
         }
+        readable.sort_unstable();
+        readable.dedup();
         for id in readable {
-            match handle_readable(id, &mut conns.map, state) {
-                Ok(()) => {}
+            let handled = match handle_readable(id, &mut conns.map, state) {
+                Ok(n) => n,
                 Err(why) => {
                     if let Some(why) = why {
                         tracing::warn!(conn = id, reason = %why, "dropping client");
@@ -723,17 +811,14 @@ fn serve(
                         }
                     }
                     state.to_close.push(id);
+                    continue;
                 }
+            };
+            if conns.map.get(&id).is_some_and(Conn::must_resume) {
+                conns.resume.push(id);
             }
             let registered = state.is_app(id) || state.is_thread(id);
-            if let Some(c) = conns.map.get(&id) {
-                if !c.rbuf.is_empty() {
-                    let d = c.deadline.unwrap_or(now + frame_timeout);
-                    conns.set_deadline(id, Some(d));
-                } else if registered {
-                    conns.set_deadline(id, None);
-                }
-            }
+            conns.refresh_deadline(id, registered, handled > 0, now, frame_timeout);
         }
         let late: Vec<ConnId> = conns
             .deadlines
@@ -744,12 +829,12 @@ fn serve(
         for id in late {
             conns.set_deadline(id, None);
             if let Some(c) = conns.map.get_mut(&id) {
-                tracing::warn!(
-                    conn = id,
-                    pid = c.pid,
-                    uid = c.uid,
+                let what = if c.backpressured() {
+                    "client does not take its replies; dropping it"
+                } else {
                     "client too slow to complete a frame; dropping it"
-                );
+                };
+                tracing::warn!(conn = id, pid = c.pid, uid = c.uid, "{what}");
                 c.refuse("timed out");
                 state.to_close.push(id);
             }
@@ -789,6 +874,11 @@ fn accept(
         if stream.set_nonblocking(true).is_err() {
             continue;
         }
+        // A small send buffer: what a client that does not read can make
+        // the daemon produce before it stops reading that client (the
+        // kernel doubles the value; a status table waits in the output
+        // buffer instead).
+        let _ = rustix::net::sockopt::set_socket_send_buffer_size(&stream, CLIENT_SNDBUF);
         let uid = cred.uid.as_raw();
         let mut c = Conn {
             stream,
@@ -854,9 +944,15 @@ fn flush(conns: &mut Conns, state: &mut State, frame_timeout: Duration) {
                 }
                 Ok(()) if c.closing && c.wbuf.is_empty() => state.to_close.push(id),
                 Ok(()) => {
-                    if c.closing && c.deadline.is_none() {
-                        conns.set_deadline(id, Some(Instant::now() + frame_timeout));
+                    // It may have caught up here (a reply of the daemon's
+                    // own, such as a grant, found its socket drained).
+                    if c.must_resume() {
+                        conns.resume.push(id);
                     }
+                    // A closing connection must take its last reply, a
+                    // client behind on its replies must catch up.
+                    let registered = state.is_app(id) || state.is_thread(id);
+                    conns.refresh_deadline(id, registered, false, Instant::now(), frame_timeout);
                     conns.sync_interest(id);
                 }
             }
@@ -873,48 +969,57 @@ fn flush(conns: &mut Conns, state: &mut State, frame_timeout: Duration) {
     }
 }
 
-/// Reads and handles what is available on `id` (a bounded amount).
-/// `Err(Some(reason))` drops a misbehaving client, `Err(None)` a closed one.
+/// Handles the requests of `id`, buffered first, then read from its
+/// socket: at most [`MAX_REQUESTS_PER_WAKE`] of them and
+/// [`MAX_READ_CHUNKS`] reads, and none while it is behind in taking its
+/// replies ([`READ_HIGH_WATER`]; if it hangs up meanwhile, its socket
+/// turns writable and the failed write closes it). Returns how many
+/// requests were handled; `Err(Some(reason))` drops a misbehaving client,
+/// `Err(None)` a closed one.
 fn handle_readable(
     id: ConnId,
     conns: &mut BTreeMap<ConnId, Conn>,
     state: &mut State,
-) -> Result<(), Option<String>> {
+) -> Result<usize, Option<String>> {
     let mut chunk = [0u8; 512];
-    for _ in 0..MAX_READ_CHUNKS {
+    let (mut handled, mut reads, mut drained) = (0, 0, false);
+    loop {
         let Some(c) = conns.get_mut(&id) else {
-            return Ok(());
+            return Ok(handled);
         };
-        if c.closing {
-            return Ok(());
+        if c.closing || c.backpressured() {
+            // Its requests wait in its socket until it takes its replies.
+            return Ok(handled);
         }
+        if handled == MAX_REQUESTS_PER_WAKE {
+            return Ok(handled);
+        }
+        match decode_request(&c.rbuf) {
+            Ok(Some((req, used))) => {
+                c.rbuf.drain(..used);
+                handle_request(id, req, conns, state)?;
+                handled += 1;
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => return Err(Some(format!("malformed message: {e}"))),
+        }
+        // Short read: the socket is (almost surely) drained; poll tells us
+        // if more arrives. Saves an EAGAIN read per message.
+        if drained || reads == MAX_READ_CHUNKS {
+            return Ok(handled);
+        }
+        reads += 1;
         let n = match c.stream.read(&mut chunk) {
             Ok(0) => return Err(None),
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(handled),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => return Err(None),
         };
         c.rbuf.extend_from_slice(&chunk[..n]);
-        loop {
-            let Some(c) = conns.get_mut(&id) else {
-                return Ok(());
-            };
-            let (req, used) = match decode_request(&c.rbuf) {
-                Ok(Some(x)) => x,
-                Ok(None) => break,
-                Err(e) => return Err(Some(format!("malformed message: {e}"))),
-            };
-            c.rbuf.drain(..used);
-            handle_request(id, req, conns, state)?;
-        }
-        if n < chunk.len() {
-            // Short read: the socket is (almost surely) drained; poll tells
-            // us if more arrives. Saves an EAGAIN read per message.
-            return Ok(());
-        }
+        drained = n < chunk.len();
     }
-    Ok(())
 }
 
 fn handle_request(

@@ -250,7 +250,7 @@ fn colocation(
     server_cpu: usize,
     client_cpu: usize,
 ) -> Result<(NeighbourResult, NeighbourResult), BenchError> {
-    use corewise_arbiter::daemon::{self, Backend, Options};
+    use corewise_arbiter::daemon::{self, Options};
     println!("neighbour: {rate:.0}/s, each server alone, then beside a CPU-bound process");
     let measure = |name: &str, port: u16| -> Result<Point, BenchError> {
         let o = setup.measure_with(port, Pace::Open(rate), true)?;
@@ -304,7 +304,7 @@ fn colocation(
     }
     let d = daemon::spawn(Options {
         socket: socket.clone(),
-        backend: Backend::CgroupV1,
+        backend: subtree.backend(),
         cgroup_root: Some(subtree.dir.clone()),
         cpus: Some(cpus),
         rt_priority: Some(10),
