@@ -190,8 +190,7 @@ pub(crate) struct CoreHandoff {
     /// Set by the monitor before it signals the owner.
     requested: AtomicBool,
     /// The spare kernel thread and context provisioned for a handoff.
-    spare_kthread: AtomicPtr<KernelThread>,
-    spare_context: AtomicPtr<ThreadContext>,
+    spare: crate::sched::handover::Handover<(&'static KernelThread, &'static ThreadContext)>,
     /// Handoffs of this core so far.
     pub(crate) count: AtomicU64,
     /// The handed-off thread, for the monitor's report: the handler writes
@@ -219,8 +218,7 @@ impl Default for CoreHandoff {
         Self {
             owner_tid: AtomicI32::new(0),
             requested: AtomicBool::new(false),
-            spare_kthread: AtomicPtr::new(std::ptr::null_mut()),
-            spare_context: AtomicPtr::new(std::ptr::null_mut()),
+            spare: crate::sched::handover::Handover::new(),
             count: AtomicU64::new(0),
             report_ready: AtomicBool::new(false),
             report: UnsafeCell::new(Report {
@@ -236,53 +234,23 @@ impl Default for CoreHandoff {
 impl CoreHandoff {
     /// Whether a spare kernel thread and context are provisioned.
     pub(crate) fn provisioned(&self) -> bool {
-        !self.spare_kthread.load(Ordering::Acquire).is_null()
-            && !self.spare_context.load(Ordering::Acquire).is_null()
+        self.spare.is_full()
     }
 
-    /// Provisions a spare kernel thread (if none is) and a spare context
-    /// (if none is); returns what it could not use back.
+    /// Provisions a spare kernel thread and context; gives them back if a
+    /// pair is provisioned already.
     pub(crate) fn provision(
         &self,
-        kt: Option<&'static KernelThread>,
-        ctx: Option<&'static ThreadContext>,
-    ) -> (
-        Option<&'static KernelThread>,
-        Option<&'static ThreadContext>,
-    ) {
-        let kt = kt.and_then(|k| {
-            let p = k as *const _ as *mut _;
-            self.spare_kthread
-                .compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
-                .err()
-                .map(|_| k)
-        });
-        let ctx = ctx.and_then(|c| {
-            let p = c as *const ThreadContext as *mut ThreadContext;
-            self.spare_context
-                .compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
-                .err()
-                .map(|_| c)
-        });
-        (kt, ctx)
+        kt: &'static KernelThread,
+        ctx: &'static ThreadContext,
+    ) -> Result<(), (&'static KernelThread, &'static ThreadContext)> {
+        self.spare.put((kt, ctx))
     }
 
     /// Takes back what is provisioned (the core is quiet again, or the
     /// runtime shuts down).
-    pub(crate) fn unprovision(
-        &self,
-    ) -> (
-        Option<&'static KernelThread>,
-        Option<&'static ThreadContext>,
-    ) {
-        let kt = self
-            .spare_kthread
-            .swap(std::ptr::null_mut(), Ordering::AcqRel);
-        let ctx = self
-            .spare_context
-            .swap(std::ptr::null_mut(), Ordering::AcqRel);
-        // SAFETY: both were stored from 'static references.
-        unsafe { (kt.as_ref(), ctx.as_ref()) }
+    pub(crate) fn unprovision(&self) -> Option<(&'static KernelThread, &'static ThreadContext)> {
+        self.spare.take()
     }
 
     /// Asks the owner to hand the core over (the caller then signals it).
@@ -398,16 +366,7 @@ fn try_hand_over() -> bool {
     let Some(running) = current_slot() else {
         return true;
     };
-    let spare_kt = h.spare_kthread.swap(std::ptr::null_mut(), Ordering::AcqRel);
-    // SAFETY: provisioned from 'static references.
-    let Some(spare_kt) = (unsafe { spare_kt.as_ref() }) else {
-        return true;
-    };
-    let spare_ctx = h.spare_context.swap(std::ptr::null_mut(), Ordering::AcqRel);
-    // SAFETY: as above.
-    let Some(spare_ctx) = (unsafe { spare_ctx.as_ref() }) else {
-        h.spare_kthread
-            .store(spare_kt as *const _ as *mut KernelThread, Ordering::Release);
+    let Some((spare_kt, spare_ctx)) = h.spare.take() else {
         return true;
     };
     // The running thread leaves its slot (it runs on here, detached, until

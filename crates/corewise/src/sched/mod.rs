@@ -18,10 +18,12 @@
 //! - [`spawn`]: thread creation.
 //! - [`dispatch`]: the loop each core's kernel thread runs.
 //! - [`current`]: the running user thread, and its exit.
+//! - [`handover`]: the box the monitor provisions a core's spares in.
 //! - [`handoff`]: a core leaves a kernel thread stuck in a user thread's run.
 //! - [`kthread`]: core owners and the spare kernel threads.
 //! - [`monitor`]: the thread that finds stuck cores.
 
+pub(crate) mod handover;
 pub(crate) mod idle;
 pub(crate) mod inbox;
 pub(crate) mod occupancy;

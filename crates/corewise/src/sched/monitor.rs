@@ -165,33 +165,44 @@ fn provision(shared: &'static Shared, core: &'static Core) -> bool {
         return true;
     }
     let kt = match shared.kthreads.take_spare(shared) {
-        Ok(kt) => Some(kt),
+        Ok(kt) => kt,
         Err(e) => {
             tracing::warn!(error = %e, "cannot start a spare kernel thread");
-            None
+            return false;
         }
     };
-    let ctx = crate::sched::park::take_spare(shared, None).ok();
-    let (kt, ctx) = h.provision(kt, ctx);
-    give_back(shared, kt, ctx);
+    let ctx = match crate::sched::park::take_spare(shared, None) {
+        Ok(ctx) => ctx,
+        Err(_) => {
+            give_back(shared, Some((kt, None)));
+            return false;
+        }
+    };
+    if let Err((kt, ctx)) = h.provision(kt, ctx) {
+        give_back(shared, Some((kt, Some(ctx))));
+    }
     h.provisioned()
 }
 
 /// Takes back what `core` has provisioned (quiet for a while, or shutdown).
 fn unprovision(shared: &'static Shared, core: &'static Core) {
-    let (kt, ctx) = core.handoff.unprovision();
-    give_back(shared, kt, ctx);
+    if let Some((kt, ctx)) = core.handoff.unprovision() {
+        give_back(shared, Some((kt, Some(ctx))));
+    }
 }
 
+/// Returns a spare kernel thread (and context) to the runtime's pools.
 fn give_back(
     shared: &'static Shared,
-    kt: Option<&'static crate::sched::kthread::KernelThread>,
-    ctx: Option<&'static crate::sched::ThreadContext>,
+    spare: Option<(
+        &'static crate::sched::kthread::KernelThread,
+        Option<&'static crate::sched::ThreadContext>,
+    )>,
 ) {
-    if let Some(kt) = kt {
+    if let Some((kt, ctx)) = spare {
         shared.kthreads.return_spare(kt);
-    }
-    if let Some(ctx) = ctx {
-        crate::sched::park::return_spare(shared, ctx);
+        if let Some(ctx) = ctx {
+            crate::sched::park::return_spare(shared, ctx);
+        }
     }
 }
