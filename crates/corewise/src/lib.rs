@@ -99,7 +99,7 @@ pub use local::LocalKey;
 #[cfg(not(loom))]
 pub use runtime::{
     run, runtime_stats, Builder, CoreStats, RunError, Runtime, RuntimeStats, DEFAULT_IDLE_SPIN,
-    DEFAULT_STACK_SIZE,
+    DEFAULT_STACK_SIZE, HANDOFF_ENV,
 };
 #[cfg(not(loom))]
 pub use scope::{scope, Scope, ScopedJoinHandle};

@@ -301,6 +301,8 @@ impl Builder {
     /// core's io_uring is created single-issuer with deferred task running.
     /// Handoff needs an arbiter that can place the spare (the in-process
     /// one can; see [`CoreArbiter::core_handed_over`](crate::arbiter::CoreArbiter::core_handed_over)).
+    /// `COREWISE_HANDOFF=off` ([`HANDOFF_ENV`]) switches it off for every
+    /// runtime of the process.
     ///
     /// ```
     /// let rt = corewise::Runtime::builder().blocking_handoff(true).build().unwrap();
@@ -459,7 +461,9 @@ impl Builder {
             }
         }
         let mut io = self.io.clone();
-        let handoff = self.handoff && arbiter.as_ref().is_none_or(|a| a.supports_handoff());
+        let handoff = self.handoff
+            && handoff_allowed_by_env()
+            && arbiter.as_ref().is_none_or(|a| a.supports_handoff());
         io.shared_issuer = handoff;
         io.resolve();
         let n = cpus.len();
@@ -568,6 +572,23 @@ impl Builder {
         }
         Ok(rt)
     }
+}
+
+/// Environment variable that switches blocking handoff off for every
+/// runtime of the process when set to `0`, `off` or `false` (see
+/// [`Builder::blocking_handoff`]).
+///
+/// ```
+/// assert_eq!(corewise::HANDOFF_ENV, "COREWISE_HANDOFF");
+/// ```
+pub const HANDOFF_ENV: &str = "COREWISE_HANDOFF";
+
+/// Whether [`HANDOFF_ENV`] leaves blocking handoff on.
+fn handoff_allowed_by_env() -> bool {
+    !matches!(
+        std::env::var(HANDOFF_ENV).as_deref(),
+        Ok("0") | Ok("off") | Ok("false")
+    )
 }
 
 /// Asks the arbiter for what the policy wants, within the CPU budget and the

@@ -683,7 +683,9 @@ fn daemon_stopped_mid_run_leaves_the_application_running() {
     daemon.stop().expect("daemon stops cleanly");
 
     work.wait_progress("threads still run without the daemon");
-    assert!(rt.active_cores() >= 1);
+    // A dispatcher that notices the loss leaves the daemon's set and takes
+    // its core again on the budget: a moment with no core held is allowed.
+    wait_until("a core held without the daemon", || rt.active_cores() >= 1);
     let hs: Vec<_> = (0..16).map(|i| rt.spawn(move || i * 2).unwrap()).collect();
     let sum: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
     assert_eq!(sum, (0..16).map(|i| i * 2).sum::<u64>());
