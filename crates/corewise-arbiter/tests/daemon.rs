@@ -207,6 +207,15 @@ fn child_main(socket: PathBuf) {
             ["handoff-next"] => {
                 handoff_step.as_ref().unwrap().send(()).unwrap();
             }
+            ["attach-try"] => {
+                // One more kernel thread, if the limits allow it.
+                let c = client.clone().unwrap();
+                match std::thread::spawn(move || c.thread().map(|t| t.tid())).join() {
+                    Ok(Ok(tid)) => say(format!("attach ok {tid}")),
+                    Ok(Err(e)) => say(format!("attach refused {e}")),
+                    Err(_) => say("error attach panicked".into()),
+                }
+            }
             ["thread-leak", how] => {
                 // Attach a kernel thread (that takes a core first if `how`
                 // is "hold"), then let it exit while its socket stays open
@@ -1061,14 +1070,25 @@ fn equal_split_at_one_priority() {
 /// blocked thread goes back to the unmanaged set, and later grants confine
 /// the spare. A thread of another process, or one that has exited, is
 /// refused on a connection that stays open and keeps its core; the other
-/// process stays where it was.
+/// process stays where it was. A replacement is not one more thread: at
+/// a limit of one thread it succeeds, and a second attach is still refused.
 #[test]
 fn a_spare_kernel_thread_replaces_a_blocked_one() {
     if !can_run() {
         return;
     }
     let sb = Sandbox::new();
-    let _d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let cfg = sb.dir.join("limits.toml");
+    std::fs::write(&cfg, "[defaults]\nmax_threads = 1\n").unwrap();
+    let _d = Daemon::start(
+        &sb,
+        &[
+            "--reclaim-timeout-ms",
+            "20000",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+    );
     let foreign = KillOnDrop(Command::new("sleep").arg("600").spawn().unwrap());
     let fpid = foreign.0.id();
     let cgroup_of = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
@@ -1106,6 +1126,12 @@ fn a_spare_kernel_thread_replaces_a_blocked_one() {
     assert_eq!(st.granted, vec![m()], "still one core to the daemon");
     assert_eq!(st.preempted, 0);
     assert_eq!(sb.unmanaged_cpus(), u());
+    a.cmd("attach-try");
+    assert_eq!(
+        a.expect("attach")[0],
+        "refused",
+        "the user is still at its one thread"
+    );
 
     // Given back from the spare's name, and granted to it again.
     a.request([0; 8]);

@@ -1076,9 +1076,10 @@ fn handle_request(
             Ok(())
         }
         Request::ReplaceThread { tid } if state.is_thread(id) => {
-            // A refusal is an answer: the connection and its core stay.
+            // A refusal is an answer: the connection and its core stay
+            // (logged at debug level: a client may repeat it at will).
             if let Err(e) = state.replace_thread(id, tid, c.pid) {
-                tracing::info!(conn = id, pid = c.pid, tid, reason = %e, "thread replacement refused");
+                tracing::debug!(conn = id, pid = c.pid, tid, reason = %e, "thread replacement refused");
                 state.outbox.push((
                     id,
                     Response::Error {
