@@ -111,7 +111,12 @@ impl Conn {
 
     fn take_frame(&mut self) -> Result<Option<Response>, ClientError> {
         match decode_response(&self.buf)? {
-            Some((Response::Error { message }, _)) => Err(ClientError::Refused(message)),
+            Some((Response::Error { message }, used)) => {
+                // Taken off: a refused `ReplaceThread` leaves the
+                // connection open, and the next answer follows it.
+                self.buf.drain(..used);
+                Err(ClientError::Refused(message))
+            }
             Some((msg, used)) => {
                 self.buf.drain(..used);
                 Ok(Some(msg))
@@ -359,6 +364,44 @@ impl CoreThread {
                 }
                 // A forced reclaim that happened while we ran: note it and
                 // keep waiting for the answer to our request.
+                Response::Preempted { .. } => self.preempted += 1,
+                other => return Err(ClientError::Unexpected(format!("{other:?}"))),
+            }
+        }
+    }
+
+    /// Hands this connection to another kernel thread of the process, `tid`
+    /// (the one attached is blocked in the kernel and a spare runs its
+    /// core): if a core is held, `tid` is confined to it and the thread it
+    /// replaces goes back to the unmanaged set; from then on every grant
+    /// confines `tid`. Call it while no other call on this connection is
+    /// in progress. A refusal ([`ClientError::Refused`]: `tid` is not a
+    /// live thread of this process, or is attached elsewhere) changes
+    /// nothing and the connection stays usable.
+    ///
+    /// ```no_run
+    /// let app = corewise_arbiter::connect("/run/corewise-arbiter.sock")?;
+    /// let mut me = app.thread()?;
+    /// me.block_until_core_available()?;
+    /// // This kernel thread is about to block: a spare takes its core.
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// std::thread::spawn(move || {
+    ///     tx.send(rustix::thread::gettid().as_raw_nonzero().get() as u32).unwrap();
+    ///     // ... run the core ...
+    /// });
+    /// me.replace_thread(rx.recv()?)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replace_thread(&mut self, tid: u32) -> Result<(), ClientError> {
+        self.conn.send(&Request::ReplaceThread { tid })?;
+        loop {
+            match self.conn.recv()? {
+                Response::Replaced => {
+                    self.tid = tid;
+                    return Ok(());
+                }
+                // A forced reclaim that happened meanwhile: noted, as in
+                // `block_until_core_available`.
                 Response::Preempted { .. } => self.preempted += 1,
                 other => return Err(ClientError::Unexpected(format!("{other:?}"))),
             }

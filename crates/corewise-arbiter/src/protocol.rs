@@ -62,6 +62,24 @@ pub enum Request {
     BlockUntilCoreAvailable,
     /// Ask for the status table (answered with [`Response::Status`]).
     StatusQuery,
+    /// On a kernel thread's connection: from now on this connection's
+    /// kernel thread is `tid`, another thread of the same process (the
+    /// application handed the core to a spare kernel thread while the
+    /// attached one is blocked in the kernel). If the connection holds a
+    /// core, `tid` joins that core's cpuset and the thread it replaces
+    /// goes back to the unmanaged set. Answered with
+    /// [`Response::Replaced`], or refused with a [`Response::Error`] that
+    /// changes nothing and leaves the connection open.
+    ///
+    /// ```
+    /// use corewise_arbiter::protocol::{decode_request, encode_request, Request};
+    /// let f = encode_request(&Request::ReplaceThread { tid: 4242 });
+    /// assert_eq!(decode_request(&f), Ok(Some((Request::ReplaceThread { tid: 4242 }, f.len()))));
+    /// ```
+    ReplaceThread {
+        /// Linux thread id of the kernel thread that takes over.
+        tid: u32,
+    },
 }
 
 /// One row of the status table.
@@ -108,13 +126,18 @@ pub enum Response {
         /// Core id.
         core: u32,
     },
+    /// Answer to [`Request::ReplaceThread`]: the new kernel thread is the
+    /// connection's from now on (and confined to its core, if it holds one).
+    Replaced,
     /// Answer to [`Request::StatusQuery`].
     Status {
         /// One row per application.
         entries: Vec<StatusEntry>,
     },
     /// The daemon refuses the connection (bad frame, wrong protocol
-    /// version, a limit reached) and closes it after this frame. It always
+    /// version, a limit reached) and closes it after this frame; or it
+    /// refuses a [`Request::ReplaceThread`], which leaves the connection
+    /// open and unchanged. It always
     /// carries the daemon's own protocol version, so a client of another
     /// version learns which one the daemon speaks.
     Error {
@@ -151,6 +174,7 @@ const K_ATTACH: u8 = 2;
 const K_SET: u8 = 3;
 const K_BLOCK: u8 = 4;
 const K_STATUS_Q: u8 = 5;
+const K_REPLACE: u8 = 6;
 const K_WELCOME: u8 = 101;
 const K_ATTACHED: u8 = 102;
 const K_ACK: u8 = 103;
@@ -158,6 +182,7 @@ const K_GRANTED: u8 = 104;
 const K_PREEMPTED: u8 = 105;
 const K_STATUS: u8 = 106;
 const K_ERROR: u8 = 107;
+const K_REPLACED: u8 = 108;
 
 fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
     let len = payload.len().min(MAX_RESPONSE_PAYLOAD);
@@ -233,6 +258,14 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(self.bytes(8)?);
         Ok(u64::from_le_bytes(a))
     }
+    /// A Linux thread id: positive and within `pid_t`.
+    fn tid(&mut self) -> Result<u32, DecodeError> {
+        let tid = self.u32()?;
+        if tid == 0 || tid > i32::MAX as u32 {
+            return Err(DecodeError::OutOfRange("tid"));
+        }
+        Ok(tid)
+    }
     fn counts(&mut self) -> Result<[u32; PRIORITY_LEVELS], DecodeError> {
         let mut c = [0u32; PRIORITY_LEVELS];
         for v in c.iter_mut() {
@@ -279,6 +312,10 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
         }
         Request::BlockUntilCoreAvailable => K_BLOCK,
         Request::StatusQuery => K_STATUS_Q,
+        Request::ReplaceThread { tid } => {
+            p.extend_from_slice(&tid.to_le_bytes());
+            K_REPLACE
+        }
     };
     frame(kind, &p)
 }
@@ -304,12 +341,10 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, DecodeErro
         K_HELLO => Request::HelloApp,
         K_ATTACH => {
             let app_token = r.u64()?;
-            let tid = r.u32()?;
-            if tid == 0 || tid > i32::MAX as u32 {
-                return Err(DecodeError::OutOfRange("tid"));
-            }
+            let tid = r.tid()?;
             Request::AttachThread { app_token, tid }
         }
+        K_REPLACE => Request::ReplaceThread { tid: r.tid()? },
         K_SET => Request::SetRequestedCores {
             counts: r.counts()?,
         },
@@ -336,6 +371,7 @@ pub fn encode_response(resp: &Response) -> Vec<u8> {
             K_WELCOME
         }
         Response::Attached => K_ATTACHED,
+        Response::Replaced => K_REPLACED,
         Response::RequestAck { effective, clipped } => {
             put_counts(&mut p, effective);
             p.push(u8::from(*clipped));
@@ -409,6 +445,7 @@ pub fn decode_response(buf: &[u8]) -> Result<Option<(Response, usize)>, DecodeEr
             app_token: r.u64()?,
         },
         K_ATTACHED => Response::Attached,
+        K_REPLACED => Response::Replaced,
         K_ACK => {
             let effective = r.counts()?;
             let clipped = match r.u8()? {
@@ -482,6 +519,7 @@ mod tests {
             },
             Request::BlockUntilCoreAvailable,
             Request::StatusQuery,
+            Request::ReplaceThread { tid: 4_000_000 },
         ];
         let mut stream = Vec::new();
         for m in &all {
@@ -507,6 +545,7 @@ mod tests {
             },
             Response::Granted { core: 5 },
             Response::Preempted { core: 6 },
+            Response::Replaced,
             Response::Status {
                 entries: vec![StatusEntry {
                     pid: 1,
@@ -553,6 +592,20 @@ mod tests {
             decode_request(&f),
             Err(DecodeError::OutOfRange("core count"))
         );
+        // Thread ids outside `pid_t`'s positive range, and a short payload.
+        for bad in [0, i32::MAX as u32 + 1, u32::MAX] {
+            let f = encode_request(&Request::ReplaceThread { tid: bad });
+            assert_eq!(decode_request(&f), Err(DecodeError::OutOfRange("tid")));
+        }
+        assert_eq!(
+            decode_request(&[b'C', b'W', 1, K_REPLACE, 3, 0, 1, 2, 3]),
+            Err(DecodeError::Malformed(K_REPLACE))
+        );
+        // `Replaced` carries nothing.
+        assert_eq!(
+            decode_response(&[b'C', b'W', 1, K_REPLACED, 1, 0, 0]),
+            Err(DecodeError::Malformed(K_REPLACED))
+        );
     }
 
     proptest! {
@@ -572,6 +625,12 @@ mod tests {
             if let Ok(Some((_, used))) = decode_response(&bytes) {
                 prop_assert!(used <= bytes.len());
             }
+        }
+
+        #[test]
+        fn replace_thread_round_trips(tid in 1u32..=i32::MAX as u32) {
+            let f = encode_request(&Request::ReplaceThread { tid });
+            prop_assert_eq!(decode_request(&f).unwrap().unwrap(), (Request::ReplaceThread { tid }, f.len()));
         }
 
         #[test]

@@ -143,6 +143,8 @@ fn child_main(socket: PathBuf) {
     let mut leaked: Vec<client::CoreThread> = Vec::new();
     // Applications of a flood, kept open.
     let mut flood: Vec<client::Client> = Vec::new();
+    // The next step of a `handoff` thread.
+    let mut handoff_step: Option<std::sync::mpsc::Sender<()>> = None;
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -194,6 +196,25 @@ fn child_main(socket: PathBuf) {
                 let c = client.clone().unwrap();
                 let stubborn = *mode == "stubborn";
                 std::thread::spawn(move || kernel_thread(c, idx, stubborn));
+            }
+            ["handoff", foreign] => {
+                let c = client.clone().unwrap();
+                let foreign: u32 = foreign.parse().unwrap();
+                let (tx, rx) = std::sync::mpsc::channel();
+                handoff_step = Some(tx);
+                std::thread::spawn(move || handoff_thread(c, foreign, rx));
+            }
+            ["handoff-next"] => {
+                handoff_step.as_ref().unwrap().send(()).unwrap();
+            }
+            ["attach-try"] => {
+                // One more kernel thread, if the limits allow it.
+                let c = client.clone().unwrap();
+                match std::thread::spawn(move || c.thread().map(|t| t.tid())).join() {
+                    Ok(Ok(tid)) => say(format!("attach ok {tid}")),
+                    Ok(Err(e)) => say(format!("attach refused {e}")),
+                    Err(_) => say("error attach panicked".into()),
+                }
             }
             ["thread-leak", how] => {
                 // Attach a kernel thread (that takes a core first if `how`
@@ -276,6 +297,57 @@ fn child_main(socket: PathBuf) {
             _ => say(format!("unknown command {line}")),
         }
     }
+}
+
+/// The calling thread's id.
+fn gettid() -> u32 {
+    rustix::thread::gettid().as_raw_nonzero().get() as u32
+}
+
+/// A kernel thread that hands its connection over, as a runtime does when
+/// it gives a blocked thread's core to a spare. With a core granted it
+/// asks to be replaced by `foreign` (a thread of another process) and by
+/// a thread of its own that has exited, then (at the parent's word) by a
+/// live spare thread of its process; it gives the core back when asked,
+/// and waits for it again.
+fn handoff_thread(c: client::Client, foreign: u32, step: Receiver<()>) {
+    let mut me = c.thread().expect("attach thread");
+    say(format!("hattached {}", me.tid()));
+    let core = me.block_until_core_available().expect("grant");
+    say(format!("hgranted {} {core}", me.tid()));
+    let dead = std::thread::spawn(gettid).join().unwrap();
+    wait_until("the exited thread is reaped", || {
+        !Path::new(&format!("/proc/self/task/{dead}")).exists()
+    });
+    for (what, tid) in [("foreign", foreign), ("dead", dead)] {
+        match me.replace_thread(tid) {
+            Err(client::ClientError::Refused(_)) => say(format!("hrefused {what}")),
+            other => say(format!("error replace by {what} thread {tid}: {other:?}")),
+        }
+    }
+    step.recv().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        tx.send(gettid()).unwrap();
+        // The spare lives on (as a runtime's spare that owns the core).
+        std::thread::park();
+    });
+    let spare = rx.recv().unwrap();
+    let old = me.tid();
+    match me.replace_thread(spare) {
+        Ok(()) => say(format!("hreplaced {old} {}", me.tid())),
+        Err(e) => say(format!("error replace by spare {spare}: {e}")),
+    }
+    // The shared page names the spare as the core's holder now.
+    while !me.must_release_core() {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    say(format!("hreleasing {core}"));
+    match me.block_until_core_available() {
+        Ok(core) => say(format!("hgranted {} {core}", me.tid())),
+        Err(e) => say(format!("error {e}")),
+    }
+    let _ = step.recv();
 }
 
 /// A kernel thread of a flood: takes a core when offered, gives it back when
@@ -991,6 +1063,92 @@ fn equal_split_at_one_priority() {
     drop(b);
     assert!(d.stop());
     assert_cleaned(&sb);
+}
+
+/// A runtime that hands a blocked kernel thread's core to a spare tells
+/// the daemon (`ReplaceThread`): the spare joins the core's cpuset, the
+/// blocked thread goes back to the unmanaged set, and later grants confine
+/// the spare. A thread of another process, or one that has exited, is
+/// refused on a connection that stays open and keeps its core; the other
+/// process stays where it was. A replacement is not one more thread: at
+/// a limit of one thread it succeeds, and a second attach is still refused.
+#[test]
+fn a_spare_kernel_thread_replaces_a_blocked_one() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let cfg = sb.dir.join("limits.toml");
+    std::fs::write(&cfg, "[defaults]\nmax_threads = 1\n").unwrap();
+    let _d = Daemon::start(
+        &sb,
+        &[
+            "--reclaim-timeout-ms",
+            "20000",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+    );
+    let foreign = KillOnDrop(Command::new("sleep").arg("600").spawn().unwrap());
+    let fpid = foreign.0.id();
+    let cgroup_of = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let foreign_cgroup = cgroup_of(fpid);
+
+    let mut a = App::spawn(&sb);
+    a.connect();
+    a.cmd(&format!("handoff {fpid}"));
+    let first: u32 = a.expect("hattached")[0].parse().unwrap();
+    a.request(level(0, 1));
+    let g = a.expect("hgranted");
+    assert_eq!(g, [first.to_string(), m().to_string()]);
+    assert_eq!(a.expect("hrefused"), ["foreign"]);
+    assert_eq!(a.expect("hrefused"), ["dead"]);
+    // Refusals change nothing: the same thread alone holds the core.
+    assert_eq!(sb.core_tasks(m()), vec![first]);
+    assert_eq!(status_of(&sb, a.pid()).unwrap().granted, vec![m()]);
+    assert_eq!(cgroup_of(fpid), foreign_cgroup);
+
+    a.cmd("handoff-next");
+    let r = a.expect("hreplaced");
+    let spare: u32 = r[1].parse().unwrap();
+    assert_eq!(r[0], first.to_string());
+    assert_ne!(spare, first);
+    assert_eq!(
+        sb.core_tasks(m()),
+        vec![spare],
+        "the spare, alone, in the core's cpuset"
+    );
+    assert!(
+        sb.unmanaged_tasks().contains(&first),
+        "the replaced thread back in the unmanaged set"
+    );
+    let st = status_of(&sb, a.pid()).unwrap();
+    assert_eq!(st.granted, vec![m()], "still one core to the daemon");
+    assert_eq!(st.preempted, 0);
+    assert_eq!(sb.unmanaged_cpus(), u());
+    a.cmd("attach-try");
+    assert_eq!(
+        a.expect("attach")[0],
+        "refused",
+        "the user is still at its one thread"
+    );
+
+    // Given back from the spare's name, and granted to it again.
+    a.request([0; 8]);
+    assert_eq!(a.expect("hreleasing"), [m().to_string()]);
+    assert_core1_free(&sb);
+    assert!(sb.unmanaged_tasks().contains(&spare));
+    a.request(level(0, 1));
+    assert_eq!(a.expect("hgranted"), [spare.to_string(), m().to_string()]);
+    assert_eq!(sb.core_tasks(m()), vec![spare]);
+    assert!(!sb.core_tasks(m()).contains(&fpid));
+    assert_eq!(
+        cgroup_of(fpid),
+        foreign_cgroup,
+        "the other process stays put"
+    );
+    drop(a);
+    assert_core1_free(&sb);
 }
 
 #[test]

@@ -299,8 +299,10 @@ impl Builder {
     /// that its other threads go on (default: on; Go's handoff). Off, such
     /// a call stalls the core's other threads, as in Arachne, and each
     /// core's io_uring is created single-issuer with deferred task running.
-    /// Handoff needs an arbiter that can place the spare (the in-process
-    /// one can; see [`CoreArbiter::core_handed_over`](crate::arbiter::CoreArbiter::core_handed_over)).
+    /// Handoff needs an arbiter that can place the spare (both built-in
+    /// ones can: the in-process one sets the spare's affinity, the daemon
+    /// puts it in the core's cpuset; see
+    /// [`CoreArbiter::core_handed_over`](crate::arbiter::CoreArbiter::core_handed_over)).
     /// `COREWISE_HANDOFF=off` ([`HANDOFF_ENV`]) switches it off for every
     /// runtime of the process.
     ///

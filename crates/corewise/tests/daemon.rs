@@ -526,15 +526,22 @@ impl Drop for Workload {
     }
 }
 
-/// A runtime of the daemon on `sb`, holding the managed core, with 4
-/// threads at work.
-fn runtime_at_work(sb: &Sandbox) -> (Runtime, Workload) {
+/// A runtime of the daemon on `sb`, once it holds the managed core (which
+/// is returned too).
+fn runtime_on_the_core(sb: &Sandbox) -> (Runtime, usize) {
     let core = sb.managed()[0];
     let rt = Runtime::builder()
         .arbiter_socket(sb.socket())
         .build()
         .unwrap();
     wait_until("the runtime holds the managed core", || only_on(&rt, core));
+    (rt, core)
+}
+
+/// A runtime of the daemon on `sb`, holding the managed core, with 4
+/// threads at work.
+fn runtime_at_work(sb: &Sandbox) -> (Runtime, Workload) {
+    let (rt, _) = runtime_on_the_core(sb);
     let work = Workload::start(&rt, 4);
     work.wait_progress("threads run");
     (rt, work)
@@ -707,10 +714,14 @@ fn my_threads() -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// A file of one of this process's threads in `/proc` ("" once it is gone).
+fn task_file(tid: u32, file: &str) -> String {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/{file}")).unwrap_or_default()
+}
+
 /// A thread's allowed CPUs, as the kernel lists them.
 fn allowed_cpus(tid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
-        .unwrap_or_default()
+    task_file(tid, "status")
         .lines()
         .find_map(|l| {
             l.strip_prefix("Cpus_allowed_list:")
@@ -786,6 +797,109 @@ fn daemon_killed_runtime_runs_on_and_reconnects() {
         assert!(text.contains("daemon lost"), "{text}");
         assert!(text.contains("registered again"), "{text}");
     }
+}
+
+/// A thread's name (`comm`), or "" once it is gone.
+fn comm(tid: u32) -> String {
+    task_file(tid, "comm").trim().to_string()
+}
+
+/// (f) Blocking handoff under the daemon: a user thread blocks in
+/// `std::thread::sleep` on the granted core beside a ticker. The core goes
+/// to a spare kernel thread, which the daemon puts in the core's cpuset
+/// (and takes the blocked one out), so the ticker keeps ticking on the
+/// granted CPU and only threads of this process are ever in that cpuset.
+#[test]
+fn a_blocked_kernel_thread_hands_the_daemon_core_to_a_spare() {
+    let _g = serial();
+    if !can_run() {
+        return;
+    }
+    const TICK: Duration = Duration::from_millis(10);
+    let sb = Sandbox::new();
+    let _daemon = start_daemon(&sb);
+    let (rt, core) = runtime_on_the_core(&sb);
+    let first = sb.core_tasks(core);
+    assert_eq!(first.len(), 1, "one kernel thread on the core: {first:?}");
+    // The core's kernel thread is named after its core index.
+    let name = comm(first[0]);
+    assert!(name.starts_with("corewise-core-"), "{name}");
+
+    // Watches the core's cpuset from outside the runtime.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (stop, cg) = (stop.clone(), sb.cg.join(format!("corewise-core{core}")));
+        std::thread::spawn(move || {
+            let mut seen: Vec<(Vec<u32>, Vec<String>)> = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                let tasks = read_ids(&cg.join(threads_file()));
+                let names = tasks.iter().map(|&t| comm(t)).collect();
+                if seen.last().is_none_or(|l| l.0 != tasks) {
+                    seen.push((tasks, names));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            seen
+        })
+    };
+    let (ticks, expected, cpus) = rt
+        .block_on(move || {
+            let done = Arc::new(AtomicBool::new(false));
+            let d = done.clone();
+            let ticker = corewise::spawn(move || {
+                let start = Instant::now();
+                let (mut ticks, mut cpus) = (0u32, vec![cpu()]);
+                while !d.load(Ordering::Acquire) {
+                    corewise::sleep(TICK);
+                    ticks += 1;
+                    cpus.push(cpu());
+                }
+                (ticks, start.elapsed(), cpus)
+            })
+            .unwrap();
+            corewise::sleep(Duration::from_millis(5));
+            let blocker = corewise::spawn(|| {
+                let on = cpu();
+                std::thread::sleep(Duration::from_millis(300));
+                on
+            })
+            .unwrap();
+            let blocked_on = blocker.join().unwrap();
+            done.store(true, Ordering::Release);
+            let (ticks, elapsed, mut cpus) = ticker.join().unwrap();
+            cpus.push(blocked_on);
+            (ticks, (elapsed.as_micros() / TICK.as_micros()) as u32, cpus)
+        })
+        .unwrap();
+    stop.store(true, Ordering::Release);
+    let seen = watcher.join().unwrap();
+    assert!(
+        ticks * 10 >= expected * 8,
+        "the ticker ran {ticks} times of about {expected}"
+    );
+    assert!(
+        cpus.iter().all(|&c| c == core),
+        "the ticker and the blocker ran on the granted CPU {core}: {cpus:?}"
+    );
+    assert!(rt.stats().handoffs >= 1, "no handoff counted");
+    // Only this process's threads were ever in the core's cpuset, and a
+    // spare owned the core there alone while the first one was blocked.
+    let me = std::process::id();
+    for (tasks, _) in &seen {
+        for t in tasks {
+            assert!(
+                Path::new(&format!("/proc/{me}/task/{t}")).exists()
+                    || !Path::new(&format!("/proc/{t}")).exists(),
+                "thread {t} of another process in the core's cpuset: {seen:?}"
+            );
+        }
+    }
+    assert!(
+        seen.iter()
+            .any(|(tasks, names)| tasks.len() == 1 && tasks[0] != first[0] && names[0] == name),
+        "no spare alone in the core's cpuset: {seen:?} (first owner {first:?})"
+    );
+    drop(rt);
 }
 
 /// (d) An unreachable socket. Asked for by name, it fails the build with a
@@ -875,12 +989,7 @@ fn idle_cpu_cost() {
     drop(local);
     let sb = Sandbox::new();
     let _daemon = start_daemon(&sb);
-    let core = sb.managed()[0];
-    let rt = Runtime::builder()
-        .arbiter_socket(sb.socket())
-        .build()
-        .unwrap();
-    wait_until("core held", || only_on(&rt, core));
+    let (rt, _) = runtime_on_the_core(&sb);
     let d = measure(&rt);
     println!("idle runtime CPU: local {l:.3} %, daemon (2 ms release poll) {d:.3} % of one CPU");
 }

@@ -1075,6 +1075,20 @@ fn handle_request(
             state.set_requested(id, counts);
             Ok(())
         }
+        Request::ReplaceThread { tid } if state.is_thread(id) => {
+            // A refusal is an answer: the connection and its core stay
+            // (logged at debug level: a client may repeat it at will).
+            if let Err(e) = state.replace_thread(id, tid, c.pid) {
+                tracing::debug!(conn = id, pid = c.pid, tid, reason = %e, "thread replacement refused");
+                state.outbox.push((
+                    id,
+                    Response::Error {
+                        message: format!("replace refused: {e}"),
+                    },
+                ));
+            }
+            Ok(())
+        }
         Request::BlockUntilCoreAvailable if state.is_thread(id) => {
             state.block(id);
             Ok(())

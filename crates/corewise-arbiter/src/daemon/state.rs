@@ -406,6 +406,87 @@ impl State {
         Ok(())
     }
 
+    /// The kernel thread of connection `conn` (peer process `peer_pid`) is
+    /// `tid` from now on: the application handed its core to a spare
+    /// kernel thread. `tid` must be a live thread of the application's
+    /// process that no connection has attached. If the connection holds a
+    /// core, `tid` joins its cpuset first (checked before and after the
+    /// write, as every move is) and the thread it replaces goes back to the
+    /// unmanaged set if it is still the thread that attached. It replaces
+    /// a thread, so the user's thread count does not change. A refusal
+    /// changes nothing; the reply ([`Response::Replaced`]) is queued on
+    /// success.
+    pub fn replace_thread(&mut self, conn: ConnId, tid: u32, peer_pid: u32) -> Result<(), Reject> {
+        let t = self.threads.get(&conn).ok_or(Reject::BadToken)?;
+        if t.gone {
+            return Err(Reject::ProcessGone(peer_pid));
+        }
+        let (app_conn, old_tid, phase) = (t.app, t.task.tid(), t.phase);
+        if tid == old_tid {
+            self.outbox.push((conn, Response::Replaced));
+            return Ok(());
+        }
+        if self.tids.contains_key(&tid) {
+            return Err(Reject::Duplicate(tid));
+        }
+        let app = self.apps.get(&app_conn).ok_or(Reject::BadToken)?;
+        let pid = app.pid;
+        if pid != peer_pid {
+            return Err(Reject::WrongProcess {
+                peer: peer_pid,
+                app: pid,
+            });
+        }
+        // `/proc/PID/task/TID` exists only for a thread of PID: the same
+        // thread group, opened through the registered process's pid and
+        // that process checked again after the open.
+        let task = TaskIdent::thread(pid, tid).map_err(|_| Reject::ForeignThread { tid, pid })?;
+        if !app.process.alive() {
+            return Err(Reject::ProcessGone(pid));
+        }
+        self.fence.adopt(pid, tid)?;
+        if let Phase::Running { core, .. } = phase {
+            self.fence.confine(tid, core)?;
+            if !task.alive() {
+                // The id went to another task during the write: put that
+                // one back out of the managed core, as `move_thread` does.
+                match self.fence.unconfine(tid) {
+                    Ok(()) | Err(FenceError::NoSuchThread(_)) => {}
+                    Err(e) => {
+                        tracing::error!(tid, error = %e, "could not undo a move of a reused thread id")
+                    }
+                }
+                return Err(Reject::ForeignThread { tid, pid });
+            }
+        } else if !task.alive() {
+            return Err(Reject::ForeignThread { tid, pid });
+        }
+        let Some(t) = self.threads.get_mut(&conn) else {
+            return Err(Reject::BadToken);
+        };
+        let old = std::mem::replace(&mut t.task, task);
+        self.tids.remove(&old_tid);
+        self.tids.insert(tid, conn);
+        if let Phase::Running { core, .. } = phase {
+            if let Some(a) = self.apps.get(&app_conn) {
+                a.shm.set_granted(core, tid);
+            }
+            // The replaced thread leaves the core, unless its id now names
+            // another task (checked right before the write).
+            if old.alive() {
+                match self.fence.unconfine(old_tid) {
+                    Ok(()) | Err(FenceError::NoSuchThread(_)) => {}
+                    Err(e) => {
+                        tracing::warn!(conn, tid = old_tid, error = %e, "could not move a replaced thread back to the unmanaged set")
+                    }
+                }
+            }
+        }
+        tracing::debug!(conn, pid, old_tid, tid, ?phase, "kernel thread replaced");
+        self.outbox.push((conn, Response::Replaced));
+        Ok(())
+    }
+
     /// The thread on `conn` gives back its core (if any) and waits for one.
     pub fn block(&mut self, conn: ConnId) {
         if self.threads.get(&conn).is_none_or(|t| t.gone) {

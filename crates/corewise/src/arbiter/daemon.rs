@@ -25,6 +25,12 @@
 //!   kernel thread holds a healthy (not asked back) daemon core, and gives
 //!   its place back as soon as one does. So at most `kthreads - 1` daemon
 //!   cores are requested, and the runtime never has zero cores.
+//! - **Blocking handoff.** When a kernel thread that holds a daemon core
+//!   blocks in the kernel and a spare kernel thread takes the core over
+//!   ([`CoreArbiter::core_handed_over`]), the spare sends `ReplaceThread`
+//!   on the blocked thread's socket: the daemon moves the spare into the
+//!   core's cpuset and the blocked thread out, and from then on the socket
+//!   is the spare's. The core stays one core to the daemon.
 //! - **Requests.** The runtime sends the policy's desired cores, capped by
 //!   the CPU budget, and this arbiter shifts its priority levels by the
 //!   application's priority ([`Builder::priority`](crate::Builder::priority)):
@@ -124,8 +130,10 @@ const FLOOR: usize = 0;
 /// A kernel thread's side of the protocol.
 #[derive(Default)]
 struct Slot {
-    /// Its daemon socket; only that kernel thread locks it (and never
-    /// contends: the runtime calls the arbiter for `k` only from thread `k`).
+    /// Its daemon socket; only the kernel thread that owns core `k` locks
+    /// it (and never contends: the runtime calls the arbiter for `k` only
+    /// from `k`'s owner, which after a handoff is the spare that took the
+    /// core over; the owner it replaced is blocked in user code, not here).
     thread: Mutex<Option<CoreThread>>,
     /// A duplicate of the socket, so that [`CoreArbiter::shutdown`] can wake
     /// the kernel thread out of its blocking read.
@@ -589,6 +597,63 @@ impl CoreArbiter for Daemon {
             slot.local.store(false, Ordering::Release);
         }
         self.notify();
+    }
+
+    fn supports_handoff(&self) -> bool {
+        true
+    }
+
+    /// Under the daemon, a handed-over core's connection is handed over
+    /// too: the daemon confines `tid` to the core's cpuset, moves the
+    /// blocked thread back to its unmanaged set, and confines `tid` on
+    /// every later grant. The floor (kernel thread 0) holds no daemon
+    /// core, so its spare runs unconfined as the floor does; while the
+    /// daemon is gone, a spare leaves the dead daemon's cpusets as every
+    /// kernel thread running without it does.
+    ///
+    /// ```no_run
+    /// use corewise::arbiter::{CoreArbiter, Daemon};
+    /// let d = Daemon::connect("/run/corewise-arbiter.sock", 2, 0)?;
+    /// assert!(d.supports_handoff());
+    /// # Ok::<(), corewise::arbiter::ArbiterError>(())
+    /// ```
+    fn core_handed_over(&self, kthread: usize, tid: i32) -> Result<(), ArbiterError> {
+        let slot = self
+            .slots
+            .get(kthread)
+            .ok_or(ArbiterError::NoSuchThread(kthread))?;
+        if self.shutdown.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let gone = self.gone.load(Ordering::Acquire);
+        if kthread == FLOOR || gone || slot.local.load(Ordering::Acquire) {
+            let caller = rustix::thread::gettid().as_raw_nonzero().get();
+            if gone && caller == tid {
+                super::escape::leave_daemon_cpusets(&self.cpus);
+            }
+            return Ok(());
+        }
+        let new = u32::try_from(tid).map_err(|_| ArbiterError::NoSuchThread(kthread))?;
+        let mut me = lock(&slot.thread);
+        // Not attached (the daemon came back and no owner of `k` has asked
+        // it for a core since): the owner attaches itself when it does.
+        let Some(t) = me.as_mut() else {
+            return Ok(());
+        };
+        match t.replace_thread(new) {
+            Ok(()) => Ok(()),
+            // Refused: nothing changed and the connection stays usable.
+            Err(e @ ClientError::Refused(_)) => Err(e.into()),
+            Err(e) => {
+                *me = None;
+                *lock(&slot.interrupt) = None;
+                drop(me);
+                if !self.shutdown.load(Ordering::SeqCst) {
+                    self.lost(slot.generation.load(Ordering::Acquire), &e);
+                }
+                Err(e.into())
+            }
+        }
     }
 
     fn granted(&self) -> usize {
