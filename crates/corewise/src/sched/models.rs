@@ -207,6 +207,58 @@ mod loom_tests {
     }
 
     #[test]
+    fn a_sweep_racing_a_spawn_never_strands_the_thread() {
+        // The spawner publishes its thread's function in the slot it
+        // claimed, then signals it. In between, the slot's dispatcher may
+        // sweep (a periodic sweep, or the one before it sleeps) and take
+        // the published thread, which has no signal yet, for a blocked
+        // one: it parks it and frees the slot. The spawner's signal then
+        // finds the thread parked and, like any signaller that clears the
+        // mark, places it. (A spawner that ignored the mark, taking a
+        // thread it had just put in a slot for one that cannot be parked,
+        // left it parked with a signal pending and nobody to place it: a
+        // thread that never ran.)
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            let shared = Arc::new(SignalWord::new());
+            let local = LocalWake::new();
+            let published = Arc::new(AtomicBool::new(false));
+            // The spawner's claim (the sweep only looks at occupied slots).
+            assert_eq!(mask.claim(), Some(0));
+            let spawner = {
+                let (shared, published) = (shared.clone(), published.clone());
+                loom::thread::spawn(move || {
+                    published.store(true, Ordering::Release);
+                    // `park::signal_context`: a signal that finds the
+                    // thread parked places it if it clears the mark.
+                    let parked = shared.0.fetch_add(SIGNAL, Ordering::AcqRel) & PARKED != 0;
+                    parked && shared.claim_unpark()
+                })
+            };
+            let w = Wakeup {
+                shared: &shared,
+                local: &local,
+            };
+            // The sweep, on slot 0 (`park::park`): a published thread that
+            // is not due leaves its slot if no signal came since it ran.
+            let parked = published.load(Ordering::Acquire)
+                && w.due_or_deadline(0) == Some(BLOCKED)
+                && w.try_park();
+            if parked {
+                mask.release(0);
+            }
+            let placed = spawner.join().unwrap();
+            assert_eq!(
+                placed, parked,
+                "a parked new thread is placed by its spawner"
+            );
+            // In its slot, or wherever it is placed, the thread is due.
+            assert!(w.take_if_due(&mut || 0));
+            assert_eq!(shared.0.load(Ordering::Relaxed) & PARKED, 0);
+        });
+    }
+
+    #[test]
     fn two_spawners_claim_distinct_slots() {
         loom::model(|| {
             let mask = Arc::new(MaskAndCount::new());

@@ -77,16 +77,21 @@ where
     // Before the signal: once runnable, the thread may exit at once and
     // the slot be claimed again.
     let id = ThreadId::new(ctx);
-    // A context in a slot or a spare is never parked: the signal only makes
-    // it runnable.
-    let _ = ctx.wakeup().signal();
     match target {
         Target::Slot(..) => {
-            // The context's core, read after the swap: the thread may have
-            // been moved meanwhile (see `park::evict_all`).
-            ctx.core().gate.wake_after_rmw();
+            // From the publication on, the slot's dispatcher may take the
+            // thread for a blocked one and park it before this signal (a
+            // sweep parks every published thread that has no signal since
+            // it last ran): the signal then finds it parked and places it,
+            // as any signal does. Else it wakes the context's core, read
+            // after the swap: the thread may have been moved meanwhile
+            // (see `park::evict_all`).
+            crate::sched::park::signal_context(ctx);
         }
         Target::Spare(ctx, candidates) => {
+            // A spare is in no slot, so nothing parks it: the signal only
+            // makes it runnable.
+            let _ = ctx.wakeup().signal();
             shared.detached.fetch_add(1, Ordering::Relaxed);
             crate::sched::placement::place_in(shared, ctx, candidates);
         }
