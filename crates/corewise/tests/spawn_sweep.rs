@@ -40,7 +40,7 @@ fn install_stall_handler() {
             action.sa_flags = libc::SA_RESTART;
             libc::sigemptyset(&mut action.sa_mask);
             assert_eq!(
-                libc::sigaction(libc::SIGURG, &action, std::ptr::null_mut()),
+                libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut()),
                 0
             );
         }
@@ -83,8 +83,8 @@ fn every_spawned_thread_runs(backend: IoBackend) {
             STALL_US.store([30, 50, 70][(k % 3) as usize], Ordering::Relaxed);
             k += 1;
             // SAFETY: `id` names a thread that is not joined yet (its
-            // handle is alive), and SIGURG has the spinning handler.
-            unsafe { libc::pthread_kill(id, libc::SIGURG) };
+            // handle is alive), and SIGUSR2 has the spinning handler.
+            unsafe { libc::pthread_kill(id, libc::SIGUSR2) };
             std::thread::sleep(Duration::from_micros(50));
         }
         spawner.join().unwrap();
