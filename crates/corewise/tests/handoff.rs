@@ -84,7 +84,7 @@ fn ticker_ticks_beside_file_reads() {
         let dir = std::env::temp_dir().join(format!("corewise-handoff-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("data");
-        std::fs::write(&file, vec![7u8; 1 << 20]).unwrap();
+        std::fs::write(&file, vec![7u8; 8 << 20]).unwrap();
         let rt = one_core();
         let f = file.clone();
         let r = ticker_beside(&rt, move || {
@@ -92,10 +92,10 @@ fn ticker_ticks_beside_file_reads() {
             for _ in 0..1000 {
                 total += std::fs::read(&f).unwrap().len();
             }
-            assert_eq!(total, 1000 << 20);
+            assert_eq!(total, 1000 << 23);
         });
         let _ = std::fs::remove_dir_all(&dir);
-        assert_ticked("1 000 std::fs::read calls of 1 MiB", r);
+        assert_ticked("1 000 std::fs::read calls of 8 MiB", r);
     });
 }
 

@@ -72,6 +72,9 @@ pub(crate) struct Core {
     /// occupied slots, the load that placement compares (threads handed
     /// over in a burst are not in any slot yet).
     pub(crate) queued: CachePadded<AtomicU32>,
+    /// Parked threads waiting on this core's timers (written by its
+    /// dispatcher, read by the handoff monitor).
+    pub(crate) timers_parked: AtomicU32,
     /// The core-private scheduling state (threads waiting for a slot,
     /// timers of parked threads, spare contexts): only this core's
     /// kernel thread touches it.
@@ -109,6 +112,7 @@ impl Core {
             reserved: CachePadded::new(crate::reserve::Reservations::new()),
             inbox: CachePadded::new(crate::sched::inbox::Inbox::new_closed()),
             queued: CachePadded::new(AtomicU32::new(0)),
+            timers_parked: AtomicU32::new(0),
             sched: UnsafeCell::new(crate::sched::park::CoreSched::default()),
             handoff: CachePadded::new(crate::sched::handoff::CoreHandoff::default()),
         }

@@ -21,8 +21,9 @@
 //!   whose counter has not moved and that is not idle is stuck in one run.
 //!   The kernel thread's state in `/proc/self/task/TID/stat` says whether it
 //!   is blocked (`S`, `D`) or computing (`R`): a blocked core is handed over
-//!   after [`BLOCKED_AFTER`], a computing one after [`COMPUTING_AFTER`]
-//!   (with one warning per thread).
+//!   after [`BLOCKED_AFTER`], a computing one after [`COMPUTING_AFTER`] of
+//!   CPU time and only if other threads wait for the core (with one warning
+//!   per thread).
 //! - **The switch of owners** happens on the stuck kernel thread itself: the
 //!   monitor provisions a spare kernel thread and a spare context, sets the
 //!   core's request flag and sends the thread [`SIGNAL`]. The handler runs

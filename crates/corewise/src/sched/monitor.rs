@@ -20,8 +20,11 @@ use std::time::{Duration, Instant};
 /// The shortest sleep between two looks.
 pub(crate) const MIN_PERIOD: Duration = Duration::from_micros(50);
 /// The longest sleep between two looks (the detection delay of a first
-/// blocking call after a quiet time).
-pub(crate) const MAX_PERIOD: Duration = Duration::from_millis(2);
+/// blocking call after a quiet time), Go's `sysmon` bound. Every wakeup
+/// of the monitor preempts a busy core for some microseconds: at 2 ms,
+/// 1 % of the time of a busy runtime was disturbed and the p99 of
+/// cross-core operations in `primitives` rose from ~150 ns to ~30 µs.
+pub(crate) const MAX_PERIOD: Duration = Duration::from_millis(10);
 /// Looks with nothing stuck before the sleep doubles.
 const QUIET_LOOKS: u32 = 20;
 
@@ -135,6 +138,13 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
     match handoff::kernel_state(tid) {
         Some(KernelState::Blocked) => s.computing = false,
         Some(KernelState::Computing) => {
+            // A computing thread alone on its core keeps it: a spare would
+            // only compete with it for the CPU (Go retakes a P only when it
+            // has work too). Nor does it keep the monitor's looks short.
+            if !has_other_work(core) {
+                s.cpu_base = None;
+                return false;
+            }
             // Handed over after COMPUTING_AFTER of CPU time in this run, not
             // of wall time: a kernel thread preempted by other processes
             // would only gain a rival for its CPU.
@@ -156,6 +166,15 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
     handoff::signal_thread(tid);
     s.last_handoff = Some(now);
     true
+}
+
+/// Whether `core` has threads other than the running one: in its slots,
+/// waiting for a slot, in its inbox, or asleep on its timers.
+fn has_other_work(core: &Core) -> bool {
+    core.mask.count() > 1
+        || core.queued.load(Ordering::Relaxed) != 0
+        || core.inbox.has_items()
+        || core.timers_parked.load(Ordering::Relaxed) != 0
 }
 
 /// Makes sure `core` has a spare kernel thread and context ready.

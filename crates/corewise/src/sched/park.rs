@@ -386,6 +386,7 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
     if deadline != BLOCKED {
         s.timers
             .push(Reverse((deadline, ctx as *const ThreadContext as usize)));
+        publish_timers(core, s);
     }
     detach(core, i, spare);
     true
@@ -408,6 +409,14 @@ fn try_park(ctx: &'static ThreadContext) -> bool {
     ctx.wakeup().try_park()
 }
 
+/// Publishes how many parked threads wait on `core`'s timers (the handoff
+/// monitor reads it: a core with sleepers has work coming).
+#[inline]
+fn publish_timers(core: &Core, s: &CoreSched) {
+    core.timers_parked
+        .store(s.timers.len() as u32, Ordering::Relaxed);
+}
+
 /// Fires the timers due at `now`; returns the earliest one left.
 pub(crate) fn fire_timers(core: &'static Core, now: u64) -> Option<u64> {
     // SAFETY: the dispatcher of `core`, between runs.
@@ -417,6 +426,7 @@ pub(crate) fn fire_timers(core: &'static Core, now: u64) -> Option<u64> {
             return Some(t);
         }
         s.timers.pop();
+        publish_timers(core, s);
         // SAFETY: timers hold addresses of leaked ('static) contexts.
         signal_context(unsafe { &*(p as *const ThreadContext) });
     }
@@ -469,6 +479,7 @@ pub(crate) fn make_room(core: &'static Core, last: Option<usize>, now: u64) {
         if deadline != BLOCKED {
             s.timers
                 .push(Reverse((deadline, ctx as *const ThreadContext as usize)));
+            publish_timers(core, s);
         }
         swap_in(core, s, i);
     }
@@ -583,6 +594,7 @@ pub(crate) fn evict_all(core: &'static Core) -> bool {
     core.inbox.close(&mut s.pending);
     let now = clock::now();
     // Timers fire now (early wakeups are allowed): nobody would fire them.
+    core.timers_parked.store(0, Ordering::Relaxed);
     while let Some(Reverse((_, p))) = s.timers.pop() {
         // SAFETY: timers hold addresses of leaked ('static) contexts.
         signal_context(unsafe { &*(p as *const ThreadContext) });
