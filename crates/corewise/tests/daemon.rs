@@ -784,6 +784,11 @@ fn daemon_killed_runtime_runs_on_and_reconnects() {
         })
     });
     wait_until("the runtime holds the core again", || only_on(&rt, core));
+    // The runtime may count the core as held a moment before the daemon
+    // has moved the thread in.
+    wait_until("one kernel thread of ours on the core", || {
+        mine(sb.core_tasks(core)).len() == 1
+    });
     let on_core = mine(sb.core_tasks(core));
     assert_eq!(on_core.len(), 1, "one kernel thread of ours on the core");
     assert_eq!(allowed_cpus(on_core[0]), core.to_string());
@@ -873,8 +878,12 @@ fn a_blocked_kernel_thread_hands_the_daemon_core_to_a_spare() {
         .unwrap();
     stop.store(true, Ordering::Release);
     let seen = watcher.join().unwrap();
+    // Without a handoff the ticker runs about once in the 300 ms. Half
+    // its ticks, not the 80 % that tests/handoff.rs asks of the in-process
+    // arbiter: here each handoff also waits for the daemon's cgroup writes,
+    // which take milliseconds in the emulated guest this test runs in too.
     assert!(
-        ticks * 10 >= expected * 8,
+        ticks * 2 >= expected,
         "the ticker ran {ticks} times of about {expected}"
     );
     assert!(
