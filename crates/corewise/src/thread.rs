@@ -360,9 +360,7 @@ pub fn yield_now() {
     };
     // A thread whose core was handed over switches out even with nothing
     // else to run: its old dispatcher places it on a core.
-    if !slot.core().other_runnable(slot.index())
-        && !slot.handed_off.load(std::sync::atomic::Ordering::Relaxed)
-    {
+    if !slot.core().other_runnable(slot.index()) && !crate::sched::handoff::core_lost(slot) {
         return;
     }
     slot.wakeup().set_runnable();

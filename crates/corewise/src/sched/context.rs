@@ -49,10 +49,6 @@ pub(crate) struct ThreadContext {
     /// given back: the next thread that parks here gives back the pages
     /// below its stack pointer.
     pub(crate) stack_used: Cell<bool>,
-    /// Set by the handoff handler (on the thread's own kernel thread) when
-    /// the thread's core was handed over while it ran; cleared when it is
-    /// placed again. `yield_now` reads it instead of a thread-local.
-    pub(crate) handed_off: std::sync::atomic::AtomicBool,
     /// The kernel thread that runs the thread now (set by the dispatcher
     /// before each run): its handoff flags.
     pub(crate) kthread: Cell<*const crate::sched::kthread::KernelThread>,
@@ -121,7 +117,6 @@ impl ThreadContext {
             yielder: Cell::new(std::ptr::null()),
             stack_pointer: Cell::new(0),
             stack_used: Cell::new(false),
-            handed_off: std::sync::atomic::AtomicBool::new(false),
             kthread: Cell::new(std::ptr::null()),
         }
     }

@@ -116,9 +116,10 @@ pub(crate) fn user_code_ends(slot: &ThreadContext) -> bool {
 }
 
 /// Whether the core of the kernel thread running `slot`'s thread was
-/// handed over.
+/// handed over (`yield_now` switches out then even with nothing else to
+/// run).
 #[inline]
-fn core_lost(slot: &ThreadContext) -> bool {
+pub(crate) fn core_lost(slot: &ThreadContext) -> bool {
     kthread_of(slot).is_some_and(|kt| kt.lost.load(Ordering::Relaxed))
 }
 
@@ -373,7 +374,6 @@ fn try_hand_over() -> bool {
     // The running thread leaves its slot (it runs on here, detached, until
     // its next switch); the spare context takes the slot.
     h.write_report(running);
-    running.handed_off.store(true, Ordering::Relaxed);
     crate::sched::park::detach(core, running.index(), spare_ctx);
     core.runtime().detached.fetch_add(1, Ordering::Relaxed);
     h.count.fetch_add(1, Ordering::Relaxed);
@@ -433,7 +433,6 @@ pub(crate) fn place_lost(
     core: &'static Core,
     ctx: &'static ThreadContext,
 ) {
-    ctx.handed_off.store(false, Ordering::Relaxed);
     ctx.wakeup().set_runnable();
     if ctx.movable() {
         crate::sched::placement::place(shared, ctx, None);

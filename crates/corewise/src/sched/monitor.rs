@@ -193,12 +193,12 @@ fn provision(shared: &'static Shared, core: &'static Core) -> bool {
     let ctx = match crate::sched::park::take_spare(shared, None) {
         Ok(ctx) => ctx,
         Err(_) => {
-            give_back(shared, Some((kt, None)));
+            give_back(shared, kt, None);
             return false;
         }
     };
     if let Err((kt, ctx)) = h.provision(kt, ctx) {
-        give_back(shared, Some((kt, Some(ctx))));
+        give_back(shared, kt, Some(ctx));
     }
     h.provisioned()
 }
@@ -206,22 +206,18 @@ fn provision(shared: &'static Shared, core: &'static Core) -> bool {
 /// Takes back what `core` has provisioned (quiet for a while, or shutdown).
 fn unprovision(shared: &'static Shared, core: &'static Core) {
     if let Some((kt, ctx)) = core.handoff.unprovision() {
-        give_back(shared, Some((kt, Some(ctx))));
+        give_back(shared, kt, Some(ctx));
     }
 }
 
 /// Returns a spare kernel thread (and context) to the runtime's pools.
 fn give_back(
     shared: &'static Shared,
-    spare: Option<(
-        &'static crate::sched::kthread::KernelThread,
-        Option<&'static crate::sched::ThreadContext>,
-    )>,
+    kt: &'static crate::sched::kthread::KernelThread,
+    ctx: Option<&'static crate::sched::ThreadContext>,
 ) {
-    if let Some((kt, ctx)) = spare {
-        shared.kthreads.return_spare(kt);
-        if let Some(ctx) = ctx {
-            crate::sched::park::return_spare(shared, ctx);
-        }
+    shared.kthreads.return_spare(kt);
+    if let Some(ctx) = ctx {
+        crate::sched::park::return_spare(shared, ctx);
     }
 }
