@@ -466,10 +466,27 @@ pub fn sleep(d: Duration) {
         std::thread::sleep(d);
         return;
     };
-    let deadline = Instant::now() + d;
-    let ticks = crate::clock::instant_to_ticks(deadline);
-    while Instant::now() < deadline {
+    let Some(deadline) = Instant::now().checked_add(d) else {
+        // Beyond the clock's range: until the end of time, as std does.
+        loop {
+            block_ticks(slot, u64::MAX - 1);
+        }
+    };
+    // The deadline in ticks straight from the tick clock (no second
+    // `clock_gettime`), with a margin of 1/4096 for the calibration's error
+    // and the system clock's slewing; the `Instant` check after the wake
+    // keeps the guarantee (at least `d`).
+    let t = crate::clock::duration_to_ticks(d);
+    let mut ticks = crate::clock::now()
+        .saturating_add(t.saturating_add(t / 4096 + 1))
+        .min(u64::MAX - 1);
+    loop {
         block_ticks(slot, ticks);
+        if Instant::now() >= deadline {
+            return;
+        }
+        // Woken early (a stray signal): block again until the deadline.
+        ticks = crate::clock::instant_to_ticks(deadline);
     }
 }
 

@@ -6,6 +6,7 @@
 use super::core::Core;
 use super::coroutine::Context;
 use super::slot::Invocation;
+use super::stack::GiveBack;
 use super::wakeup::{LocalWake, Wakeup};
 use crate::shim::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
@@ -69,14 +70,43 @@ impl crate::sched::inbox::Linked for ThreadContext {
     }
 }
 
+/// Spare contexts made in one allocation (see
+/// [`ThreadContext::new_spare`]).
+#[cfg(not(loom))]
+const SLAB_CONTEXTS: usize = 256;
+
 /// The class word's flag for a thread created with `Builder::core`: it
 /// runs on that core only, so it is never parked or moved by load.
 pub(crate) const PINNED: u32 = 1 << 16;
 
 impl ThreadContext {
     /// A context that belongs to no slot yet (see [`crate::sched::park`]).
+    ///
+    /// Contexts live as long as the process and are made
+    /// [`SLAB_CONTEXTS`] at a time in one allocation: one cache-aligned
+    /// allocation each grew the allocator's per-thread heaps a page at a
+    /// time, an `mprotect` per few contexts (3 200 system calls while
+    /// 100 000 sleeping threads started).
     pub(crate) fn new_spare() -> &'static Self {
-        Box::leak(Box::new(Self::new(0)))
+        #[cfg(loom)]
+        {
+            Box::leak(Box::new(Self::new(0)))
+        }
+        #[cfg(not(loom))]
+        {
+            static SLAB: std::sync::Mutex<&'static [ThreadContext]> = std::sync::Mutex::new(&[]);
+            let mut slab = SLAB.lock().unwrap_or_else(|e| e.into_inner());
+            if slab.is_empty() {
+                *slab = Box::leak(
+                    (0..SLAB_CONTEXTS)
+                        .map(|_| Self::new(0))
+                        .collect::<Box<[_]>>(),
+                );
+            }
+            let (first, rest) = slab.split_first().expect("the slab was just filled");
+            *slab = rest;
+            first
+        }
     }
 
     /// The thread's class.
@@ -163,6 +193,30 @@ impl ThreadContext {
             .store(core as *const Core as *mut Core, Ordering::Release);
     }
 
+    /// Starts loading the context's lines that placing and running its
+    /// thread touch (a hint: a thread that comes back after a long park is
+    /// out of every cache, and a core places several at once, so their
+    /// misses overlap instead of following one another).
+    #[inline]
+    pub(crate) fn prefetch(&self) {
+        prefetch(std::ptr::from_ref(&self.invocation).cast());
+        prefetch(std::ptr::from_ref(&self.core).cast());
+        prefetch(std::ptr::from_ref(&*self.local).cast());
+        prefetch(std::ptr::from_ref(&self.context).cast());
+    }
+
+    /// Starts loading the top of the suspended thread's stack, where its
+    /// resumption reads first (a hint, as [`prefetch`](Self::prefetch)).
+    /// Only the owning core's kernel thread may call this.
+    #[inline]
+    pub(crate) fn prefetch_stack(&self) {
+        let sp = self.stack_pointer.get();
+        if sp != 0 {
+            prefetch(sp as *const u8);
+            prefetch(sp.wrapping_add(64) as *const u8);
+        }
+    }
+
     /// The slot's execution context, creating it on first use.
     ///
     /// # Safety
@@ -194,20 +248,26 @@ impl ThreadContext {
         Ok(slot.insert(Context::new(stack_size, this)?))
     }
 
-    /// Gives back the stack's pages below the stack pointer the thread
-    /// recorded when it last switched out.
+    /// If a thread ran to its end on this stack since its pages were last
+    /// given back (clearing that mark): adds to `batch` the pages below the
+    /// stack pointer the suspended thread recorded when it last switched
+    /// out. Whatever the earlier thread left there is dead.
     ///
     /// # Safety
-    /// Only the owning core's kernel thread may call this, while the thread
-    /// is suspended after a switch out (not a fresh context).
-    pub(crate) unsafe fn give_back_stack(&self) {
+    /// Only the owning core's kernel thread (or the one that took a spare
+    /// out of the pool) may call this, while the thread is suspended after
+    /// a switch out, and it stays suspended until the batch is flushed.
+    pub(crate) unsafe fn give_back_stack_into(&self, batch: &mut GiveBack) {
+        if !self.stack_used.replace(false) {
+            return;
+        }
         // SAFETY: per the contract, no other reference exists.
         if let Some(c) = unsafe { (*self.context.get()).as_ref() } {
             let sp = self.stack_pointer.get();
             if sp != 0 {
                 // SAFETY: the coroutine is suspended and `sp` is from its
                 // last switch out (contract).
-                unsafe { c.give_back_below(sp) };
+                unsafe { c.add_below(sp, batch) };
             }
         }
     }
@@ -256,4 +316,17 @@ impl ThreadContext {
         // are that thread or the crash handler.
         Some(unsafe { std::str::from_utf8_unchecked(std::slice::from_raw_parts(ptr, len)) })
     }
+}
+
+/// A prefetch hint for the line at `p`.
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and changes no
+    // state the program can see, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }

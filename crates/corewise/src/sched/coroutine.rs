@@ -15,7 +15,7 @@
 //! thread overflowed before aborting, as std does for OS threads; faults
 //! elsewhere go to the previous handler.
 
-use crate::sched::stack::{find_guard, PoolStack, StackRange};
+use crate::sched::stack::{find_guard, GiveBack, PoolStack, StackRange};
 use crate::sched::ThreadContext;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -64,7 +64,7 @@ impl Context {
                 crate::sched::handoff::Entry::leave_user_code(slot);
                 if ran {
                     // The next thread on this stack starts on pages this
-                    // one may have used deeply (see `give_back_stack`).
+                    // one may have used deeply (see `give_back_stack_into`).
                     slot.stack_used.set(true);
                     crate::sched::current::exit_slot_thread(slot);
                 }
@@ -78,16 +78,16 @@ impl Context {
         })
     }
 
-    /// Gives back the stack's pages below `sp`, the stack pointer (or an
-    /// address at most [`SP_SLACK`] above it) the suspended thread recorded
-    /// when it switched out.
+    /// Adds to `batch` the stack's pages below `sp`, the stack pointer (or
+    /// an address at most [`SP_SLACK`] above it) the suspended thread
+    /// recorded when it switched out.
     ///
     /// # Safety
-    /// The coroutine is suspended (not running on any kernel thread) and
-    /// `sp` was recorded by its last switch out.
-    pub(crate) unsafe fn give_back_below(&self, sp: usize) {
+    /// The coroutine is suspended (not running on any kernel thread) until
+    /// the batch is flushed, and `sp` was recorded by its last switch out.
+    pub(crate) unsafe fn add_below(&self, sp: usize, batch: &mut GiveBack) {
         // The range ignores what lies outside the stack.
-        self.stack.give_back_below(sp.saturating_sub(SP_SLACK));
+        batch.add_below(self.stack, sp.saturating_sub(SP_SLACK));
     }
 
     /// Runs the slot's thread until it switches out or exits.
@@ -114,7 +114,7 @@ impl Drop for Context {
 /// pages given back start below this.
 pub(crate) const SP_SLACK: usize = 2048;
 
-/// The stack pointer of the calling code, for [`Context::give_back_below`].
+/// The stack pointer of the calling code, for [`Context::add_below`].
 #[inline(always)]
 fn stack_pointer() -> usize {
     let sp: usize;

@@ -308,6 +308,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
         // slot, so that whoever wakes it places it by load.
         marks = crate::sched::park::sweep(core, marks, now, true);
         last_sweep = now;
+        crate::sched::park::tidy_spares(shared, || recheck(core).0);
         core.gate.prepare_sleep();
         let (runnable, earliest) = recheck(core);
         if runnable || shared.arbiter.must_release_core(core.index) {

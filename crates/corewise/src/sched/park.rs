@@ -45,6 +45,7 @@
 //! their slot for load: their core is part of their contract.
 
 use super::placement::{place, place_in};
+use super::stack::GiveBack;
 use crate::clock;
 use crate::error::SpawnError;
 use crate::policy::CoreMask;
@@ -98,6 +99,14 @@ pub(crate) fn init() {
         clock::duration_to_ticks(SWEEP).max(1),
         std::sync::atomic::Ordering::Relaxed,
     );
+    SHORT_PARK_TICKS.store(
+        clock::duration_to_ticks(SHORT_PARK),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    POOL_GRACE_TICKS.store(
+        clock::duration_to_ticks(POOL_GRACE),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// A context with no thread: the calling core's own spares first, then the
@@ -128,6 +137,29 @@ fn pop_spare(
         .pop()
     {
         return Ok(c);
+    }
+    match new_context(shared) {
+        Err(SpawnError::ThreadLimit { .. }) => wait_for_cleaning(shared),
+        r => r,
+    }
+}
+
+/// At the thread limit with the pool empty: spares out of the pool while
+/// their pages are given back count against the limit, so wait for them
+/// (a few hundred microseconds at most) rather than fail.
+#[cold]
+fn wait_for_cleaning(shared: &'static Shared) -> Result<&'static ThreadContext, SpawnError> {
+    loop {
+        {
+            let mut pool = shared.spares.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = pool.pop() {
+                return Ok(c);
+            }
+            if pool.cleaning == 0 {
+                break;
+            }
+        }
+        std::thread::yield_now();
     }
     new_context(shared)
 }
@@ -163,26 +195,37 @@ fn keep_spare(
         local.push(ctx);
         return;
     }
-    shared
-        .spares
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(ctx);
-    shared.limit_wait.notify();
+    return_spare(shared, ctx);
 }
 
 /// Spares beyond the cores' own: the remains of a burst. Taken newest first
-/// (their stacks are warm); the oldest are given back their stack pages
-/// once more than [`DIRTY_SPARES`] may hold some, so a burst of a million
-/// threads that ran deep and ended does not keep a million used stacks,
-/// while contexts that cycle through the top of the pool never pay for an
-/// `madvise`.
+/// (their stacks are warm). A burst of a million threads that ran deep and
+/// ended must not keep a million used stacks, but contexts that cycle
+/// through the pool while threads come and go must not have their pages
+/// given back only to fault them in again at the next spawn. So the used
+/// stacks beyond [`DIRTY_SPARES`] are given back, the oldest first and in
+/// batches of one system call (see [`GiveBack`]) made outside the pool's
+/// lock, when a core is about to sleep ([`tidy_spares`]), or by the threads
+/// that keep ending once the pool has held too many for [`POOL_GRACE`].
 #[derive(Default)]
 pub(crate) struct SparePool {
-    list: Vec<&'static ThreadContext>,
-    /// `list[..clean_below]` hold no pages of earlier threads.
-    clean_below: usize,
+    /// Spares whose stacks hold no pages of earlier threads.
+    clean: Vec<&'static ThreadContext>,
+    /// Spares that may hold an earlier thread's pages, oldest first.
+    dirty: VecDeque<&'static ThreadContext>,
+    /// Spares out of the pool while their pages are given back.
+    cleaning: usize,
+    /// When the pool last went above [`DIRTY_SPARES`] used stacks (clock
+    /// ticks; 0 while it is not).
+    over_since: u64,
 }
+
+/// How long the pool may hold more than [`DIRTY_SPARES`] used stacks
+/// while threads keep ending, before those threads give the excess back.
+const POOL_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// [`POOL_GRACE`] in clock ticks (set at start).
+static POOL_GRACE_TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Spares in the pool that may keep an earlier thread's stack pages.
 const DIRTY_SPARES: usize = 1024;
@@ -190,33 +233,66 @@ const DIRTY_SPARES: usize = 1024;
 impl SparePool {
     /// The newest spare.
     pub(crate) fn pop(&mut self) -> Option<&'static ThreadContext> {
-        let c = self.list.pop();
-        self.clean_below = self.clean_below.min(self.list.len());
+        let c = self.dirty.pop_back().or_else(|| self.clean.pop());
+        if self.dirty.len() <= DIRTY_SPARES {
+            self.over_since = 0;
+        }
         c
     }
 
-    /// Adds a spare; gives back the stacks of the oldest dirty ones.
-    pub(crate) fn push(&mut self, ctx: &'static ThreadContext) {
-        self.list.push(ctx);
-        if self.list.len() - self.clean_below > DIRTY_SPARES {
-            let upto = self.list.len() - DIRTY_SPARES / 2;
-            for c in &self.list[self.clean_below..upto] {
-                if c.stack_used.replace(false) {
-                    // SAFETY: a context in the pool runs nowhere: its
-                    // coroutine is suspended in its slot loop, where it
-                    // recorded its stack pointer; the pool's lock orders
-                    // this after its last owner's writes.
-                    unsafe { c.give_back_stack() };
-                }
-            }
-            self.clean_below = upto;
+    /// Adds a spare. When the pool has held too many used stacks for
+    /// [`POOL_GRACE`], returns the oldest of them, taken out of the pool:
+    /// the caller gives their pages back and returns them with
+    /// [`cleaned`](Self::cleaned).
+    #[must_use]
+    fn push(&mut self, ctx: &'static ThreadContext) -> Option<Vec<&'static ThreadContext>> {
+        if ctx.stack_used.get() {
+            self.dirty.push_back(ctx);
+        } else {
+            self.clean.push(ctx);
         }
+        if self.dirty.len() <= DIRTY_SPARES {
+            return None;
+        }
+        let now = clock::now().max(1);
+        if self.over_since == 0 {
+            self.over_since = now;
+            return None;
+        }
+        let grace = POOL_GRACE_TICKS.load(std::sync::atomic::Ordering::Relaxed);
+        if now.wrapping_sub(self.over_since) < grace {
+            return None;
+        }
+        self.excess(DIRTY_SPARES / 2)
+    }
+
+    /// Takes out up to `most` of the oldest used stacks beyond
+    /// [`DIRTY_SPARES`] / 2, to be given back.
+    fn excess(&mut self, most: usize) -> Option<Vec<&'static ThreadContext>> {
+        let n = self.dirty.len().saturating_sub(DIRTY_SPARES / 2).min(most);
+        if n == 0 {
+            return None;
+        }
+        let batch: Vec<_> = self.dirty.drain(..n).collect();
+        self.cleaning += batch.len();
+        if self.dirty.len() <= DIRTY_SPARES {
+            self.over_since = 0;
+        }
+        Some(batch)
+    }
+
+    /// Takes back spares [`push`](Self::push) handed out, their pages given
+    /// back.
+    fn cleaned(&mut self, batch: Vec<&'static ThreadContext>) {
+        self.cleaning -= batch.len();
+        self.clean.extend(batch);
     }
 
     /// Empties the pool.
     pub(crate) fn take_all(&mut self) -> Vec<&'static ThreadContext> {
-        self.clean_below = 0;
-        std::mem::take(&mut self.list)
+        let mut all = std::mem::take(&mut self.clean);
+        all.extend(self.dirty.drain(..));
+        all
     }
 }
 
@@ -312,11 +388,16 @@ fn service_slow(core: &'static Core, s: &mut CoreSched) -> bool {
     if homeless > 0 {
         core.queued.fetch_add(homeless as u32, Ordering::Relaxed);
     }
+    let free = crate::sched::occupancy::SLOTS - core.mask.occupied().count_ones() as usize;
+    for ctx in s.pending.iter().take(free) {
+        ctx.prefetch();
+    }
     let mut put = false;
     while let Some(&ctx) = s.pending.front() {
         if !install(core, s, ctx) {
             break;
         }
+        ctx.prefetch_stack();
         s.pending.pop_front();
         core.queued.fetch_sub(1, Ordering::Relaxed);
         put = true;
@@ -349,13 +430,55 @@ pub(crate) fn detach(core: &'static Core, i: usize, spare: &'static ThreadContex
     core.mask.release(i);
 }
 
-/// Gives a context with no thread back to the runtime's pool.
+/// Gives a context with no thread back to the runtime's pool (and, when the
+/// pool holds too many used stacks, gives the oldest ones' pages back).
 pub(crate) fn return_spare(shared: &'static Shared, ctx: &'static ThreadContext) {
-    shared
+    let batch = shared
         .spares
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push(ctx);
+    if let Some(batch) = batch {
+        clean_spares(shared, batch);
+    }
+    shared.limit_wait.notify();
+}
+
+/// Gives back the pages of spares taken out of the pool, and returns them.
+fn clean_spares(shared: &'static Shared, batch: Vec<&'static ThreadContext>) {
+    let mut pages = GiveBack::default();
+    for c in &batch {
+        // SAFETY: a context in the pool runs nowhere: its coroutine is
+        // suspended in its slot loop, where it recorded its stack pointer;
+        // the pool's lock ordered this after its last owner's writes, and
+        // the pool handed it out for us alone.
+        unsafe { c.give_back_stack_into(&mut pages) };
+    }
+    pages.flush();
+    shared
+        .spares
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .cleaned(batch);
+}
+
+/// A core about to sleep: gives back the pages of the pool's used stacks
+/// beyond what it keeps warm, a batch at a time until `busy` says work came.
+pub(crate) fn tidy_spares(shared: &'static Shared, busy: impl Fn() -> bool) {
+    loop {
+        let batch = shared
+            .spares
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .excess(DIRTY_SPARES);
+        let Some(batch) = batch else {
+            return;
+        };
+        clean_spares(shared, batch);
+        if busy() {
+            return;
+        }
+    }
 }
 
 /// A spare for `core`'s dispatcher (its own, the pool's, or a new one).
@@ -377,7 +500,7 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
     let Some(spare) = spare_for(core, s) else {
         return false;
     };
-    if !try_park(ctx) {
+    if !try_park(ctx, deadline, now) {
         // A signal came since it last ran: it is runnable, it stays.
         s.spares.push(spare);
         return false;
@@ -392,21 +515,77 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
     true
 }
 
-/// Dispatcher of the thread's core, for a blocked thread in a slot: marks
-/// it parked unless a signal came since it last ran (see
+/// Dispatcher of the thread's core, for a blocked thread in a slot that
+/// waits until `deadline` ([`BLOCKED`]: no deadline): marks it parked
+/// unless a signal came since it last ran (see
 /// [`Wakeup::try_park`](crate::sched::wakeup::Wakeup::try_park)). First, if
-/// an earlier thread ran to its end on this stack, gives back the stack's
-/// pages below the thread's stack pointer: whatever the earlier thread left
-/// there is dead, and a parked thread should hold only its own frames. Done
-/// before the mark, while no other core can resume the thread.
-fn try_park(ctx: &'static ThreadContext) -> bool {
-    if ctx.stack_used.replace(false) {
+/// an earlier thread ran to its end on this stack and this one may stay
+/// parked a while (see [`parks_long`]), gives back the stack's pages below
+/// the thread's stack pointer: whatever the earlier thread left there is
+/// dead, and a parked thread should hold only its own frames. Done before
+/// the mark, while no other core can resume the thread.
+fn try_park(ctx: &'static ThreadContext, deadline: u64, now: u64) -> bool {
+    if parks_long(deadline, now) && ctx.stack_used.get() {
+        let mut pages = GiveBack::default();
         // SAFETY: we are the dispatcher of the context's core and the thread
-        // is suspended in its slot (blocked); the stack pointer was recorded
-        // by its last switch out.
-        unsafe { ctx.give_back_stack() };
+        // is suspended in its slot (blocked) until after the flush; the
+        // stack pointer was recorded by its last switch out.
+        unsafe { ctx.give_back_stack_into(&mut pages) };
+        pages.flush();
     }
     ctx.wakeup().try_park()
+}
+
+/// Whether a thread parked now until `deadline` may stay parked long enough
+/// for the pages an earlier thread left on its stack to matter: it has no
+/// deadline, or one more than [`SHORT_PARK`] away. A thread that sleeps
+/// briefly is back before then, and giving its pages back would cost a
+/// zap now and a page fault at its next deep call (the threads of a
+/// 100 000-sleeper burst paid both, on about half their stacks).
+#[inline]
+fn parks_long(deadline: u64, now: u64) -> bool {
+    deadline == BLOCKED
+        || deadline.saturating_sub(now)
+            > SHORT_PARK_TICKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A park shorter than this keeps the dead pages of earlier threads on the
+/// thread's stack (see [`parks_long`]).
+const SHORT_PARK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// [`SHORT_PARK`] in clock ticks (set at start).
+static SHORT_PARK_TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Before parking threads of the slots in `slots`: gives back, in one
+/// system call, the dead stack pages of (at most `most`) blocked threads
+/// that run on stacks earlier threads used and may stay parked a while (see
+/// [`try_park`]). A thread given back and then not parked (a signal came)
+/// loses nothing: the pages lie below its stack pointer.
+fn give_back_before_parking(core: &'static Core, mut slots: u64, mut most: usize, now: u64) {
+    // Allocates only when a range is added.
+    let mut pages = GiveBack::default();
+    while slots != 0 && most > 0 {
+        let i = slots.trailing_zeros() as usize;
+        slots &= slots - 1;
+        let ctx = core.slot(i);
+        if !ctx.stack_used.get() || !ctx.is_published() || !ctx.movable() {
+            continue;
+        }
+        let Some(deadline) = ctx.wakeup().due_or_deadline(now) else {
+            continue;
+        };
+        most -= 1;
+        if parks_long(deadline, now) {
+            // SAFETY: we are the dispatcher of the context's core and the
+            // thread is suspended in its slot (blocked): nothing runs it
+            // before the flush below; its stack pointer was recorded by its
+            // last switch out.
+            unsafe { ctx.give_back_stack_into(&mut pages) };
+        }
+    }
+    if !pages.is_empty() {
+        pages.flush();
+    }
 }
 
 /// Publishes how many parked threads wait on `core`'s timers (the handoff
@@ -421,16 +600,38 @@ fn publish_timers(core: &Core, s: &CoreSched) {
 pub(crate) fn fire_timers(core: &'static Core, now: u64) -> Option<u64> {
     // SAFETY: the dispatcher of `core`, between runs.
     let s = unsafe { core.sched() };
-    while let Some(&Reverse((t, p))) = s.timers.peek() {
-        if t > now {
-            return Some(t);
+    // Due threads are signalled a batch at a time, their lines fetched
+    // together first (see `ThreadContext::prefetch`).
+    let mut due = [0usize; 16];
+    loop {
+        let mut n = 0;
+        let mut next = None;
+        while n < due.len() {
+            match s.timers.peek() {
+                Some(&Reverse((t, p))) if t <= now => {
+                    s.timers.pop();
+                    // SAFETY: timers hold addresses of leaked ('static)
+                    // contexts.
+                    unsafe { &*(p as *const ThreadContext) }.prefetch();
+                    due[n] = p;
+                    n += 1;
+                }
+                Some(&Reverse((t, _))) => {
+                    next = Some(t);
+                    break;
+                }
+                None => break,
+            }
         }
-        s.timers.pop();
         publish_timers(core, s);
-        // SAFETY: timers hold addresses of leaked ('static) contexts.
-        signal_context(unsafe { &*(p as *const ThreadContext) });
+        for &p in &due[..n] {
+            // SAFETY: as above.
+            signal_context(unsafe { &*(p as *const ThreadContext) });
+        }
+        if n < due.len() {
+            return next;
+        }
     }
-    None
 }
 
 /// The sweep: parks the threads of `marked` slots that are still blocked
@@ -441,6 +642,7 @@ pub(crate) fn sweep(core: &'static Core, marked: u64, now: u64, force: bool) -> 
     // SAFETY: the dispatcher of `core`, between runs.
     let s = unsafe { core.sched() };
     let mut m = core.mask.occupied() & if force { !0 } else { marked };
+    give_back_before_parking(core, m, usize::MAX, now);
     while m != 0 {
         let i = m.trailing_zeros() as usize;
         m &= m - 1;
@@ -463,6 +665,7 @@ pub(crate) fn make_room(core: &'static Core, last: Option<usize>, now: u64) {
         return;
     }
     let mut m = core.mask.occupied();
+    give_back_before_parking(core, m, s.pending.len(), now);
     while m != 0 && !s.pending.is_empty() {
         let i = m.trailing_zeros() as usize;
         m &= m - 1;
@@ -473,7 +676,7 @@ pub(crate) fn make_room(core: &'static Core, last: Option<usize>, now: u64) {
         let Some(deadline) = ctx.wakeup().due_or_deadline(now) else {
             continue;
         };
-        if !try_park(ctx) {
+        if !try_park(ctx, deadline, now) {
             continue;
         }
         if deadline != BLOCKED {
@@ -615,7 +818,8 @@ pub(crate) fn evict_all(core: &'static Core) -> bool {
             continue;
         };
         let w = ctx.wakeup();
-        let parked = ctx.movable() && w.due_or_deadline(now) == Some(BLOCKED) && try_park(ctx);
+        let parked =
+            ctx.movable() && w.due_or_deadline(now) == Some(BLOCKED) && try_park(ctx, BLOCKED, now);
         if !parked {
             // Runnable, sleeping (no timer here any more: wake it early) or
             // bound to this core: it runs elsewhere now.
@@ -681,5 +885,92 @@ pub(crate) fn drop_spares(shared: &'static Shared, core: Option<&'static Core>) 
         // SAFETY: a spare holds no thread and nothing runs it: its
         // coroutine is suspended in the slot loop or never started.
         unsafe { ctx.drop_context() };
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// `n` spares whose stacks an earlier thread used.
+    fn used_spares(n: usize) -> Vec<&'static ThreadContext> {
+        (0..n)
+            .map(|_| {
+                let c = ThreadContext::new_spare();
+                c.stack_used.set(true);
+                c
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_pool_keeps_its_used_stacks_until_the_grace_has_passed() {
+        init();
+        let mut pool = SparePool::default();
+        for c in used_spares(DIRTY_SPARES + 1) {
+            assert!(pool.push(c).is_none(), "given back before the grace");
+        }
+        // The pool has been over for longer than the grace: the next push
+        // hands out a batch of the oldest used stacks.
+        pool.over_since = clock::now()
+            .saturating_sub(POOL_GRACE_TICKS.load(std::sync::atomic::Ordering::Relaxed) + 1)
+            .max(1);
+        let batch = pool
+            .push(used_spares(1)[0])
+            .expect("a batch after the grace");
+        assert_eq!(batch.len(), DIRTY_SPARES / 2);
+        assert_eq!(pool.cleaning, batch.len());
+        pool.cleaned(batch);
+        assert_eq!(pool.cleaning, 0);
+        assert_eq!(pool.dirty.len(), DIRTY_SPARES + 2 - DIRTY_SPARES / 2);
+        assert_eq!(pool.over_since, 0);
+        // Newest first: the used (warm) stacks before the given-back ones.
+        let first = pool.pop().unwrap();
+        assert!(first.stack_used.get());
+    }
+
+    #[test]
+    fn a_pool_that_falls_back_under_its_allowance_restarts_the_grace() {
+        init();
+        let mut pool = SparePool::default();
+        for c in used_spares(DIRTY_SPARES + 1) {
+            assert!(pool.push(c).is_none());
+        }
+        assert_ne!(pool.over_since, 0);
+        pool.pop();
+        assert_eq!(pool.over_since, 0);
+    }
+
+    #[test]
+    fn an_idle_core_takes_every_used_stack_beyond_the_allowance() {
+        init();
+        let mut pool = SparePool::default();
+        for c in used_spares(3 * DIRTY_SPARES) {
+            let _ = pool.push(c);
+        }
+        let mut taken = 0;
+        while let Some(batch) = pool.excess(DIRTY_SPARES) {
+            assert!(batch.len() <= DIRTY_SPARES);
+            taken += batch.len();
+            pool.cleaned(batch);
+        }
+        assert_eq!(taken, 3 * DIRTY_SPARES - DIRTY_SPARES / 2);
+        assert_eq!(pool.dirty.len(), DIRTY_SPARES / 2);
+    }
+
+    #[test]
+    fn only_a_long_park_gives_pages_back() {
+        init();
+        let now = clock::now();
+        assert!(parks_long(BLOCKED, now));
+        assert!(parks_long(
+            now + clock::duration_to_ticks(std::time::Duration::from_secs(1)),
+            now
+        ));
+        assert!(!parks_long(
+            now + clock::duration_to_ticks(std::time::Duration::from_millis(10)),
+            now
+        ));
+        assert!(!parks_long(now.saturating_sub(5), now));
     }
 }

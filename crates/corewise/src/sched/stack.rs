@@ -17,9 +17,11 @@
 //! threads is named, within [`MAX_CHUNKS`] chunks of stacks.
 //!
 //! A parked thread's stack below its stack pointer is dead. When a thread
-//! parks on a stack that an earlier thread used (perhaps deeply), the
-//! dispatcher gives those pages back ([`PoolStack::give_back_below`]), so a
-//! parked thread's resident memory is what its own frames hold.
+//! parks for a while on a stack that an earlier thread used (perhaps
+//! deeply), the dispatcher gives those pages back, so a parked thread's
+//! resident memory is what its own frames hold. Pages go back in batches
+//! ([`GiveBack`]): one `madvise` per stack cost an inter-processor
+//! interrupt each.
 
 use crate::sched::ThreadContext;
 use corosensei::stack::{Stack, StackPointer};
@@ -120,24 +122,108 @@ pub(crate) struct StackRange {
 }
 
 impl StackRange {
+    /// The part of the stack below `sp` (page-aligned down) as `(start,
+    /// len)`, if it holds any page.
+    fn below(&self, sp: usize) -> Option<(usize, usize)> {
+        let bottom = self.lo + page();
+        let top = sp & !(page() - 1);
+        (top > bottom && top <= self.lo + self.stride).then(|| (bottom, top - bottom))
+    }
+
     /// Gives back the pages of the stack below `sp` (page-aligned down),
     /// which the caller guarantees hold nothing live: the thread on this
     /// stack is suspended with its stack pointer at or above `sp`.
     pub(crate) fn give_back_below(&self, sp: usize) {
-        let bottom = self.lo + page();
-        let top = sp & !(page() - 1);
-        if top > bottom && top <= self.lo + self.stride {
-            // SAFETY: `[bottom, top)` lies in this stack's own part of a
-            // mapping we made, and the caller guarantees nothing there is
-            // live; MADV_DONTNEED leaves the range mapped (zero on touch).
-            unsafe {
-                libc::madvise(
-                    bottom as *mut libc::c_void,
-                    top - bottom,
-                    libc::MADV_DONTNEED,
-                );
-            }
+        if let Some((start, len)) = self.below(sp) {
+            dontneed(start, len);
         }
+    }
+}
+
+/// `madvise(MADV_DONTNEED)` on one range of a stack mapping.
+fn dontneed(start: usize, len: usize) {
+    // SAFETY: callers pass a range of a stack mapping we made that holds
+    // nothing live; MADV_DONTNEED leaves it mapped (zero on touch).
+    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+}
+
+/// Stack ranges to give back together, in one system call.
+///
+/// Giving back pages flushes their translations from every CPU that runs
+/// the process: one inter-processor interrupt per `madvise`, about 13 µs a
+/// range on a two-vCPU VM against 0.6 µs a range when 512 ranges go in one
+/// `process_madvise` (Linux 6.16+ batches the flushes of `MADV_DONTNEED`
+/// there). Kernels that refuse `process_madvise` on the calling process
+/// (before 6.14 for `PIDFD_SELF`, or a seccomp filter) get one `madvise`
+/// per range.
+#[derive(Default)]
+pub(crate) struct GiveBack {
+    ranges: Vec<libc::iovec>,
+}
+
+// SAFETY: the iovecs only describe address ranges of stack mappings; they
+// are never dereferenced through this type.
+unsafe impl Send for GiveBack {}
+
+/// `PIDFD_SELF` (Linux 6.14): the calling process, for `process_madvise`.
+const PIDFD_SELF: libc::c_int = -10000;
+/// Most ranges one `process_madvise` takes (`UIO_MAXIOV`).
+const MAX_IOV: usize = 1024;
+/// Whether `process_madvise` on ourselves was refused once (then we stop
+/// trying).
+static BATCH_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl GiveBack {
+    /// Adds the part of `range` below `sp` (see
+    /// [`StackRange::give_back_below`]; same contract, until [`flush`](Self::flush)).
+    pub(crate) fn add_below(&mut self, range: StackRange, sp: usize) {
+        if let Some((start, len)) = range.below(sp) {
+            self.ranges.push(libc::iovec {
+                iov_base: start as *mut libc::c_void,
+                iov_len: len,
+            });
+        }
+    }
+
+    /// Gives back every range added, and empties the batch.
+    pub(crate) fn flush(&mut self) {
+        let mut done = 0;
+        while done < self.ranges.len() && !BATCH_REFUSED.load(Ordering::Relaxed) {
+            let part = &self.ranges[done..(done + MAX_IOV).min(self.ranges.len())];
+            // SAFETY: the iovecs describe ranges of our own stack mappings
+            // whose contents are dead (the `add_below` contract); the kernel
+            // only reads the array.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_process_madvise,
+                    PIDFD_SELF,
+                    part.as_ptr(),
+                    part.len(),
+                    libc::MADV_DONTNEED,
+                    0,
+                )
+            };
+            let total: usize = part.iter().map(|v| v.iov_len).sum();
+            if r >= 0 && r as usize == total {
+                done += part.len();
+                continue;
+            }
+            if r < 0 {
+                BATCH_REFUSED.store(true, Ordering::Relaxed);
+            }
+            // A partial or refused call: the rest one by one (giving back
+            // twice is harmless).
+            break;
+        }
+        for v in &self.ranges[done..] {
+            dontneed(v.iov_base as usize, v.iov_len);
+        }
+        self.ranges.clear();
+    }
+
+    /// Whether nothing was added since the last flush.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
     }
 }
 
@@ -411,5 +497,44 @@ mod tests {
             assert_eq!(*((top - 16 * 1024) as *const u8), 0);
             assert_eq!(*((top - 1) as *const u8), 7);
         }
+    }
+
+    #[test]
+    fn a_batch_gives_back_the_ranges_of_many_stacks_and_nothing_above() {
+        let stacks: Vec<_> = (0..40)
+            .map(|_| PoolStack::new(64 * 1024).unwrap())
+            .collect();
+        let mut batch = GiveBack::default();
+        for s in &stacks {
+            let lo = s.lo + page();
+            let top = s.lo + s.stride;
+            // SAFETY: the usable range is ours and mapped read-write.
+            unsafe { std::ptr::write_bytes(lo as *mut u8, 9, top - lo) };
+            batch.add_below(s.range(), top - 4 * 1024);
+        }
+        assert!(!batch.is_empty());
+        batch.flush();
+        assert!(batch.is_empty());
+        for s in &stacks {
+            let lo = s.lo + page();
+            let top = s.lo + s.stride;
+            // SAFETY: as above; given-back pages read as zero.
+            unsafe {
+                assert_eq!(*(lo as *const u8), 0);
+                assert_eq!(*((top - 4 * 1024 - 1) as *const u8), 0);
+                assert_eq!(*((top - 4 * 1024) as *const u8), 9);
+                assert_eq!(*((top - 1) as *const u8), 9);
+            }
+        }
+    }
+
+    #[test]
+    fn a_range_outside_the_stack_is_not_added() {
+        let s = PoolStack::new(64 * 1024).unwrap();
+        let mut batch = GiveBack::default();
+        // A stack pointer at the guard page or above the top: nothing.
+        batch.add_below(s.range(), s.lo + page());
+        batch.add_below(s.range(), s.lo + s.stride + page());
+        assert!(batch.is_empty());
     }
 }
