@@ -318,6 +318,7 @@ fn colocation(
             args.kv_mode.as_deref(),
             &args.kv_arg,
             Some((&socket, &format!("{client_cpu},{server_cpu}"))),
+            max_conns(args.connections),
         )?;
         // The grant: the floor steps back once the managed core is held.
         std::thread::sleep(Duration::from_millis(300));
@@ -495,8 +496,9 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         args.kv_mode.as_deref(),
         &args.kv_arg,
         None,
+        max_conns(args.connections),
     )?;
-    let mc = servers::memcached(&args.memcached_bin, server_cpu)?;
+    let mc = servers::memcached(&args.memcached_bin, server_cpu, max_conns(args.connections))?;
     println!(
         "servers: corewise-kv pid {} port {}, memcached pid {} port {}",
         kv.pid(),
@@ -726,6 +728,13 @@ fn plot(r: &[ServerResult; 2], path: &std::path::Path) -> Result<(), BenchError>
         1,
     );
     cv.save(path)
+}
+
+/// The servers' connection limit (`-c`) for a run with `connections`
+/// client connections: memcached's default (1 024), or room for them all
+/// and the bench's own control connections.
+fn max_conns(connections: usize) -> usize {
+    (connections + 64).max(1024)
 }
 
 #[cfg(test)]

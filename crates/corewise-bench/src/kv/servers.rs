@@ -136,6 +136,7 @@ pub fn corewise_kv(
     mode: Option<&str>,
     extra: &[String],
     arbiter: Option<(&std::path::Path, &str)>,
+    max_conns: usize,
 ) -> Result<Server, BenchError> {
     let port = free_port()?;
     let mut cmd = Command::new(bin);
@@ -148,6 +149,8 @@ pub fn corewise_kv(
         "64",
         "-t",
         "1",
+        "-c",
+        &max_conns.to_string(),
     ])
     .args([
         "--cpus",
@@ -168,11 +171,13 @@ pub fn corewise_kv(
     )
 }
 
-/// Starts memcached (`-t 1 -U 0 -m 64`) on `cpu`.
-pub fn memcached(bin: &PathBuf, cpu: usize) -> Result<Server, BenchError> {
+/// Starts memcached (`-t 1 -U 0 -m 64 -c max_conns`) on `cpu`.
+pub fn memcached(bin: &PathBuf, cpu: usize, max_conns: usize) -> Result<Server, BenchError> {
     let port = free_port()?;
     let mut cmd = Command::new(bin);
     cmd.args([
+        "-c",
+        &max_conns.to_string(),
         "-t",
         "1",
         "-p",
