@@ -20,6 +20,16 @@
 //! first issue's "one kernel thread pinned per CPU", which now holds for full
 //! grants.) Crossing between a full and a partial grant re-places the kernel
 //! threads that keep their core.
+//!
+//! **A handed-over core stays one CPU.** When a stuck kernel thread's core
+//! goes to a spare (blocking handoff), a full grant puts the spare on the
+//! core's CPU, which the stuck thread is pinned to as well: the pair shares
+//! it. Under a partial grant both could run anywhere, so a process capped to
+//! one core by its neighbours would compute on two CPUs while a long task
+//! held the first (measured beside a neighbour: 1.25 CPUs for a cap of one,
+//! and each task slowed by the rival on its CPU). So the spare goes to the
+//! CPU the stuck thread last ran on, and the stuck thread is pinned there
+//! too until it is given a core again.
 use super::{ArbiterError, ArbiterKind, CoreArbiter};
 use crate::policy::PRIORITIES;
 use rustix::thread::{CpuSet, Pid};
@@ -82,10 +92,40 @@ impl Local {
         set
     }
 
+    /// Under a partial grant, where the spare that takes kernel thread
+    /// `k`'s core will run: the CPU the stuck thread `old` last ran on, to
+    /// which `old` is pinned too, so the pair uses one CPU, as one core of a
+    /// full grant does (see the module docs). Any of the runtime's CPUs if
+    /// that CPU cannot be read or pinned.
+    fn share_cpu_with(&self, old: Pid, k: usize, granted: usize) -> CpuSet {
+        let Some(cpu) = last_cpu(old).filter(|c| self.cpus.contains(c)) else {
+            return self.placement(k, granted);
+        };
+        let mut set = CpuSet::new();
+        set.set(cpu);
+        if let Err(e) = rustix::thread::sched_setaffinity(Some(old), &set) {
+            // It exited, or the CPU left our set meanwhile.
+            tracing::debug!(core = k, error = %e, "cannot pin a handed-off kernel thread");
+            return self.placement(k, granted);
+        }
+        set
+    }
+
     fn notify(&self) {
         let _g = self.state();
         self.changed.notify_all();
     }
+}
+
+/// The CPU kernel thread `tid` of this process last ran on (field 39 of
+/// `/proc/self/task/TID/stat`).
+fn last_cpu(tid: Pid) -> Option<usize> {
+    let text = std::fs::read(format!("/proc/self/task/{}/stat", tid.as_raw_nonzero())).ok()?;
+    // The command name may hold spaces and parentheses: fields 3 on follow
+    // the last ')'.
+    let end = text.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(text.get(end + 1..)?).ok()?;
+    rest.split_ascii_whitespace().nth(39 - 3)?.parse().ok()
 }
 
 impl CoreArbiter for Local {
@@ -156,12 +196,14 @@ impl CoreArbiter for Local {
         let mut tids = self.state();
         let granted = self.requested.load(Ordering::SeqCst);
         let pid = Pid::from_raw(tid).ok_or(ArbiterError::NoSuchThread(kthread))?;
-        rustix::thread::sched_setaffinity(Some(pid), &self.placement(kthread, granted)).map_err(
-            |e| ArbiterError::Pin {
-                cpu,
-                source: e.into(),
-            },
-        )?;
+        let set = match tids[kthread].filter(|_| granted < self.cpus.len()) {
+            Some(old) => self.share_cpu_with(old, kthread, granted),
+            None => self.placement(kthread, granted),
+        };
+        rustix::thread::sched_setaffinity(Some(pid), &set).map_err(|e| ArbiterError::Pin {
+            cpu,
+            source: e.into(),
+        })?;
         tids[kthread] = Some(pid);
         Ok(())
     }
@@ -190,8 +232,9 @@ mod tests {
         (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
     }
 
-    #[test]
-    fn full_grants_pin_partial_grants_share_the_cpus() {
+    /// Two CPUs this process may use, or `None` (and a note) on a machine
+    /// with one.
+    fn two_cpus() -> Option<Vec<usize>> {
         let set = rustix::thread::sched_getaffinity(None).unwrap();
         let cpus: Vec<usize> = (0..CpuSet::MAX_CPU)
             .filter(|&c| set.is_set(c))
@@ -199,8 +242,16 @@ mod tests {
             .collect();
         if cpus.len() < 2 {
             eprintln!("skipped: needs two CPUs, has {cpus:?}");
-            return;
+            return None;
         }
+        Some(cpus)
+    }
+
+    #[test]
+    fn full_grants_pin_partial_grants_share_the_cpus() {
+        let Some(cpus) = two_cpus() else {
+            return;
+        };
         let local = Arc::new(Local::new(cpus.clone()));
         local.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0]);
         // Real kernel threads, granted as the runtime's would be; each holds
@@ -235,5 +286,57 @@ mod tests {
         drop(stop_tx);
         t0.join().unwrap();
         t1.join().unwrap();
+    }
+
+    #[test]
+    fn a_core_handed_over_under_a_partial_grant_stays_one_cpu() {
+        let Some(cpus) = two_cpus() else {
+            return;
+        };
+        let local = Arc::new(Local::new(cpus.clone()));
+        local.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0]);
+        // The core's owner (it computes, as a stuck thread would) and a
+        // spare that waits to be given its core.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let owner = {
+            let (local, stop, tx) = (local.clone(), stop.clone(), tx.clone());
+            std::thread::spawn(move || {
+                local.block_until_core_available(0).unwrap();
+                tx.send(rustix::thread::gettid()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let old = rx.recv().unwrap();
+        assert_eq!(affinity(old), cpus, "partial grant: any CPU");
+        let spare = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                tx.send(rustix::thread::gettid()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            })
+        };
+        let new = rx.recv().unwrap();
+        local
+            .core_handed_over(0, new.as_raw_nonzero().get())
+            .unwrap();
+        let shared = affinity(new);
+        assert_eq!(shared.len(), 1, "the spare runs on one CPU: {shared:?}");
+        assert!(cpus.contains(&shared[0]));
+        assert_eq!(affinity(old), shared, "the stuck thread shares it");
+        // Under a full grant the spare takes the core's own CPU.
+        local.set_requested_cores([2, 0, 0, 0, 0, 0, 0, 0]);
+        local
+            .core_handed_over(0, old.as_raw_nonzero().get())
+            .unwrap();
+        assert_eq!(affinity(old), vec![cpus[0]]);
+        stop.store(true, Ordering::Relaxed);
+        local.shutdown();
+        owner.join().unwrap();
+        spare.join().unwrap();
     }
 }

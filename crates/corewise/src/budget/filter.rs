@@ -11,13 +11,20 @@
 //!   `alpha = 0.3`, a step in the share is 97 % followed after 10 samples
 //!   (100 ms), which is the follow-time target.
 //! * **Offset boundaries**: the cap for demand `d = O · share · CPUs` is
-//!   `ceil(d - OFFSET)` with `OFFSET = 0.25`, not `ceil(d)`. Processes that
-//!   all want every core split the host evenly, so the demand of each sits
-//!   *exactly* on an integer (1.0 for two such processes on two CPUs) and
-//!   measurement noise would put it on either side of `ceil()`'s boundary.
-//!   With the offset an integer demand `k` is well inside cap `k`'s range
-//!   `(k - 0.75, k + 0.25]`, and the boundaries sit at `k + 0.25`, where no
-//!   equilibrium is.
+//!   `ceil(d - OFFSET)` with `OFFSET = 0.5` (the nearest integer), not
+//!   `ceil(d)`. Processes that all want every core split the host evenly,
+//!   so the demand of each sits *exactly* on an integer (1.0 for two such
+//!   processes on two CPUs) and measurement noise would put it on either
+//!   side of `ceil()`'s boundary. With the offset an integer demand `k` is
+//!   in the middle of cap `k`'s range `(k - 0.5, k + 0.5]`.
+//!   Why half a core and not less: a pool that holds more cores than its
+//!   neighbours measures a larger share *because* it holds them. Two
+//!   aware pools on two CPUs, one at two cores and one at one, see shares
+//!   of 2/3 and 1/3 (three busy threads): demands 1.33 and 0.67. With the
+//!   boundary a quarter core above the integers (`OFFSET = 0.25`, as
+//!   before) 1.33 kept its two cores for good and the other pool got half
+//!   the CPU it should (0.50-0.62 of a CPU, measured); with `0.5` the
+//!   larger pool comes down to one core and both get one CPU.
 //! * **Hysteresis**: the cap grows from `c` only when the smoothed demand
 //!   exceeds `c + OFFSET + band`, and shrinks only when it drops below
 //!   `c - 1 + OFFSET - band` (the new cap is `ceil(d - OFFSET)`, clamped to
@@ -33,7 +40,7 @@
 //! one sample per window.
 
 /// Where the cap boundaries sit above the integers, in cores.
-pub const OFFSET: f64 = 0.25;
+pub const OFFSET: f64 = 0.5;
 
 /// EWMA plus a dead band around the current cap.
 ///
@@ -153,9 +160,9 @@ impl ShareFilter {
     /// ```
     /// use corewise::budget::ShareFilter;
     /// let mut f = ShareFilter::new(1.0, 2, 1.0, 0.15, 2);
-    /// assert_eq!(f.push(0.5), 1); // demand 1.0 < 2 - 1 + 0.25 - 0.15
-    /// assert_eq!(f.push(0.65), 1); // demand 1.3: inside the band
-    /// assert_eq!(f.push(0.9), 2); // demand 1.8 > 1 + 0.25 + 0.15
+    /// assert_eq!(f.push(0.5), 1); // demand 1.0 < 2 - 1 + 0.5 - 0.15
+    /// assert_eq!(f.push(0.8), 1); // demand 1.6: inside the band
+    /// assert_eq!(f.push(0.9), 2); // demand 1.8 > 1 + 0.5 + 0.15
     /// ```
     pub fn push(&mut self, share: f64) -> usize {
         if share.is_nan() {
@@ -285,5 +292,27 @@ mod tests {
         assert_eq!(f.push(-5.0), 1);
         f.set_budget(0);
         assert_eq!(f.push(1.0), 1);
+    }
+
+    #[test]
+    fn two_aware_pools_end_on_an_even_split() {
+        // Two CPUs, two pools that want every core, CPU shared per busy
+        // thread: a pool holding `a` of the `a + b` cores sees share
+        // `a / (a + b)`. Started uneven (two cores and one), both end on
+        // one core each.
+        let mut a = ShareFilter::new(1.0, 2, 0.3, 0.15, 2);
+        let mut b = ShareFilter::new(1.0, 2, 0.3, 0.15, 2);
+        for _ in 0..50 {
+            b.push(0.3);
+        }
+        let (mut ca, mut cb) = (a.cap(), b.cap());
+        assert_eq!((ca, cb), (2, 1));
+        for i in 0..200u32 {
+            let total = (ca + cb) as f64;
+            let noise = 0.03 * wobble(i);
+            ca = a.push(ca as f64 / total + noise);
+            cb = b.push(cb as f64 / total - noise);
+        }
+        assert_eq!((ca, cb), (1, 1));
     }
 }

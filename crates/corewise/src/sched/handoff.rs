@@ -64,7 +64,7 @@ pub(crate) const BLOCKED_AFTER: Duration = Duration::from_micros(200);
 
 /// A core stuck in one run with its kernel thread computing (or in a
 /// system call that does not sleep) is handed over after this long.
-pub(crate) const COMPUTING_AFTER: Duration = Duration::from_millis(2);
+pub(crate) const COMPUTING_AFTER: Duration = Duration::from_millis(10);
 
 thread_local! {
     /// This kernel thread's record, if it is one of a runtime's.

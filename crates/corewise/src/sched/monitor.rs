@@ -75,9 +75,11 @@ pub(crate) fn run(shared: &'static Shared) {
         }
         std::thread::park_timeout(period);
         let now = Instant::now();
-        let mut stuck_any = false;
+        let mut next: Option<Duration> = None;
         for (core, s) in shared.cores.iter().zip(seen.iter_mut()) {
-            stuck_any |= look(shared, core, s, now);
+            if let Some(w) = look(shared, core, s, now) {
+                next = Some(next.map_or(w, |n| n.min(w)));
+            }
             if let Some(r) = core.handoff.take_report() {
                 let name = r.name();
                 if s.computing && warned.insert((r.context, r.generation)) {
@@ -95,8 +97,8 @@ pub(crate) fn run(shared: &'static Shared) {
                 }
             }
         }
-        if stuck_any {
-            period = MIN_PERIOD;
+        if let Some(w) = next {
+            period = w.max(MIN_PERIOD);
             quiet = 0;
         } else {
             quiet += 1;
@@ -111,8 +113,22 @@ pub(crate) fn run(shared: &'static Shared) {
     }
 }
 
-/// Looks at one core; returns whether it is stuck.
-fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant) -> bool {
+/// The longest the monitor waits for a computing thread's CPU time to reach
+/// [`COMPUTING_AFTER`]: other cores may get stuck meanwhile.
+const COMPUTING_LOOK: Duration = Duration::from_millis(2);
+
+/// Looks at one core; if it is stuck, returns when to look again: soon
+/// after a handoff was asked for, or, for a thread still computing, when
+/// its CPU time could reach [`COMPUTING_AFTER`] (at most
+/// [`COMPUTING_LOOK`]). Looking every [`MIN_PERIOD`] at a core that
+/// computes cost two `/proc` reads 20 000 times a second: the monitor took
+/// a CPU's share from a runtime busy with tasks of a few milliseconds.
+fn look(
+    shared: &'static Shared,
+    core: &'static Core,
+    s: &mut Seen,
+    now: Instant,
+) -> Option<Duration> {
     let h = &core.handoff;
     let tid = h.owner_tid.load(Ordering::Acquire);
     let dispatches = core.stats.dispatches.load(Ordering::Relaxed);
@@ -129,11 +145,11 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
             s.last_handoff = None;
             unprovision(shared, core);
         }
-        return false;
+        return None;
     }
     let stuck = now.duration_since(s.since);
     if stuck < BLOCKED_AFTER {
-        return false;
+        return None;
     }
     match handoff::kernel_state(tid) {
         Some(KernelState::Blocked) => s.computing = false,
@@ -143,29 +159,30 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
             // has work too). Nor does it keep the monitor's looks short.
             if !has_other_work(core) {
                 s.cpu_base = None;
-                return false;
+                return None;
             }
             // Handed over after COMPUTING_AFTER of CPU time in this run, not
             // of wall time: a kernel thread preempted by other processes
             // would only gain a rival for its CPU.
             let Some(cpu) = handoff::cpu_time_ns(tid) else {
-                return true;
+                return Some(MIN_PERIOD);
             };
             let base = *s.cpu_base.get_or_insert(cpu);
-            if cpu.saturating_sub(base) < COMPUTING_AFTER.as_nanos() as u64 {
-                return true;
+            let left = (COMPUTING_AFTER.as_nanos() as u64).saturating_sub(cpu.saturating_sub(base));
+            if left > 0 {
+                return Some(Duration::from_nanos(left).min(COMPUTING_LOOK));
             }
             s.computing = true;
         }
-        None => return true,
+        None => return Some(MIN_PERIOD),
     }
     if !provision(shared, core) {
-        return true;
+        return Some(MIN_PERIOD);
     }
     h.request();
     handoff::signal_thread(tid);
     s.last_handoff = Some(now);
-    true
+    Some(MIN_PERIOD)
 }
 
 /// Whether `core` has threads other than the running one: in its slots,
