@@ -92,10 +92,17 @@
 //! **Runtime behaviour that shapes the corewise rows** (found with this
 //! benchmark, November 2026; the `nb CPUs`, `host busy` and `mean cores`
 //! columns show it):
-//! - The in-process arbiter pins runtime core k to CPU k in every process,
-//!   so corewise processes capped to one core all run on the first CPU:
-//!   beside corewise neighbours the host is not fully busy (about 1.6 of 2
-//!   CPUs) and each process gets less than its fair share.
+//! - (Fixed in the runtime since.) The in-process arbiter pinned runtime
+//!   core k to CPU k in every process, so corewise processes capped to one
+//!   core all ran on the first CPU: beside corewise neighbours the host was
+//!   not fully busy (about 1.6 of 2 CPUs). Partial grants now share the
+//!   CPUs, and a core handed over under one stays one CPU.
+//! - (Fixed in the runtime since, 2026-11-25.) Beside one corewise
+//!   neighbour the pool that held two cores kept them (the cap's boundary
+//!   sat a quarter core above the integers; now half a core), and the
+//!   handoff monitor's 50 µs looks at computing cores took CPU from the
+//!   tasks: corewise got 0.50-0.62 CPU, and its median task ran 5-7 ms
+//!   instead of 2.9.
 //! - (Fixed in the runtime since, commit 95ef96f.) A core whose 56 thread
 //!   slots were all occupied never detected the end of a scan rotation, so
 //!   an overloaded corewise pool (the generator's `wait_for_slot` keeps its
