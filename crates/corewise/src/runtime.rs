@@ -611,6 +611,12 @@ fn request_cores(shared: &'static Shared) {
     let before = shared.arbiter.granted();
     shared.figures.requested.store(total, Ordering::Relaxed);
     shared.arbiter.set_requested_cores(per);
+    if shared.arbiter.granted() < before {
+        // Busy cores look at once, not at the end of a rotation.
+        for c in shared.cores.iter() {
+            c.stats.release_check.store(true, Ordering::Relaxed);
+        }
+    }
     if shared.arbiter.granted() != before {
         // A core asleep would not notice that it must go.
         for c in shared.cores.iter() {

@@ -286,3 +286,61 @@ fn a_core_with_every_slot_full_still_releases() {
         w.join().unwrap();
     }
 }
+
+/// A core whose 56 slots are full of threads that compute for 50 ms between
+/// switches needs 2.8 s for one rotation of its slots; asked for fewer
+/// cores, the runtime has the busy core look between two runs, not at the
+/// end of a rotation, so it goes within a run or two. (Looking at the end
+/// of rotations only, it went 2.8 s after the limit: the threads start
+/// together, so the first rotation had just begun.)
+#[test]
+fn a_busy_core_is_released_between_two_runs() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: needs two CPUs");
+        return;
+    }
+    let rt = Runtime::builder()
+        .min_cores(2)
+        .max_cores(2)
+        .neighbour_awareness(None)
+        .blocking_handoff(false)
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..112)
+        .map(|i| {
+            let stop = stop.clone();
+            Builder::new()
+                .core(i % 2)
+                .spawn_in(&rt, move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        while t.elapsed() < Duration::from_millis(50)
+                            && !stop.load(Ordering::Relaxed)
+                        {
+                            std::hint::spin_loop();
+                        }
+                        corewise::yield_now();
+                    }
+                })
+                .unwrap()
+        })
+        .collect();
+    wait_for("both cores full", Duration::from_secs(10), || {
+        rt.core_stats().iter().all(|c| c.threads >= 50)
+    });
+    let t = Instant::now();
+    rt.set_max_cores(1);
+    wait_for("core 1 released", Duration::from_secs(30), || {
+        rt.active_cores() == 1 && !rt.core_stats()[1].active
+    });
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(
+        took < Duration::from_millis(700),
+        "core 1 went {took:?} after the limit (a rotation of its slots is 2.8 s)"
+    );
+}

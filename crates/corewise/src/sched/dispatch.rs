@@ -20,7 +20,10 @@
 //! switches, and a TSC read (~15 ns on AMD hosts) was a third of the
 //! dispatcher's time. Between reads a rotation's length is taken to be
 //! proportional to its runs (see [`LoadMeter`]). A full core (56 threads)
-//! still checks after every rotation. (A departure from Arachne, whose
+//! still checks after every rotation, and a core the runtime asked the
+//! arbiter to take back checks after its current run (a flag on the line
+//! the dispatcher writes at every run: rotations of long runs lasted
+//! seconds). (A departure from Arachne, whose
 //! dispatcher checks `must_release` on every pass; I/O is still submitted
 //! and reaped on every pass.) Likewise a spinning idle core scans
 //! its slots [`IDLE_POLLS_PER_CLOCK`] times per clock read, so a wakeup
@@ -242,6 +245,9 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
             // The thread switched out: what it reserved on other cores for
             // more spawns goes back (a load and a branch when nothing is).
             core.reserved.end_run(&shared.cores);
+            if core.stats.release_check.load(Ordering::Relaxed) && release_now(core) {
+                return Outcome::Released;
+            }
             if sweep_due {
                 sweep_due = false;
                 let now = clock::now();
@@ -343,6 +349,22 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
         idle_now = 0;
         idle_polls = 0;
     }
+}
+
+/// The runtime asked for fewer cores (see `CoreStats::release_check`):
+/// whether this core must go, and could, between two runs. The check stays
+/// armed while the core must go but its threads cannot all move yet.
+#[cold]
+fn release_now(core: &'static Core) -> bool {
+    if !core.runtime().arbiter.must_release_core(core.index) {
+        core.stats.release_check.store(false, Ordering::Relaxed);
+        return false;
+    }
+    let gone = must_go(core);
+    if gone {
+        core.stats.release_check.store(false, Ordering::Relaxed);
+    }
+    gone
 }
 
 /// Whether the dispatcher must return: the arbiter wants the core and its
