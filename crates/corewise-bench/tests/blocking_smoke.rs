@@ -4,46 +4,26 @@
 //! observed ticks or a stated error. No timing is asserted: how late the
 //! ticker is belongs to the benchmark's figures, not to this test.
 
-use std::process::Command;
-
-fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_corewise-bench"))
-}
+mod common;
 
 #[test]
 fn blocking_subcommand_runs_small() {
-    let dir = std::env::temp_dir().join(format!("cw-blocking-smoke-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let json = dir.join("blocking.json");
-    let out = bench()
-        .args([
-            "blocking",
-            "--quick",
-            "--peers",
-            "corewise,tokio,std",
-            "--duration-ms",
-            "200",
-            "--interval-ms",
-            "10",
-            "--grace-ms",
-            "500",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("run corewise-bench");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = String::from_utf8_lossy(&out.stdout);
+    let (table, v) = common::run_with_json(&[
+        "blocking",
+        "--quick",
+        "--peers",
+        "corewise,tokio,std",
+        "--duration-ms",
+        "200",
+        "--interval-ms",
+        "10",
+        "--grace-ms",
+        "500",
+    ]);
     assert!(
         table.starts_with("| peer | kind | ticks expected / observed |"),
         "{table}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
     assert_eq!(v["interval_ms"], 10, "{v}");
     assert_eq!(v["duration_ms"], 200, "{v}");
     let cpus = v["cpus"].as_array().expect("cpus").len() as u64;
@@ -75,7 +55,6 @@ fn blocking_subcommand_runs_small() {
         );
         assert!(table.contains(&row), "{row} not in\n{table}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -86,7 +65,10 @@ fn bad_input_is_an_error_not_a_panic() {
         &["blocking", "--cpus", "100000"][..],
         &["blocking", "--child", "corewise"][..],
     ] {
-        let out = bench().args(args).output().expect("run corewise-bench");
+        let out = common::bench()
+            .args(args)
+            .output()
+            .expect("run corewise-bench");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(err.contains("corewise-bench: error: "), "{args:?}: {err}");

@@ -4,48 +4,32 @@
 //! column's cells say `skipped: ...` when `go` is absent), and the notes
 //! give the vm.max_map_count in force.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn threads_subcommand_runs_small() {
-    let dir = std::env::temp_dir().join(format!("cw-threads-smoke-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let json = dir.join("threads.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_corewise-bench"))
-        .args([
-            "threads",
-            "--quick",
-            "--runtimes",
-            "corewise,tokio,go,std",
-            "--threads",
-            "20",
-            "--parked",
-            "20",
-            "--connections",
-            "8",
-            "--active",
-            "2",
-            "--rate",
-            "500",
-            "--in-flight",
-            "2",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("run corewise-bench");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = String::from_utf8_lossy(&out.stdout);
+    let (table, v) = common::run_with_json(&[
+        "threads",
+        "--quick",
+        "--runtimes",
+        "corewise,tokio,go,std",
+        "--threads",
+        "20",
+        "--parked",
+        "20",
+        "--connections",
+        "8",
+        "--active",
+        "2",
+        "--rate",
+        "500",
+        "--in-flight",
+        "2",
+    ]);
     assert!(
         table.contains("| sleepers (N = 20) | wall (ms) |"),
         "{table}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
     assert_eq!(
         v["runtimes"],
         serde_json::json!(["corewise", "tokio", "go", "std"])
@@ -76,5 +60,4 @@ fn threads_subcommand_runs_small() {
             assert!(r["wall_ms"].as_f64().expect("wall") >= 10.0, "{r}");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -583,9 +583,7 @@ fn give_back_before_parking(core: &'static Core, mut slots: u64, mut most: usize
             unsafe { ctx.give_back_stack_into(&mut pages) };
         }
     }
-    if !pages.is_empty() {
-        pages.flush();
-    }
+    pages.flush();
 }
 
 /// Publishes how many parked threads wait on `core`'s timers (the handoff

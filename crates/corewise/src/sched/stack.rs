@@ -161,10 +161,6 @@ pub(crate) struct GiveBack {
     ranges: Vec<libc::iovec>,
 }
 
-// SAFETY: the iovecs only describe address ranges of stack mappings; they
-// are never dereferenced through this type.
-unsafe impl Send for GiveBack {}
-
 /// `PIDFD_SELF` (Linux 6.14): the calling process, for `process_madvise`.
 const PIDFD_SELF: libc::c_int = -10000;
 /// Most ranges one `process_madvise` takes (`UIO_MAXIOV`).
@@ -185,7 +181,8 @@ impl GiveBack {
         }
     }
 
-    /// Gives back every range added, and empties the batch.
+    /// Gives back every range added (no system call when there is none),
+    /// and empties the batch.
     pub(crate) fn flush(&mut self) {
         let mut done = 0;
         while done < self.ranges.len() && !BATCH_REFUSED.load(Ordering::Relaxed) {
@@ -222,6 +219,7 @@ impl GiveBack {
     }
 
     /// Whether nothing was added since the last flush.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
