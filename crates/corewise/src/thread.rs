@@ -480,8 +480,13 @@ pub fn sleep(d: Duration) {
     let mut ticks = crate::clock::now()
         .saturating_add(t.saturating_add(t / 4096 + 1))
         .min(u64::MAX - 1);
+    // A sleep longer than a sweep period would leave the slot at the next
+    // sweep anyway: it leaves it as soon as it switches out.
+    let long = d >= crate::sched::park::SWEEP;
     loop {
+        slot.park_now.set(long);
         block_ticks(slot, ticks);
+        slot.park_now.set(false);
         if Instant::now() >= deadline {
             return;
         }

@@ -276,6 +276,48 @@ fn spawn_never_fails_for_want_of_slots_and_the_limit_refuses_or_waits() {
     }
 }
 
+/// A user thread that spawns faster than its cores start threads (every
+/// slot taken) yields after each such spawn, so the threads it made start
+/// instead of piling up in the core's queue (each one a context and a
+/// stack). Without that, the one core of this runtime runs nothing but the
+/// spawner until a monitor request interrupts it, and nearly all 20 000
+/// threads wait to start at once.
+#[test]
+fn a_spawner_that_outruns_its_core_lets_the_threads_it_made_start() {
+    const N: usize = 20_000;
+    let rt = Runtime::builder()
+        .cpus([0])
+        .neighbour_awareness(None)
+        .build()
+        .unwrap();
+    let most_waiting = rt
+        .block_on(|| {
+            let started = Arc::new(AtomicUsize::new(0));
+            let mut most_waiting = 0;
+            let mut hs = Vec::with_capacity(N);
+            for spawned in 1..=N {
+                let s = started.clone();
+                hs.push(
+                    corewise::spawn(move || {
+                        s.fetch_add(1, Ordering::Relaxed);
+                        corewise::sleep(Duration::from_millis(20));
+                    })
+                    .unwrap(),
+                );
+                most_waiting = most_waiting.max(spawned - started.load(Ordering::Relaxed));
+            }
+            for h in hs {
+                h.join().unwrap();
+            }
+            most_waiting
+        })
+        .unwrap();
+    assert!(
+        most_waiting < 1_000,
+        "{most_waiting} threads made by one spawning thread waited to start at once"
+    );
+}
+
 #[test]
 fn an_exclusive_thread_keeps_its_core_alone() {
     let rt = two_core_runtime();

@@ -17,7 +17,7 @@
 
 use super::slab::{Slab, EVACUATED, GATE, IGNORE};
 use io_uring::{opcode, squeue, types, IoUring};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// futex2 flags: 32-bit word, process-private (matches `FUTEX_PRIVATE_FLAG`
@@ -313,6 +313,15 @@ impl Uring {
         if r.is_ok() {
             self.queued = self.ring.submission().len() as u32;
         }
+        // Back from the idle sleep: the core is awake before it signals the
+        // threads whose operations completed (all of them parked or in a
+        // slot here). With the gate still `SLEEPING`, the first of those
+        // signals swapped it and made a futex wake for nobody (the ring's
+        // armed wait took it): a system call per idle cycle, 85 % of a
+        // thread-per-connection server's futex calls. The dispatcher scans
+        // for work after this anyway, which is what an awake gate promises
+        // wakers; the armed wait stays armed for the next sleep.
+        gate.store(crate::sched::idle::AWAKE, Ordering::SeqCst);
         self.reap();
     }
 }

@@ -50,6 +50,10 @@ pub(crate) struct ThreadContext {
     /// given back: the next thread that parks here gives back the pages
     /// below its stack pointer.
     pub(crate) stack_used: Cell<bool>,
+    /// The thread blocks for longer than a sweep period (a `sleep`): the
+    /// dispatcher parks it as soon as it switches out instead of leaving it
+    /// in its slot until the next sweep.
+    pub(crate) park_now: Cell<bool>,
     /// The kernel thread that runs the thread now (set by the dispatcher
     /// before each run): its handoff flags.
     pub(crate) kthread: Cell<*const crate::sched::kthread::KernelThread>,
@@ -147,6 +151,7 @@ impl ThreadContext {
             yielder: Cell::new(std::ptr::null()),
             stack_pointer: Cell::new(0),
             stack_used: Cell::new(false),
+            park_now: Cell::new(false),
             kthread: Cell::new(std::ptr::null()),
         }
     }
@@ -203,6 +208,8 @@ impl ThreadContext {
         prefetch(std::ptr::from_ref(&self.core).cast());
         prefetch(std::ptr::from_ref(&*self.local).cast());
         prefetch(std::ptr::from_ref(&self.context).cast());
+        // The switch's line: yielder, stack pointer, kernel thread.
+        prefetch(std::ptr::from_ref(&self.stack_pointer).cast());
     }
 
     /// Starts loading the top of the suspended thread's stack, where its

@@ -242,6 +242,11 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
                 crate::sched::handoff::place_lost(shared, core, ctx);
                 return Outcome::Lost;
             }
+            let ran = core.slot(i);
+            if ran.park_now.get() {
+                ran.park_now.set(false);
+                crate::sched::park::park_at_once(core, i);
+            }
             // The thread switched out: what it reserved on other cores for
             // more spawns goes back (a load and a branch when nothing is).
             core.reserved.end_run(&shared.cores);

@@ -24,6 +24,19 @@
 //!   after [`BLOCKED_AFTER`], a computing one after [`COMPUTING_AFTER`] of
 //!   CPU time and only if other threads wait for the core (with one warning
 //!   per thread).
+//! - **Yielding instead.** A thread that computes while others wait for
+//!   its core is first asked, after
+//!   [`YIELD_AFTER`](crate::sched::monitor::YIELD_AFTER) of CPU time, to
+//!   yield at its next runtime call (a signal whose handler only sets the
+//!   kernel thread's `preempt` flag; [`Entry`]'s drop yields). A thread
+//!   that spends its run in runtime calls (a loop of spawns or I/O calls)
+//!   was found inside one by nearly every handoff signal, which the handler
+//!   must decline there: the monitor asked again every few hundred
+//!   microseconds (250 signals in one 100 000-thread spawning loop) and
+//!   the core's timers waited up to [`COMPUTING_AFTER`]. A handoff signal
+//!   declined inside a runtime call sets the same flag. A spawn that finds
+//!   every slot of its cores taken asks its own thread to yield too (see
+//!   [`crate::sched::spawn`]).
 //! - **The switch of owners** happens on the stuck kernel thread itself: the
 //!   monitor provisions a spare kernel thread and a spare context, sets the
 //!   core's request flag and sends the thread [`SIGNAL`]. The handler runs
@@ -171,8 +184,35 @@ impl Drop for Entry {
     fn drop(&mut self) {
         if let (true, Some(s)) = (self.was_user, self.slot) {
             user_code_begins(s);
+            if kthread_of(s).is_some_and(|kt| kt.preempt.load(Ordering::Relaxed)) {
+                yield_for_preemption(s);
+            }
         }
     }
+}
+
+/// Asks the running user thread (in a runtime call that holds an
+/// [`Entry`]) to yield when the call returns.
+pub(crate) fn yield_after_call(slot: &ThreadContext) {
+    if let Some(kt) = kthread_of(slot) {
+        kt.preempt.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The monitor asked for the core while the running thread was in a
+/// runtime call (see `try_hand_over`): it yields now, back in its own code,
+/// so the core's other threads run (as a computing thread that Go preempts
+/// goes to the back of the queue), instead of taking a signal every few
+/// hundred microseconds that finds it in the next call.
+#[cold]
+#[inline(never)]
+fn yield_for_preemption(slot: &ThreadContext) {
+    if let Some(kt) = kthread_of(slot) {
+        kt.preempt.store(false, Ordering::Relaxed);
+    }
+    slot.wakeup().set_runnable();
+    // SAFETY: `slot` is the running thread's own slot, in its own code.
+    unsafe { crate::sched::coroutine::switch_out(slot) };
 }
 
 /// The kernel thread lost its core while this user thread ran: switch out
@@ -191,6 +231,9 @@ pub(crate) struct CoreHandoff {
     pub(crate) owner_tid: AtomicI32,
     /// Set by the monitor before it signals the owner.
     requested: AtomicBool,
+    /// Set by the monitor before it signals the owner to yield at its
+    /// next runtime call (no handoff).
+    yield_requested: AtomicBool,
     /// The spare kernel thread and context provisioned for a handoff.
     spare: crate::sched::handover::Handover<(&'static KernelThread, &'static ThreadContext)>,
     /// Handoffs of this core so far.
@@ -220,6 +263,7 @@ impl Default for CoreHandoff {
         Self {
             owner_tid: AtomicI32::new(0),
             requested: AtomicBool::new(false),
+            yield_requested: AtomicBool::new(false),
             spare: crate::sched::handover::Handover::new(),
             count: AtomicU64::new(0),
             report_ready: AtomicBool::new(false),
@@ -260,9 +304,16 @@ impl CoreHandoff {
         self.requested.store(true, Ordering::Release);
     }
 
+    /// Asks the owner's running thread to yield at its next runtime call
+    /// (the caller then signals it).
+    pub(crate) fn request_yield(&self) {
+        self.yield_requested.store(true, Ordering::Release);
+    }
+
     /// Withdraws a request (the core made progress).
     pub(crate) fn withdraw(&self) {
         self.requested.store(false, Ordering::Relaxed);
+        self.yield_requested.store(false, Ordering::Relaxed);
     }
 
     /// The handler's report of a handed-off thread, if one is ready.
@@ -357,11 +408,23 @@ fn try_hand_over() -> bool {
     };
     let h = &core.handoff;
     if !h.requested.swap(false, Ordering::AcqRel) {
-        return false;
+        if !h.yield_requested.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        if current_slot().is_some() {
+            kt.preempt.store(true, Ordering::Relaxed);
+        }
+        return true;
     }
     if !kt.in_user.load(Ordering::Relaxed) {
-        // In the dispatcher or a runtime call: not now (the monitor asks
-        // again if the core stays stuck).
+        // In the dispatcher or a runtime call: not now. A user thread in a
+        // runtime call yields when the call returns (`Entry`'s drop): a
+        // thread that spends its run in runtime calls (a spawning loop) is
+        // found there by nearly every signal. The monitor asks again if the
+        // core stays stuck (a call blocked in the kernel).
+        if current_slot().is_some() {
+            kt.preempt.store(true, Ordering::Relaxed);
+        }
         return true;
     }
     compiler_fence(Ordering::SeqCst);
@@ -438,5 +501,48 @@ pub(crate) fn place_lost(
         crate::sched::placement::place(shared, ctx, None);
     } else {
         crate::sched::placement::place_in(shared, ctx, crate::policy::CoreMask::single(core.index));
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    /// A user thread asked to yield (by the monitor's signal, or by a spawn
+    /// that found every slot taken) yields when its runtime call returns:
+    /// on a one-core runtime the thread it spawned runs before the spawn
+    /// returns to its caller. Without the request the spawner would keep
+    /// the core until it blocks.
+    #[test]
+    fn a_thread_asked_to_yield_yields_when_its_runtime_call_returns() {
+        let rt = crate::Runtime::builder()
+            .cpus([0])
+            .neighbour_awareness(None)
+            .build()
+            .unwrap();
+        let seen = rt
+            .block_on(|| {
+                let ran = Arc::new(AtomicBool::new(false));
+                let r = ran.clone();
+                // Not asked: the new thread waits for the core.
+                let h = crate::spawn(move || r.store(true, Ordering::SeqCst)).unwrap();
+                let unasked = ran.load(Ordering::SeqCst);
+                h.join().unwrap();
+                ran.store(false, Ordering::SeqCst);
+                let r = ran.clone();
+                yield_after_call(current_slot().unwrap());
+                let h = crate::spawn(move || r.store(true, Ordering::SeqCst)).unwrap();
+                let asked = ran.load(Ordering::SeqCst);
+                h.join().unwrap();
+                (unasked, asked)
+            })
+            .unwrap();
+        assert_eq!(
+            seen,
+            (false, true),
+            "(ran before an unasked spawn returned, ran before an asked one returned)"
+        );
     }
 }

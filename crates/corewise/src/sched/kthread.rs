@@ -40,6 +40,10 @@ pub(crate) struct KernelThread {
     pub(crate) in_user: AtomicBool,
     /// Set by the handler when it gave the thread's core away.
     pub(crate) lost: AtomicBool,
+    /// Set by the handler when the monitor asked for the core while the
+    /// thread was in a runtime call: the user thread yields when the call
+    /// returns (see [`crate::sched::handoff::Entry`]).
+    pub(crate) preempt: AtomicBool,
 }
 
 impl KernelThread {
@@ -52,6 +56,7 @@ impl KernelThread {
             alive: AtomicBool::new(true),
             in_user: AtomicBool::new(false),
             lost: AtomicBool::new(false),
+            preempt: AtomicBool::new(false),
         }
     }
 

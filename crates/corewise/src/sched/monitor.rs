@@ -38,6 +38,8 @@ struct Seen {
     /// for a CPU, preempted by other processes, is not computing).
     cpu_base: Option<u64>,
     last_handoff: Option<Instant>,
+    /// The running thread was asked to yield in this run.
+    yield_asked: bool,
 }
 
 /// The monitor thread's loop; returns at shutdown.
@@ -52,6 +54,7 @@ pub(crate) fn run(shared: &'static Shared) {
             computing: false,
             cpu_base: None,
             last_handoff: None,
+            yield_asked: false,
         })
         .collect();
     let mut period = MAX_PERIOD;
@@ -113,6 +116,12 @@ pub(crate) fn run(shared: &'static Shared) {
     }
 }
 
+/// A thread that computes this long in one run while other threads wait
+/// for its core is asked to yield at its next runtime call (a spawn, an
+/// I/O call): cheap for it, and its core's timers and waiting threads are
+/// not held up for [`COMPUTING_AFTER`].
+pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(1);
+
 /// The longest the monitor waits for a computing thread's CPU time to reach
 /// [`COMPUTING_AFTER`]: other cores may get stuck meanwhile.
 const COMPUTING_LOOK: Duration = Duration::from_millis(2);
@@ -138,6 +147,7 @@ fn look(
         s.dispatches = dispatches;
         s.since = now;
         s.cpu_base = None;
+        s.yield_asked = false;
         h.withdraw();
         if s.last_handoff
             .is_some_and(|t| now.duration_since(t) > SPARE_LIFETIME)
@@ -168,9 +178,22 @@ fn look(
                 return Some(MIN_PERIOD);
             };
             let base = *s.cpu_base.get_or_insert(cpu);
-            let left = (COMPUTING_AFTER.as_nanos() as u64).saturating_sub(cpu.saturating_sub(base));
+            let ran = cpu.saturating_sub(base);
+            if !s.yield_asked && ran >= YIELD_AFTER.as_nanos() as u64 {
+                // Others wait: the thread yields at its next runtime call
+                // (a spawning or I/O loop), long before a handoff.
+                s.yield_asked = true;
+                h.request_yield();
+                handoff::signal_thread(tid);
+            }
+            let left = (COMPUTING_AFTER.as_nanos() as u64).saturating_sub(ran);
             if left > 0 {
-                return Some(Duration::from_nanos(left).min(COMPUTING_LOOK));
+                let step = if s.yield_asked {
+                    left
+                } else {
+                    (YIELD_AFTER.as_nanos() as u64).saturating_sub(ran).max(1)
+                };
+                return Some(Duration::from_nanos(step).min(COMPUTING_LOOK));
             }
             s.computing = true;
         }
