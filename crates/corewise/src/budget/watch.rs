@@ -145,6 +145,7 @@ impl Shared {
     fn tick(&self, w: &mut Worker, force_budget: bool) -> Result<Instant, Arc<BudgetError>> {
         let now = Instant::now();
         let mut result = Ok(());
+        let cores_before = self.cores.load(Ordering::Relaxed);
         if force_budget || now >= w.next_budget {
             w.next_budget = now + w.interval;
             self.reads.fetch_add(1, Ordering::Relaxed);
@@ -186,8 +187,11 @@ impl Shared {
                 active = n.cap().min(cores);
             }
         }
-        if self.active.swap(active.max(1), Ordering::Relaxed) != active.max(1) {
+        let active_changed = self.active.swap(active.max(1), Ordering::Relaxed) != active.max(1);
+        if active_changed {
             self.active_changes.fetch_add(1, Ordering::Relaxed);
+        }
+        if active_changed || cores != cores_before {
             if let Some(f) = self.on_change.get() {
                 f();
             }
@@ -311,8 +315,8 @@ impl BudgetHandle {
     }
 
     /// Calls `f` (from the watcher's thread, so it must be quick) whenever
-    /// [`active_cores`](Self::active_cores) changes; the first call of this
-    /// sets it.
+    /// [`active_cores`](Self::active_cores) or [`cores`](Self::cores)
+    /// changes; the first call of this sets it.
     pub(crate) fn on_active_change(&self, f: Box<dyn Fn() + Send + Sync>) {
         let _ = self.shared.on_change.set(f);
     }

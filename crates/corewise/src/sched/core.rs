@@ -19,11 +19,9 @@ pub(crate) struct CoreStats {
     /// Times the core went to sleep in the kernel.
     pub(crate) sleeps: AtomicU64,
     /// Clock ticks spent with nothing to run (spinning or asleep).
-    pub(crate) idle_ticks: AtomicU64,
+    pub(crate) idle: super::idletime::IdleTime,
     /// Runnable threads times ticks, summed over rotations.
     pub(crate) load_ticks: AtomicU64,
-    /// Start of the idle period going on now (0: busy).
-    pub(crate) idle_since: AtomicU64,
     /// Set when the runtime asked the arbiter for fewer cores: the
     /// dispatcher looks whether its core must go after its current run
     /// instead of at the end of a rotation, which on a full core of
@@ -31,25 +29,6 @@ pub(crate) struct CoreStats {
     /// the line the dispatcher writes at every run (`dispatches`), so the
     /// look costs a load of a line it holds.
     pub(crate) release_check: AtomicBool,
-}
-
-impl CoreStats {
-    /// Idle ticks up to `now`, counting an idle period still going on.
-    pub(crate) fn idle_until(&self, now: u64) -> u64 {
-        loop {
-            let before = self.idle_ticks.load(Ordering::Acquire);
-            let since = self.idle_since.load(Ordering::Acquire);
-            let after = self.idle_ticks.load(Ordering::Acquire);
-            if before == after {
-                let open = if since != 0 {
-                    now.saturating_sub(since)
-                } else {
-                    0
-                };
-                return before.wrapping_add(open);
-            }
-        }
-    }
 }
 
 /// One core: slots, occupancy, idle gate, lifecycle flags, statistics.

@@ -12,6 +12,7 @@
 //! - [`stack`]: stacks carved from large mappings, guard pages, give-back.
 //! - [`core`]: one core's slots, gate, inbox, statistics.
 //! - [`idle`]: how an idle core sleeps and how a waker wakes it.
+//! - [`idletime`]: a core's idle time, read consistently by other threads.
 //! - [`inbox`]: the lock-free stack of threads handed to a core.
 //! - [`park`]: threads leaving their slot, timers, spares, rebalancing.
 //! - [`placement`]: which core a new or woken thread goes to.
@@ -25,6 +26,7 @@
 
 pub(crate) mod handover;
 pub(crate) mod idle;
+pub(crate) mod idletime;
 pub(crate) mod inbox;
 pub(crate) mod occupancy;
 pub(crate) mod wakeup;

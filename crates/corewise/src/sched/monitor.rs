@@ -141,8 +141,7 @@ fn look(
     let h = &core.handoff;
     let tid = h.owner_tid.load(Ordering::Acquire);
     let dispatches = core.stats.dispatches.load(Ordering::Relaxed);
-    let idle =
-        tid == 0 || core.gate.is_sleeping() || core.stats.idle_since.load(Ordering::Relaxed) != 0;
+    let idle = tid == 0 || core.gate.is_sleeping() || core.stats.idle.is_idle();
     if idle || dispatches != s.dispatches {
         s.dispatches = dispatches;
         s.since = now;
