@@ -170,7 +170,10 @@ pub trait CorePolicy: Send + Sync + 'static {
 
     /// Called once per estimation window by the runtime's core manager with
     /// the load of every core the runtime holds; a policy that estimates
-    /// its needs updates what `desired_cores` returns.
+    /// its needs updates what `desired_cores` returns. Not called while the
+    /// runtime may hold only one number of cores (`min_cores` equals the
+    /// CPU budget or the neighbour cap): nothing it returns could change
+    /// the request then.
     fn estimate(&self, _loads: &[CoreLoad]) {}
 }
 
