@@ -236,9 +236,11 @@ impl Builder {
         self
     }
 
-    /// How long a core with nothing runnable spins before sleeping in the
-    /// kernel. Longer: lower wakeup latency after short idle gaps; shorter:
-    /// less CPU burnt while idle.
+    /// How long a core with nothing runnable spins, at most, before
+    /// sleeping in the kernel. Longer: lower wakeup latency after short idle
+    /// gaps; shorter: less CPU burnt while idle. A core that keeps sleeping
+    /// through gaps longer than this spins less and less (down to not at
+    /// all), and spins this long again as soon as a gap is shorter.
     pub fn idle_spin(mut self, spin: Duration) -> Self {
         self.idle_spin = spin;
         self

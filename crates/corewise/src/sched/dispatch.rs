@@ -6,7 +6,8 @@
 //! `wakeup_time` is due, marks it `BLOCKED` and switches to it. A thread that
 //! yields marks itself runnable before switching back; one that blocks
 //! leaves `BLOCKED` or a deadline. When a full scan finds nothing, the core
-//! spins for the idle budget and then sleeps in the kernel (see
+//! spins for the idle budget (which adapts to the gaps it sees, see
+//! [`SpinBudget`]) and then sleeps in the kernel (see
 //! [`crate::sched::idle`]) with the earliest deadline as the timeout.
 //!
 //! The loop also keeps the two statistics of Arachne's core estimation, as
