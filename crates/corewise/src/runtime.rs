@@ -698,6 +698,10 @@ fn sample_loads(shared: &Shared, min_age: u64) -> Vec<CoreLoad> {
 /// its minimum) no estimate can change what it asks for, so the manager
 /// sleeps until that range changes (the budget watcher, `set_max_cores`)
 /// or the runtime stops; `Runtime::stats` computes the figures meanwhile.
+/// Not under an arbiter that counts on a request every window
+/// ([`CoreArbiter::needs_periodic_requests`]: the daemon's client notices
+/// a daemon that died while no kernel thread waited on its socket, and
+/// tries to reconnect, on those calls).
 /// Its wakeup every window cost a thread-per-connection server on one CPU
 /// a context switch and its work in the middle of requests 20 times a
 /// second (its p99 at 2 000 requests/s: 220 µs in five runs, 153 µs
@@ -734,7 +738,7 @@ fn manage_cores(shared: &'static Shared, watcher: BudgetWatcher) {
             shared.policy.estimate(&loads);
         }
         request_cores(shared);
-        dormant = lo >= hi;
+        dormant = lo >= hi && !shared.arbiter.needs_periodic_requests();
     }
 }
 

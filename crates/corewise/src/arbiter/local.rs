@@ -129,6 +129,10 @@ fn last_cpu(tid: Pid) -> Option<usize> {
 }
 
 impl CoreArbiter for Local {
+    fn needs_periodic_requests(&self) -> bool {
+        false
+    }
+
     fn set_requested_cores(&self, per_priority: [u32; PRIORITIES]) {
         let total: usize = per_priority.iter().map(|&n| n as usize).sum();
         let total = total.min(self.cpus.len());

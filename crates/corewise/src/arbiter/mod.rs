@@ -168,6 +168,21 @@ pub trait CoreArbiter: Send + Sync + 'static {
     fn release_poll(&self) -> Option<Duration> {
         None
     }
+
+    /// Whether the arbiter counts on a
+    /// [`set_requested_cores`](Self::set_requested_cores) every estimation
+    /// window even when the request does not change (the default: yes; the
+    /// daemon's client notices a lost daemon and reconnects on those calls).
+    /// An arbiter that answers no lets the runtime's core manager sleep
+    /// while the runtime may hold only one number of cores.
+    ///
+    /// ```
+    /// use corewise::arbiter::{CoreArbiter, Local};
+    /// assert!(!Local::new(vec![0]).needs_periodic_requests());
+    /// ```
+    fn needs_periodic_requests(&self) -> bool {
+        true
+    }
 }
 
 /// Connects to the daemon `choice` names, if it names one, for requests at
