@@ -573,6 +573,9 @@ impl Builder {
         shared
             .budget
             .on_active_change(Box::new(move || manager_thread.unpark()));
+        // A change before the callback was set is seen too (the manager may
+        // already sleep until the next change, see `manage_cores`).
+        manager.thread().unpark();
         rt.manager = Some(manager);
         if shared.handoff {
             crate::sched::handoff::install_handler();

@@ -279,6 +279,12 @@ where
 /// Creates a `Normal` user thread in the caller's runtime (call it from a
 /// user thread; from an OS thread use [`Runtime::spawn`]).
 ///
+/// When every slot of the thread's cores is taken (the cores are behind),
+/// the calling user thread lets its core's other threads run before
+/// `spawn` returns, so a spawning loop cannot pile up threads faster than
+/// they start. Like any call that may switch, it should not be made while
+/// holding a `std::sync::Mutex` that other user threads take.
+///
 /// ```
 /// let rt = corewise::Runtime::new().unwrap();
 /// let sum = rt.block_on(|| {

@@ -571,6 +571,11 @@ fn run_thread(
     d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     ctx.resume();
     crate::sched::current::set_current(std::ptr::null());
+    // A yield asked for during the run is done: the thread switched out.
+    // (Left set, it made the next thread run on this kernel thread yield
+    // at its first runtime call; the handler sets it only while a thread
+    // is current.)
+    me.preempt.store(false, Ordering::Relaxed);
     if me.lost.load(Ordering::Relaxed) {
         me.lost.store(false, Ordering::Relaxed);
         return Some(slot);

@@ -184,7 +184,11 @@ impl Drop for Entry {
     fn drop(&mut self) {
         if let (true, Some(s)) = (self.was_user, self.slot) {
             user_code_begins(s);
-            if kthread_of(s).is_some_and(|kt| kt.preempt.load(Ordering::Relaxed)) {
+            // Not while unwinding: the panic count is per kernel thread, and
+            // the thread may resume on another.
+            if kthread_of(s).is_some_and(|kt| kt.preempt.load(Ordering::Relaxed))
+                && !std::thread::panicking()
+            {
                 yield_for_preemption(s);
             }
         }
@@ -544,5 +548,31 @@ mod tests {
             (false, true),
             "(ran before an unasked spawn returned, ran before an asked one returned)"
         );
+    }
+
+    /// A request to yield that the thread never acted on (it blocked
+    /// instead) ends with the run: it does not make a later run on the same
+    /// kernel thread yield at its first runtime call.
+    #[test]
+    fn a_yield_request_ends_with_the_run_that_got_it() {
+        let rt = crate::Runtime::builder()
+            .cpus([0])
+            .neighbour_awareness(None)
+            .build()
+            .unwrap();
+        let early = rt
+            .block_on(|| {
+                yield_after_call(current_slot().unwrap());
+                // Blocks (no runtime call): the run ends here.
+                crate::sleep(std::time::Duration::from_millis(1));
+                let ran = Arc::new(AtomicBool::new(false));
+                let r = ran.clone();
+                let h = crate::spawn(move || r.store(true, Ordering::SeqCst)).unwrap();
+                let early = ran.load(Ordering::SeqCst);
+                h.join().unwrap();
+                early
+            })
+            .unwrap();
+        assert!(!early, "the spawn yielded for a request of an earlier run");
     }
 }
