@@ -211,9 +211,7 @@ pub(crate) fn yield_after_call(slot: &ThreadContext) {
 #[cold]
 #[inline(never)]
 fn yield_for_preemption(slot: &ThreadContext) {
-    if let Some(kt) = kthread_of(slot) {
-        kt.preempt.store(false, Ordering::Relaxed);
-    }
+    // The dispatcher clears the request when the run ends (`run_thread`).
     slot.wakeup().set_runnable();
     // SAFETY: `slot` is the running thread's own slot, in its own code.
     unsafe { crate::sched::coroutine::switch_out(slot) };
@@ -411,21 +409,16 @@ fn try_hand_over() -> bool {
         return false;
     };
     let h = &core.handoff;
-    if !h.requested.swap(false, Ordering::AcqRel) {
-        if !h.yield_requested.swap(false, Ordering::AcqRel) {
-            return false;
-        }
-        if current_slot().is_some() {
-            kt.preempt.store(true, Ordering::Relaxed);
-        }
-        return true;
+    let handoff = h.requested.swap(false, Ordering::AcqRel);
+    if !handoff && !h.yield_requested.swap(false, Ordering::AcqRel) {
+        return false;
     }
-    if !kt.in_user.load(Ordering::Relaxed) {
-        // In the dispatcher or a runtime call: not now. A user thread in a
-        // runtime call yields when the call returns (`Entry`'s drop): a
-        // thread that spends its run in runtime calls (a spawning loop) is
-        // found there by nearly every signal. The monitor asks again if the
-        // core stays stuck (a call blocked in the kernel).
+    if !handoff || !kt.in_user.load(Ordering::Relaxed) {
+        // A yield request, or a handoff in the dispatcher or a runtime call
+        // (not now): a user thread yields when its runtime call returns
+        // (`Entry`'s drop). A thread that spends its run in runtime calls (a
+        // spawning loop) is found there by nearly every signal. The monitor
+        // asks again if the core stays stuck (a call blocked in the kernel).
         if current_slot().is_some() {
             kt.preempt.store(true, Ordering::Relaxed);
         }

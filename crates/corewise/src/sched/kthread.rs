@@ -40,9 +40,10 @@ pub(crate) struct KernelThread {
     pub(crate) in_user: AtomicBool,
     /// Set by the handler when it gave the thread's core away.
     pub(crate) lost: AtomicBool,
-    /// Set by the handler when the monitor asked for the core while the
-    /// thread was in a runtime call: the user thread yields when the call
-    /// returns (see [`crate::sched::handoff::Entry`]).
+    /// A request that the running user thread yield when its runtime call
+    /// returns (see [`crate::sched::handoff::Entry`]): set by the handler
+    /// (a yield request, or a handoff it had to decline) or by a spawn that
+    /// found every slot taken; cleared when the run ends.
     pub(crate) preempt: AtomicBool,
 }
 

@@ -260,17 +260,10 @@ impl PoolStack {
             Some((c, used, guarded)) if *used < CHUNKS[*c].len.load(Ordering::Relaxed) / stride => {
                 *used += 1;
                 let index = *used - 1;
-                if index < *guarded {
-                    let lo = CHUNKS[*c].base.load(Ordering::Relaxed) + index * stride;
-                    return Ok(Self {
-                        lo,
-                        stride,
-                        chunk: *c,
-                        index,
-                    });
+                if index >= *guarded {
+                    let per_chunk = CHUNKS[*c].len.load(Ordering::Relaxed) / stride;
+                    *guarded = index + install_guards(*c, index, per_chunk, stride);
                 }
-                let per_chunk = CHUNKS[*c].len.load(Ordering::Relaxed) / stride;
-                *guarded = index + install_guards(*c, index, per_chunk, stride);
                 (*c, index, index < *guarded)
             }
             _ => {
