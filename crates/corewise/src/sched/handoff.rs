@@ -469,11 +469,27 @@ pub(crate) fn kernel_state(tid: i32) -> Option<KernelState> {
     })
 }
 
-/// Kernel thread `tid`'s time on a CPU so far, in nanoseconds (the first
-/// field of `/proc/self/task/TID/schedstat`); `None` if it cannot be read.
+/// Kernel thread `tid`'s time on a CPU so far, in nanoseconds (its
+/// thread CPU clock, as `pthread_getcpuclockid` makes it: one system call,
+/// where reading `/proc/self/task/TID/schedstat` took an open, a read and
+/// a close); `None` if it cannot be read (the thread exited).
 pub(crate) fn cpu_time_ns(tid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-    text.split_ascii_whitespace().next()?.parse().ok()
+    // The kernel's encoding of a per-thread CPU clock (posix-cpu-timers):
+    // the inverted thread id above three bits, "per thread" (4) and
+    // "scheduler time" (2) below. Valid for threads of this process.
+    let clock = (!tid << 3) | 6;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; an unknown or stale
+    // clock id only makes the call fail with EINVAL.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u64::try_from(ts.tv_nsec).ok()?;
+    Some(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
 }
 
 /// Sends the handoff signal to kernel thread `tid` of this process.
@@ -567,5 +583,45 @@ mod tests {
             })
             .unwrap();
         assert!(!early, "the spawn yielded for a request of an earlier run");
+    }
+
+    /// The thread CPU clock of another thread of the process reads that
+    /// thread's CPU time, as `/proc/self/task/TID/schedstat` counts it, and
+    /// fails for a thread that has exited.
+    #[test]
+    fn another_threads_cpu_clock_reads_its_cpu_time() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(rustix::thread::gettid().as_raw_nonzero().get())
+                .unwrap();
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(30) {
+                std::hint::spin_loop();
+            }
+            done_rx.recv().unwrap();
+        });
+        let tid = rx.recv().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        let clock = cpu_time_ns(tid).expect("a live thread's clock");
+        let sched: u64 = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+            .unwrap()
+            .split_ascii_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(clock >= 20_000_000, "spun 30 ms, clock says {clock} ns");
+        let diff = clock.abs_diff(sched);
+        assert!(diff < 5_000_000, "clock {clock} ns, schedstat {sched} ns");
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+        // `join` returns when the thread's id word is cleared, a moment
+        // before the kernel releases the task.
+        let gone = (0..1000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            cpu_time_ns(tid).is_none()
+        });
+        assert!(gone, "an exited thread has no clock");
     }
 }

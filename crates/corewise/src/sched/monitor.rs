@@ -4,10 +4,11 @@
 //! Like Go's `sysmon` it samples rather than spins: it sleeps
 //! [`MIN_PERIOD`] between looks while cores get stuck, doubling the sleep
 //! up to [`MAX_PERIOD`] after [`QUIET_LOOKS`] looks with nothing stuck, and
-//! it blocks altogether while every dispatcher sleeps in the kernel (the
-//! same activity count the budget watcher waits on), so an idle runtime
-//! costs it nothing. A look reads two counters per core; only a core that
-//! looks stuck costs a read of its kernel thread's `/proc` state.
+//! once every dispatcher has slept for [`IDLE_BEFORE_WAIT`] it blocks until
+//! one wakes (the same activity count the budget watcher waits on), so an
+//! idle runtime costs it nothing. A look reads two counters per core; a
+//! core that looks stuck costs its kernel thread's CPU clock, and a read of
+//! its `/proc` state when that clock stood still.
 
 use crate::runtime::Shared;
 use crate::sched::handoff::{self, KernelState, BLOCKED_AFTER, COMPUTING_AFTER};
@@ -27,6 +28,18 @@ pub(crate) const MIN_PERIOD: Duration = Duration::from_micros(50);
 pub(crate) const MAX_PERIOD: Duration = Duration::from_millis(10);
 /// Looks with nothing stuck before the sleep doubles.
 const QUIET_LOOKS: u32 = 20;
+/// How long every dispatcher must have slept, with no thread run, before
+/// the monitor blocks until one wakes (see [`run`]).
+const IDLE_BEFORE_WAIT: Duration = Duration::from_millis(50);
+
+/// Threads run so far on all cores (a change says the runtime was awake).
+fn total_dispatches(shared: &Shared) -> u64 {
+    shared
+        .cores
+        .iter()
+        .map(|c| c.stats.dispatches.load(Ordering::Relaxed))
+        .fold(0, u64::wrapping_add)
+}
 
 /// What the monitor remembers of a core.
 struct Seen {
@@ -37,6 +50,11 @@ struct Seen {
     /// Its CPU time when the run was first seen stuck (a thread that waits
     /// for a CPU, preempted by other processes, is not computing).
     cpu_base: Option<u64>,
+    /// When `cpu_base` was taken.
+    wall_base: Instant,
+    /// The kernel thread and its CPU time at the previous look of this
+    /// run: a clock that moved says "computing" without reading `/proc`.
+    cpu_last: Option<(i32, u64)>,
     last_handoff: Option<Instant>,
     /// The running thread was asked to yield in this run.
     yield_asked: bool,
@@ -53,6 +71,8 @@ pub(crate) fn run(shared: &'static Shared) {
             since: now,
             computing: false,
             cpu_base: None,
+            wall_base: now,
+            cpu_last: None,
             last_handoff: None,
             yield_asked: false,
         })
@@ -60,27 +80,44 @@ pub(crate) fn run(shared: &'static Shared) {
     let mut period = MAX_PERIOD;
     let mut quiet = 0u32;
     let mut warned: HashSet<(usize, u32)> = HashSet::new();
+    let mut quiet_since: Option<Instant> = None;
+    let mut dispatched = total_dispatches(shared);
     while !shared.shutdown.load(Ordering::Acquire) {
-        if shared.budget.all_asleep() {
+        // It blocks only once the runtime has been idle for IDLE_BEFORE_WAIT,
+        // not at every dispatcher sleep: blocked, it costs the first
+        // dispatcher to wake a futex wake, and it then runs on that CPU
+        // just as the wake's work starts. A one-CPU echo server at 2 000
+        // requests/s woke it ~250 times a second that way (its dispatcher
+        // preempted 650 times in 5 s); looking every MAX_PERIOD instead
+        // costs a few microseconds a look and is off the request's path.
+        let now = Instant::now();
+        let d = total_dispatches(shared);
+        if d != dispatched || !shared.budget.all_asleep() {
+            dispatched = d;
+            quiet_since = None;
+        } else if now.duration_since(*quiet_since.get_or_insert(now)) >= IDLE_BEFORE_WAIT {
             // An idle runtime keeps no spare: what was provisioned goes
             // back to the pool, whose threads exit after a while.
             for (core, s) in shared.cores.iter().zip(seen.iter_mut()) {
                 s.last_handoff = None;
                 unprovision(shared, core);
             }
-        }
-        if shared.budget.wait_while_idle() {
-            let now = Instant::now();
-            for s in seen.iter_mut() {
-                s.since = now;
+            if shared.budget.wait_while_idle() {
+                let now = Instant::now();
+                for s in seen.iter_mut() {
+                    s.since = now;
+                }
+                quiet_since = None;
+                dispatched = total_dispatches(shared);
+                continue;
             }
-            continue;
         }
         std::thread::park_timeout(period);
         let now = Instant::now();
         let mut next: Option<Duration> = None;
+        let awake = shared.cores.iter().filter(|c| is_awake(c)).count();
         for (core, s) in shared.cores.iter().zip(seen.iter_mut()) {
-            if let Some(w) = look(shared, core, s, now) {
+            if let Some(w) = look(shared, core, s, now, awake) {
                 next = Some(next.map_or(w, |n| n.min(w)));
             }
             if let Some(r) = core.handoff.take_report() {
@@ -123,29 +160,43 @@ pub(crate) fn run(shared: &'static Shared) {
 pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(1);
 
 /// The longest the monitor waits for a computing thread's CPU time to reach
-/// [`COMPUTING_AFTER`]: other cores may get stuck meanwhile.
+/// [`COMPUTING_AFTER`] while other cores are awake: they may get stuck
+/// meanwhile. With no other core awake it waits up to [`MAX_PERIOD`].
 const COMPUTING_LOOK: Duration = Duration::from_millis(2);
 
-/// Looks at one core; if it is stuck, returns when to look again: soon
-/// after a handoff was asked for, or, for a thread still computing, when
-/// its CPU time could reach [`COMPUTING_AFTER`] (at most
-/// [`COMPUTING_LOOK`]). Looking every [`MIN_PERIOD`] at a core that
-/// computes cost two `/proc` reads 20 000 times a second: the monitor took
-/// a CPU's share from a runtime busy with tasks of a few milliseconds.
+/// Whether `core` has a kernel thread that is neither asleep nor idle.
+fn is_awake(core: &Core) -> bool {
+    core.handoff.owner_tid.load(Ordering::Acquire) != 0
+        && !core.gate.is_sleeping()
+        && !core.stats.idle.is_idle()
+}
+
+/// Looks at one core (`awake` cores in all, this one included); if it is
+/// stuck, returns when to look again: soon after a handoff was asked for,
+/// or, for a thread still computing, when its CPU time could reach the
+/// next mark ([`YIELD_AFTER`], then [`COMPUTING_AFTER`]) at the rate it
+/// has computed so far (at most [`COMPUTING_LOOK`] while other cores are
+/// awake). Looking every [`MIN_PERIOD`] at a core that computes cost two
+/// `/proc` reads 20 000 times a second: the monitor took a CPU's share from
+/// a runtime busy with tasks of a few milliseconds. Waiting the CPU time
+/// still missing as wall time approached a mark by thirds when the thread
+/// had a third of a CPU (beside two busy neighbours): about ten looks.
 fn look(
     shared: &'static Shared,
     core: &'static Core,
     s: &mut Seen,
     now: Instant,
+    awake: usize,
 ) -> Option<Duration> {
     let h = &core.handoff;
     let tid = h.owner_tid.load(Ordering::Acquire);
     let dispatches = core.stats.dispatches.load(Ordering::Relaxed);
-    let idle = tid == 0 || core.gate.is_sleeping() || core.stats.idle.is_idle();
+    let idle = !is_awake(core);
     if idle || dispatches != s.dispatches {
         s.dispatches = dispatches;
         s.since = now;
         s.cpu_base = None;
+        s.cpu_last = None;
         s.yield_asked = false;
         h.withdraw();
         if s.last_handoff
@@ -160,7 +211,23 @@ fn look(
     if stuck < BLOCKED_AFTER {
         return None;
     }
-    match handoff::kernel_state(tid) {
+    // The thread's CPU clock is one system call; its `/proc` state (open,
+    // read, close) is read only when the clock has not moved since the
+    // last look of this run (or at the first): a thread that ran since
+    // then computes, or blocked only a moment ago and is found at the next
+    // look. A core computing a 4 ms task beside busy neighbours was looked
+    // at about eight times per task, and the two `/proc` reads of each
+    // look made the monitor 1.7 % of a CPU.
+    let cpu = handoff::cpu_time_ns(tid);
+    let moved =
+        matches!((cpu, s.cpu_last), (Some(now_ns), Some((t, then))) if t == tid && now_ns > then);
+    s.cpu_last = cpu.map(|c| (tid, c));
+    let state = if moved {
+        Some(KernelState::Computing)
+    } else {
+        handoff::kernel_state(tid)
+    };
+    match state {
         Some(KernelState::Blocked) => s.computing = false,
         Some(KernelState::Computing) => {
             // A computing thread alone on its core keeps it: a spare would
@@ -173,10 +240,16 @@ fn look(
             // Handed over after COMPUTING_AFTER of CPU time in this run, not
             // of wall time: a kernel thread preempted by other processes
             // would only gain a rival for its CPU.
-            let Some(cpu) = handoff::cpu_time_ns(tid) else {
+            let Some(cpu) = cpu else {
                 return Some(MIN_PERIOD);
             };
-            let base = *s.cpu_base.get_or_insert(cpu);
+            let base = match s.cpu_base {
+                Some(b) => b,
+                None => {
+                    s.wall_base = now;
+                    *s.cpu_base.insert(cpu)
+                }
+            };
             let ran = cpu.saturating_sub(base);
             if !s.yield_asked && ran >= YIELD_AFTER.as_nanos() as u64 {
                 // Others wait: the thread yields at its next runtime call
@@ -187,12 +260,25 @@ fn look(
             }
             let left = (COMPUTING_AFTER.as_nanos() as u64).saturating_sub(ran);
             if left > 0 {
-                let step = if s.yield_asked {
+                let cpu_step = if s.yield_asked {
                     left
                 } else {
                     (YIELD_AFTER.as_nanos() as u64).saturating_sub(ran).max(1)
                 };
-                return Some(Duration::from_nanos(step).min(COMPUTING_LOOK));
+                // The CPU time still missing comes at the rate it came so
+                // far (wall time per CPU time, at least 1).
+                let wall = now.duration_since(s.wall_base).as_nanos() as f64;
+                let rate = if ran > 0 {
+                    (wall / ran as f64).max(1.0)
+                } else {
+                    1.0
+                };
+                let cap = if awake > 1 {
+                    COMPUTING_LOOK
+                } else {
+                    MAX_PERIOD
+                };
+                return Some(Duration::from_nanos((cpu_step as f64 * rate) as u64).min(cap));
             }
             s.computing = true;
         }
