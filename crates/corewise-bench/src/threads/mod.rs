@@ -19,7 +19,13 @@
 //!   connection; the plain epoll loop) with N connections open and `--active` of them
 //!   carrying `--rate` requests/s in total: p50/p99 and server peak RSS.
 //!   The process's RLIMIT_NOFILE soft limit is raised to its hard limit
-//!   first (children inherit it).
+//!   first (children inherit it). The servers take turns for `--rounds`
+//!   rounds (3 by default, 1 quick; the order reverses every round) and the
+//!   table gives each server's median p50 and p99 over its rounds (the
+//!   notes list every round's p99): on a shared machine a single run's p99
+//!   moved between 50 and 700 µs for the same server within minutes, as
+//!   the host's stalls came and went; only rounds interleaved side by side
+//!   compare servers.
 //!
 //! The Go column (when `go` exists) comes from bench/go-threads, built and
 //! run by [`go`]: GOMAXPROCS=2 in `sleepers` and `parked`, and in
@@ -80,6 +86,10 @@ pub struct Args {
     /// latency (measured from the scheduled send time).
     #[arg(long, default_value_t = 2_000)]
     pub rate: u64,
+    /// Rounds of `connections`, the servers taking turns (default 3;
+    /// quick 1); the table gives the median over the rounds.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rounds: Option<u64>,
     /// Requests in flight at most per active connection in `connections`
     /// (pipelined on the connection; a due request beyond that waits for a
     /// reply).
@@ -231,37 +241,57 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let mut records = Vec::new();
     for s in &scenarios {
         let n = n_of(s);
-        for r in &runtimes {
-            let outcome = if *s == "connections" {
-                let Some(server) = echo_server(r) else {
-                    continue;
-                };
-                let (c, a) = (
-                    args.connections
-                        .unwrap_or(if args.quick { 1_000 } else { 10_000 }),
-                    args.active.unwrap_or(if args.quick { 100 } else { 1_000 }),
-                );
-                eprintln!("threads: connections {r} conns={c} active={a}");
-                let cpu = connections::server_cpu();
-                let serve = match (server, &go_peer) {
-                    ("go", Some(g)) => g.command("serve", c, 1).map(|mut cmd| {
-                        connections::pin_child(&mut cmd, cpu);
-                        cmd
-                    }),
-                    _ => Ok(connections::server_command(&exe, server, cpu, c)),
-                };
-                match serve {
-                    Ok(serve) => connections::measure(
-                        serve,
-                        c,
-                        a,
-                        args.rate,
-                        args.in_flight,
-                        if args.quick { 2_000 } else { 10_000 },
-                    ),
-                    Err(e) => skipped(e, c),
+        if *s == "connections" {
+            let servers: Vec<&'static str> = runtimes
+                .iter()
+                .copied()
+                .filter(|r| echo_server(r).is_some())
+                .collect();
+            let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 }) as usize;
+            let mut runs: Vec<Vec<Outcome>> = vec![Vec::new(); servers.len()];
+            for round in 0..rounds {
+                let mut order: Vec<usize> = (0..servers.len()).collect();
+                if round % 2 == 1 {
+                    order.reverse();
                 }
-            } else if !thread_runtime(r) {
+                for k in order {
+                    runs[k].push(connections_run(
+                        args,
+                        servers[k],
+                        go_peer.as_ref(),
+                        &exe,
+                        round,
+                    ));
+                }
+            }
+            if rounds > 1 {
+                let per_round = servers
+                    .iter()
+                    .zip(&runs)
+                    .map(|(r, o)| {
+                        let p99: Vec<String> = o
+                            .iter()
+                            .map(|x| x.p99_us.map_or("-".into(), |v| format!("{v:.0}")))
+                            .collect();
+                        format!("{r} [{}]", p99.join(", "))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                notes.push(format!(
+                    "connections: {rounds} rounds, servers taking turns; the table gives the medians; p99 (µs) per round: {per_round}"
+                ));
+            }
+            for (r, o) in servers.iter().zip(runs) {
+                records.push(Record {
+                    scenario: s.to_string(),
+                    runtime: r.to_string(),
+                    outcome: median_outcome(o),
+                });
+            }
+            continue;
+        }
+        for r in &runtimes {
+            let outcome = if !thread_runtime(r) {
                 continue;
             } else if *r == "std" && n > args.std_max {
                 Outcome {
@@ -306,6 +336,70 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             .map_err(|e| BenchError::io(format!("writing {}", p.display()), e))?;
     }
     Ok(())
+}
+
+/// One `connections` run of `runtime`'s echo server (round `round`, from 0).
+fn connections_run(
+    args: &Args,
+    runtime: &str,
+    go_peer: Option<&go::GoPeer>,
+    exe: &std::path::Path,
+    round: usize,
+) -> Outcome {
+    let server = echo_server(runtime).unwrap_or(runtime);
+    let (c, a) = (
+        args.connections
+            .unwrap_or(if args.quick { 1_000 } else { 10_000 }),
+        args.active.unwrap_or(if args.quick { 100 } else { 1_000 }),
+    );
+    eprintln!(
+        "threads: connections {runtime} conns={c} active={a} round {}",
+        round + 1
+    );
+    let cpu = connections::server_cpu();
+    let serve = match (server, go_peer) {
+        ("go", Some(g)) => g.command("serve", c, 1).map(|mut cmd| {
+            connections::pin_child(&mut cmd, cpu);
+            cmd
+        }),
+        _ => Ok(connections::server_command(exe, server, cpu, c)),
+    };
+    match serve {
+        Ok(serve) => connections::measure(
+            serve,
+            c,
+            a,
+            args.rate,
+            args.in_flight,
+            if args.quick { 2_000 } else { 10_000 },
+        ),
+        Err(e) => skipped(e, c),
+    }
+}
+
+/// One server's rounds as one cell: the first failure if a round failed,
+/// else the median p50 and p99 and the highest peak RSS.
+fn median_outcome(runs: Vec<Outcome>) -> Outcome {
+    if let Some(failed) = runs.iter().find(|o| o.error.is_some()) {
+        return failed.clone();
+    }
+    let median = |f: fn(&Outcome) -> Option<f64>| {
+        let mut v: Vec<f64> = runs.iter().filter_map(f).collect();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => None,
+            n if n % 2 == 1 => Some(v[n / 2]),
+            n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+        }
+    };
+    Outcome {
+        error: None,
+        n: runs.first().map_or(0, |o| o.n),
+        p50_us: median(|o| o.p50_us),
+        p99_us: median(|o| o.p99_us),
+        peak_rss_kib: runs.iter().filter_map(|o| o.peak_rss_kib).max(),
+        ..Outcome::default()
+    }
 }
 
 fn pick(
