@@ -131,16 +131,13 @@ fn default_max_threads() -> usize {
 /// [`RunError::Join`]; `f` may borrow from the caller.
 ///
 /// ```
-/// fn main() -> Result<(), corewise::RunError> {
-///     let greeting = String::from("hello");
-///     let n = corewise::run(|| {
-///         let h = corewise::spawn(|| 2 + 2).unwrap();
-///         greeting.len() + h.join().unwrap()
-///     })?;
-///     assert_eq!(n, 9);
-///     Ok(())
-/// }
-/// # main().unwrap();
+/// let greeting = String::from("hello");
+/// let n = corewise::run(|| {
+///     let h = corewise::spawn(|| 2 + 2).unwrap();
+///     greeting.len() + h.join().unwrap()
+/// })?;
+/// assert_eq!(n, 9);
+/// # Ok::<(), corewise::RunError>(())
 /// ```
 ///
 /// For other settings use [`Builder::run`]; to keep the runtime for
