@@ -67,6 +67,8 @@ pub mod budget;
 #[cfg(not(loom))]
 mod clock;
 #[cfg(not(loom))]
+mod fdtable;
+#[cfg(not(loom))]
 pub mod fs;
 #[cfg(not(loom))]
 pub mod io;
