@@ -523,6 +523,15 @@ mod tests {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
+    /// A runtime on CPU 0 alone, without neighbour awareness.
+    fn one_core_runtime() -> crate::Runtime {
+        crate::Runtime::builder()
+            .cpus([0])
+            .neighbour_awareness(None)
+            .build()
+            .unwrap()
+    }
+
     /// A user thread asked to yield (by the monitor's signal, or by a spawn
     /// that found every slot taken) yields when its runtime call returns:
     /// on a one-core runtime the thread it spawned runs before the spawn
@@ -530,11 +539,7 @@ mod tests {
     /// the core until it blocks.
     #[test]
     fn a_thread_asked_to_yield_yields_when_its_runtime_call_returns() {
-        let rt = crate::Runtime::builder()
-            .cpus([0])
-            .neighbour_awareness(None)
-            .build()
-            .unwrap();
+        let rt = one_core_runtime();
         let seen = rt
             .block_on(|| {
                 let ran = Arc::new(AtomicBool::new(false));
@@ -564,11 +569,7 @@ mod tests {
     /// kernel thread yield at its first runtime call.
     #[test]
     fn a_yield_request_ends_with_the_run_that_got_it() {
-        let rt = crate::Runtime::builder()
-            .cpus([0])
-            .neighbour_awareness(None)
-            .build()
-            .unwrap();
+        let rt = one_core_runtime();
         let early = rt
             .block_on(|| {
                 yield_after_call(current_slot().unwrap());
