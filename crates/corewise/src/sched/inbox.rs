@@ -17,7 +17,7 @@
 //! a late sender's push fails and the sender chooses another core instead
 //! of stranding the thread on a core nobody runs.
 
-use crate::shim::{AtomicPtr, Ordering};
+use crate::shim::{AtomicPtr, AtomicU32, Ordering};
 
 /// A node that can sit in an [`Inbox`].
 pub(crate) trait Linked: Sized {
@@ -72,6 +72,20 @@ impl<T: Linked + 'static> Inbox<T> {
                 Err(h) => head = h,
             }
         }
+    }
+
+    /// Counts `node` in `count` and pushes it; on refusal (a closed inbox)
+    /// uncounts it and returns false. The count goes up *before* the push
+    /// can be seen, so the consumer, which uncounts each node it takes,
+    /// never takes the count below zero (an unsigned count would wrap, and
+    /// a load read from it would be four billion).
+    pub(crate) fn push_counted(&self, node: &'static T, count: &AtomicU32) -> bool {
+        count.fetch_add(1, Ordering::Relaxed);
+        if self.push(node) {
+            return true;
+        }
+        count.fetch_sub(1, Ordering::Relaxed);
+        false
     }
 
     /// Whether a node may be waiting (one load; the consumer's fast check).
@@ -199,6 +213,35 @@ mod loom_tests {
             if pb {
                 assert!(pa, "pushes are ordered: b accepted means a was");
             }
+        });
+    }
+
+    #[test]
+    fn a_counted_push_is_counted_before_its_consumer_uncounts_it() {
+        loom::model(|| {
+            let inbox: Arc<Inbox<Node>> = Arc::new(Inbox::new_open());
+            let count = Arc::new(AtomicU32::new(0));
+            let (a, b) = (node(), node());
+            let (i2, c2) = (inbox.clone(), count.clone());
+            let pusher = loom::thread::spawn(move || {
+                assert!(i2.push_counted(a, &c2));
+                assert!(i2.push_counted(b, &c2));
+            });
+            // The consumer: take what is there and uncount it, as a
+            // dispatcher does when it installs a thread from its inbox.
+            let mut taken = 0;
+            while taken < 2 {
+                let mut got: Vec<&'static Node> = Vec::new();
+                inbox.take_all(&mut got);
+                for _ in got {
+                    let before = count.fetch_sub(1, Ordering::Relaxed);
+                    assert!(before >= 1, "uncounted before it was counted");
+                    taken += 1;
+                }
+                loom::thread::yield_now();
+            }
+            pusher.join().unwrap();
+            assert_eq!(count.load(Ordering::Relaxed), 0);
         });
     }
 

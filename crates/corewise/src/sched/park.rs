@@ -504,12 +504,18 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
     let Some(spare) = spare_for(core, s) else {
         return false;
     };
+    // Counted before the park can be seen: once parked, a signal from any
+    // core may place the thread and a dispatcher install it (which uncounts
+    // it) before this line would run, and a count that dips to zero while a
+    // thread is detached ends a shutdown early.
+    let detached = &core.runtime().detached;
+    detached.fetch_add(1, Ordering::Relaxed);
     if !try_park(ctx, deadline, now) {
         // A signal came since it last ran: it is runnable, it stays.
+        detached.fetch_sub(1, Ordering::Relaxed);
         s.spares.push(spare);
         return false;
     }
-    core.runtime().detached.fetch_add(1, Ordering::Relaxed);
     if deadline != BLOCKED {
         s.timers
             .push(Reverse((deadline, ctx as *const ThreadContext as usize)));
@@ -752,9 +758,8 @@ fn rebalance(core: &'static Core, s: &mut CoreSched, now: u64) {
         let Some(ctx) = s.pending.pop_back() else {
             break;
         };
-        if ctx.movable() && target.inbox.push(ctx) {
+        if ctx.movable() && target.inbox.push_counted(ctx, &target.queued) {
             core.queued.fetch_sub(1, Ordering::Relaxed);
-            target.queued.fetch_add(1, Ordering::Relaxed);
             target.gate.wake_after_rmw();
             budget -= 1;
         } else {
@@ -779,12 +784,10 @@ fn rebalance(core: &'static Core, s: &mut CoreSched, now: u64) {
         };
         detach(core, i, spare);
         shared.detached.fetch_add(1, Ordering::Relaxed);
-        target.queued.fetch_add(1, Ordering::Relaxed);
-        if target.inbox.push(ctx) {
+        if target.inbox.push_counted(ctx, &target.queued) {
             target.gate.wake_after_rmw();
         } else {
             // The target closed meanwhile: keep it here, waiting.
-            target.queued.fetch_sub(1, Ordering::Relaxed);
             core.queued.fetch_add(1, Ordering::Relaxed);
             s.pending.push_back(ctx);
         }
@@ -828,13 +831,15 @@ pub(crate) fn evict_all(core: &'static Core) -> bool {
             continue;
         };
         let w = ctx.wakeup();
+        // Counted before a park can be seen (see `park`); it stays counted
+        // either way: parked, or detached to run elsewhere.
+        shared.detached.fetch_add(1, Ordering::Relaxed);
         let parked =
             ctx.movable() && w.due_or_deadline(now) == Some(BLOCKED) && try_park(ctx, BLOCKED, now);
         if !parked {
             // Runnable, sleeping (no timer here any more: wake it early) or
             // bound to this core: it runs elsewhere now.
             w.set_runnable();
-            shared.detached.fetch_add(1, Ordering::Relaxed);
             detach(core, i, spare);
             let to = shared.active_mask.load(Ordering::Acquire) & !(1u64 << core.index);
             if !ctx.movable() && to != 0 {
@@ -850,7 +855,6 @@ pub(crate) fn evict_all(core: &'static Core) -> bool {
             }
             continue;
         }
-        shared.detached.fetch_add(1, Ordering::Relaxed);
         detach(core, i, spare);
     }
     while let Some(ctx) = s.pending.pop_front() {

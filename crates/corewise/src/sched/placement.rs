@@ -72,12 +72,10 @@ pub(crate) fn place_in(shared: &'static Shared, ctx: &'static ThreadContext, can
         .chain(candidates.iter().filter(|&c| Some(c) != first));
     for c in order {
         let core = &cores[c];
-        core.queued.fetch_add(1, Ordering::Relaxed);
-        if core.inbox.push(ctx) {
+        if core.inbox.push_counted(ctx, &core.queued) {
             core.gate.wake_after_rmw();
             return;
         }
-        core.queued.fetch_sub(1, Ordering::Relaxed);
     }
     // No candidate runs now: any core that runs takes it.
     let pushed = shared.homeless.push(ctx);
