@@ -111,9 +111,16 @@ fn storm(mode: &str) {
     assert_eq!(keeper.set("precious", b"data"), "STORED");
     // 10 000 connections, 500 open at a time, some sending half a request.
     for wave in 0..20 {
+        let mut first_error = None;
         let conns: Vec<TcpStream> = (0..500)
             .filter_map(|i| {
-                let c = TcpStream::connect(("127.0.0.1", s.port)).ok()?;
+                let c = match TcpStream::connect(("127.0.0.1", s.port)) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        return None;
+                    }
+                };
                 if i % 7 == 0 {
                     let _ = (&c).write_all(b"get prec");
                 }
@@ -122,7 +129,7 @@ fn storm(mode: &str) {
             .collect();
         assert!(
             conns.len() >= 450,
-            "wave {wave}: only {} connected",
+            "wave {wave}: only {} connected (first error: {first_error:?})",
             conns.len()
         );
         check(&mut keeper);

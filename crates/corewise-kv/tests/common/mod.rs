@@ -21,6 +21,39 @@ fn free_port() -> u16 {
         .expect("no free port")
 }
 
+/// Descriptors the tests need at most: 10 000 client sockets, and the
+/// server (a child, it inherits the limit) as many again.
+const FDS_NEEDED: libc::rlim_t = 32_768;
+
+/// Raises this test process's descriptor limit once: the soft limit to
+/// [`FDS_NEEDED`] (a fresh Debian login's is 1 024), the hard limit too
+/// when it is lower and the process may (root); Go's runtime raises its
+/// soft limit the same way at start.
+fn raise_fd_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit read and write only `rl`.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 || rl.rlim_cur >= FDS_NEEDED {
+                return;
+            }
+            let raised = libc::rlimit {
+                rlim_cur: FDS_NEEDED,
+                rlim_max: rl.rlim_max.max(FDS_NEEDED),
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                // Not allowed past the hard limit: as far as it goes.
+                rl.rlim_cur = rl.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+            }
+        }
+    });
+}
+
 /// The pid in the `stats` of the server at the other end of `c`.
 fn server_pid(mut c: TcpStream) -> Option<u32> {
     c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -40,6 +73,7 @@ fn server_pid(mut c: TcpStream) -> Option<u32> {
 impl Server {
     /// Starts the server with these extra flags and waits until it accepts.
     pub fn start(extra: &[&str]) -> Server {
+        raise_fd_limit();
         for _ in 0..5 {
             let port = free_port();
             let mut child = Command::new(env!("CARGO_BIN_EXE_corewise-kv"))
