@@ -92,6 +92,7 @@ pub fn load(spec: &str) -> Outcome {
             let q = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).copied();
             out.p50_us = q(0.5);
             out.p99_us = q(0.99);
+            out.latencies_us = lat.iter().map(|&l| l as f32).collect();
         }
         Err(e) => out.error = Some(format!("failed: {e}")),
     }

@@ -21,11 +21,11 @@
 //!   The process's RLIMIT_NOFILE soft limit is raised to its hard limit
 //!   first (children inherit it). The servers take turns for `--rounds`
 //!   rounds (3 by default, 1 quick; the order reverses every round) and the
-//!   table gives each server's median p50 and p99 over its rounds (the
-//!   notes list every round's p99): on a shared machine a single run's p99
-//!   moved between 50 and 700 µs for the same server within minutes, as
-//!   the host's stalls came and went; only rounds interleaved side by side
-//!   compare servers.
+//!   table gives each server's p50 and p99 over every request of its
+//!   rounds (the notes list every round's p99, and the pooled p99.9): on a
+//!   shared machine a single run's p99 moved between 50 and 700 µs for the
+//!   same server within minutes, as the host's stalls came and went; only
+//!   rounds interleaved side by side compare servers.
 //!
 //! The Go column (when `go` exists) comes from bench/go-threads, built and
 //! run by [`go`]: GOMAXPROCS=2 in `sleepers` and `parked`, and in
@@ -87,7 +87,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2_000)]
     pub rate: u64,
     /// Rounds of `connections`, the servers taking turns (default 3;
-    /// quick 1); the table gives the median over the rounds.
+    /// quick 1); the table gives p50 and p99 over every request of them.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub rounds: Option<u64>,
     /// Requests in flight at most per active connection in `connections`
@@ -132,6 +132,11 @@ pub struct Outcome {
     pub rss_per_thread_bytes: Option<f64>,
     /// Peak RSS of the child process (VmHWM), KiB.
     pub peak_rss_kib: Option<u64>,
+    /// connections: every request's latency, µs (from the generator to
+    /// this process, so that the rounds' requests are pooled; left out of
+    /// `--json`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latencies_us: Vec<f32>,
 }
 
 /// The JSON object written by `--json`: the table's columns, its notes and
@@ -278,14 +283,27 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     .collect::<Vec<_>>()
                     .join("; ");
                 notes.push(format!(
-                    "connections: {rounds} rounds, servers taking turns; the table gives the medians; p99 (µs) per round: {per_round}"
+                    "connections: {rounds} rounds, servers taking turns; the table's p50 and p99 are over every request of every round (one host stall of tens of ms decides a round's p99); p99 (µs) per round: {per_round}"
                 ));
+                let tails = servers
+                    .iter()
+                    .zip(&runs)
+                    .map(|(r, o)| {
+                        let all = pooled(o);
+                        match (quantile(&all, 0.999), all.len()) {
+                            (Some(q), n) => format!("{r} {q:.0} ({n} requests)"),
+                            (None, _) => format!("{r} -"),
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                notes.push(format!("connections: p99.9 (µs) over every round: {tails}"));
             }
             for (r, o) in servers.iter().zip(runs) {
                 records.push(Record {
                     scenario: s.to_string(),
                     runtime: r.to_string(),
-                    outcome: median_outcome(o),
+                    outcome: pooled_outcome(o),
                 });
             }
             continue;
@@ -377,26 +395,39 @@ fn connections_run(
     }
 }
 
+/// Every request's latency of `runs`, sorted.
+fn pooled(runs: &[Outcome]) -> Vec<f32> {
+    let mut all: Vec<f32> = runs
+        .iter()
+        .flat_map(|o| o.latencies_us.iter().copied())
+        .collect();
+    all.sort_by(f32::total_cmp);
+    all
+}
+
+/// The `q` quantile of sorted `v` (nearest rank below), if any.
+fn quantile(v: &[f32], q: f64) -> Option<f64> {
+    let last = v.len().checked_sub(1)?;
+    Some(f64::from(v[(last as f64 * q) as usize]))
+}
+
 /// One server's rounds as one cell: the first failure if a round failed,
-/// else the median p50 and p99 and the highest peak RSS.
-fn median_outcome(runs: Vec<Outcome>) -> Outcome {
+/// else p50 and p99 over every request of every round and the highest
+/// peak RSS. (The median of the rounds' p99 weighed a round whose p99 one
+/// host stall decided as much as a quiet one; pooled, every request counts
+/// once.)
+fn pooled_outcome(runs: Vec<Outcome>) -> Outcome {
     if let Some(failed) = runs.iter().find(|o| o.error.is_some()) {
-        return failed.clone();
+        let mut failed = failed.clone();
+        failed.latencies_us = Vec::new();
+        return failed;
     }
-    let median = |f: fn(&Outcome) -> Option<f64>| {
-        let mut v: Vec<f64> = runs.iter().filter_map(f).collect();
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => None,
-            n if n % 2 == 1 => Some(v[n / 2]),
-            n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-        }
-    };
+    let all = pooled(&runs);
     Outcome {
         error: None,
         n: runs.first().map_or(0, |o| o.n),
-        p50_us: median(|o| o.p50_us),
-        p99_us: median(|o| o.p99_us),
+        p50_us: quantile(&all, 0.5),
+        p99_us: quantile(&all, 0.99),
         peak_rss_kib: runs.iter().filter_map(|o| o.peak_rss_kib).max(),
         ..Outcome::default()
     }
