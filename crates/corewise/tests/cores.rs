@@ -4,9 +4,18 @@
 use corewise::sync::{channel, Semaphore};
 use corewise::thread::Builder;
 use corewise::{PolicyConfig, Runtime};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Sets its flag when dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
 
 fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -77,16 +86,25 @@ fn a_released_core_loses_none_of_its_threads() {
     let (tx, rx) = channel::<u32>(1);
     let gate = Arc::new(Semaphore::new(0));
     let on_core1 = |b: Builder| b.core(1);
+    // Each thread counts itself here just before it blocks: the core goes
+    // only once all four are on it (a slow machine took longer than a fixed
+    // pause to start them, and the joiner's spawn onto core 1 then failed
+    // with CoreUnavailable, as it should on a released core).
+    let ready = Arc::new(AtomicUsize::new(0));
     // Blocked in a channel.
+    let r = ready.clone();
     let blocked = on_core1(Builder::new())
         .spawn_in(&rt, move || {
+            r.fetch_add(1, Ordering::SeqCst);
             let v = rx.recv().unwrap();
             (v, corewise::current_core().unwrap())
         })
         .unwrap();
     // Sleeping with a deadline.
+    let r = ready.clone();
     let sleeper = on_core1(Builder::new())
-        .spawn_in(&rt, || {
+        .spawn_in(&rt, move || {
+            r.fetch_add(1, Ordering::SeqCst);
             let t = Instant::now();
             corewise::sleep(Duration::from_millis(150));
             (t.elapsed(), corewise::current_core().unwrap())
@@ -94,24 +112,38 @@ fn a_released_core_loses_none_of_its_threads() {
         .unwrap();
     // Joining a child that waits on a semaphore.
     let g = gate.clone();
+    let r = ready.clone();
     let joiner = on_core1(Builder::new())
         .spawn_in(&rt, move || {
+            let r2 = r.clone();
             let child = Builder::new()
                 .core(1)
                 .spawn(move || {
+                    r2.fetch_add(1, Ordering::SeqCst);
                     g.acquire();
                     41
                 })
                 .unwrap();
+            r.fetch_add(1, Ordering::SeqCst);
             (child.join().unwrap() + 1, corewise::current_core().unwrap())
         })
         .unwrap();
-    std::thread::sleep(Duration::from_millis(10));
+    wait_for(
+        "four threads about to block on core 1",
+        Duration::from_secs(10),
+        || ready.load(Ordering::SeqCst) == 4,
+    );
     rt.set_max_cores(1);
-    wait_for("core 1 released", Duration::from_secs(10), || {
-        rt.active_cores() == 1 && !rt.core_stats()[1].active
-    });
-    assert_eq!(rt.core_stats()[1].threads, 0, "threads left on core 1");
+    // The core stops taking threads first (inactive), then hands its own
+    // over: every one of them must leave it.
+    wait_for(
+        "core 1 released, no thread left on it",
+        Duration::from_secs(10),
+        || {
+            let c = &rt.core_stats()[1];
+            rt.active_cores() == 1 && !c.active && c.threads == 0 && c.queued == 0
+        },
+    );
     tx.send(7).unwrap();
     gate.release();
     assert_eq!(blocked.join().unwrap(), (7, 0));
@@ -307,6 +339,9 @@ fn a_busy_core_is_released_between_two_runs() {
         .build()
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    // Dropped before the runtime: a failed wait stops the spinners, so the
+    // failure is reported instead of the runtime's drop waiting forever.
+    let _stop_on_unwind = StopOnDrop(stop.clone());
     let workers: Vec<_> = (0..112)
         .map(|i| {
             let stop = stop.clone();
@@ -326,9 +361,17 @@ fn a_busy_core_is_released_between_two_runs() {
                 .unwrap()
         })
         .collect();
-    wait_for("both cores full", Duration::from_secs(10), || {
-        rt.core_stats().iter().all(|c| c.threads >= 50)
-    });
+    let start = Instant::now();
+    // Cores 0 and 1 (a machine with more CPUs lists its other cores too,
+    // inactive under max_cores(2)).
+    while !rt.core_stats()[..2].iter().all(|c| c.threads >= 50) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for both cores full: {:?}",
+            rt.core_stats()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
     let t = Instant::now();
     rt.set_max_cores(1);
     wait_for("core 1 released", Duration::from_secs(30), || {
