@@ -254,6 +254,15 @@ impl CoreIo {
         self.cancel_flag.store(true, Ordering::Release);
     }
 
+    /// Whether cancel requests wait to be forwarded (the sleep re-check:
+    /// a request queued after the dispatcher's last pass, while its gate
+    /// still read awake, wakes nobody; the dispatcher must see it here,
+    /// after announcing its sleep, or it sleeps on it).
+    #[inline]
+    pub(crate) fn cancels_waiting(&self) -> bool {
+        self.cancel_flag.load(Ordering::Acquire)
+    }
+
     /// The dispatcher's per-pass step: submit, reap, forward cancels.
     /// Returns whether it made a thread runnable. With no I/O in flight it
     /// costs a few loads and no system call.

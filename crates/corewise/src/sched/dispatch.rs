@@ -534,7 +534,11 @@ fn find_runnable(core: &Core, start: usize) -> Option<usize> {
 /// The sleep re-check (after the gate's fence): is anything runnable, and
 /// when is the next deadline?
 fn recheck(core: &Core) -> (bool, Option<u64>) {
-    if core.inbox.has_items() || core.runtime().homeless.has_items() {
+    // Every source of work a waker publishes before its `gate.wake()`:
+    // a source left out here is a lost wakeup (a cancel from another
+    // thread, queued between the last pass and the sleep, left its waiter
+    // blocked until some other event woke the core).
+    if core.inbox.has_items() || core.runtime().homeless.has_items() || core.io.cancels_waiting() {
         return (true, None);
     }
     let mut m = core.mask.occupied();
