@@ -100,7 +100,12 @@ fn core_grants_and_releases_are_counted() {
     assert!(s.cores_added >= 2, "{s:?}");
     let released = s.cores_released;
     rt.set_max_cores(1);
-    wait_until("one core held", || rt.stats().active_cores == 1);
+    // A core stops taking threads (inactive) before it has handed its own
+    // over and is counted released: wait for both.
+    wait_until("one core held and released", || {
+        let s = rt.stats();
+        s.active_cores == 1 && s.cores_released == released + 1
+    });
     let s = rt.stats();
     assert_eq!((s.granted_cores, s.requested_cores), (1, 1), "{s:?}");
     assert_eq!(s.cores_released, released + 1, "{s:?}");
