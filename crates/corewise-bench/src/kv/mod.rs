@@ -50,7 +50,8 @@ pub struct Args {
     #[arg(long)]
     pub duration: Option<f64>,
     /// Measurements per point and server; the one with the median p99 is
-    /// kept (default 3).
+    /// kept (default 3). With `--neighbour`, alone/beside pairs per server
+    /// (default 5), their requests pooled.
     #[arg(long)]
     pub repeats: Option<usize>,
     /// Short run (under three minutes).
@@ -228,6 +229,22 @@ impl Drop for Realtime {
     }
 }
 
+/// One point from several runs at one offered rate: quantiles over every
+/// request of them (their histograms added), throughput their mean.
+fn pooled(runs: &[Outcome]) -> Result<Point, BenchError> {
+    let first = runs
+        .first()
+        .ok_or_else(|| BenchError::Machine("no runs to pool".into()))?;
+    let mut all = first.clone();
+    for o in &runs[1..] {
+        all.hist
+            .add(&o.hist)
+            .map_err(|e| BenchError::Machine(format!("pooling histograms: {e}")))?;
+    }
+    all.throughput_per_s = runs.iter().map(|o| o.throughput_per_s).sum::<f64>() / runs.len() as f64;
+    Ok(Point::of(&all))
+}
+
 /// Highest offered rate of the colocation runs (requests/s).
 const NEIGHBOUR_RATE_MAX: f64 = 40_000.0;
 
@@ -252,15 +269,18 @@ fn colocation(
 ) -> Result<(NeighbourResult, NeighbourResult), BenchError> {
     use corewise_arbiter::daemon::{self, Options};
     println!("neighbour: {rate:.0}/s, each server alone, then beside a CPU-bound process");
-    let measure = |name: &str, port: u16| -> Result<Point, BenchError> {
+    let measure = |name: &str, port: u16| -> Result<Outcome, BenchError> {
         let o = setup.measure_with(port, Pace::Open(rate), true)?;
-        let p = Point::of(&o);
-        show(name, &p);
-        Ok(p)
+        show(name, &Point::of(&o));
+        Ok(o)
     };
-    // Alone and beside alternate `repeats` times; the runs with the median
-    // p99 are kept (as in the sweep).
-    let repeats = args.repeats.unwrap_or(3).max(1);
+    // Alone and beside alternate `repeats` times (default 5), and each
+    // side's figures come from every request of its runs (the histograms
+    // added up), as `threads connections --rounds` does: a run's p99 is
+    // decided by whether a host stall fell in it (alone, the same server
+    // gave p99s of 124 µs and 2.8 ms minutes apart), and the median of
+    // three such p99s weighed one stalled run as much as a quiet one.
+    let repeats = args.repeats.unwrap_or(5).max(1);
     let pair = |name: &str, port: u16, nb_cpu: usize| -> Result<(Point, Point), BenchError> {
         let (mut alone, mut beside) = (Vec::new(), Vec::new());
         for _ in 0..repeats {
@@ -270,11 +290,10 @@ fn colocation(
             beside.push(measure(&format!("{name}+nb"), port)?);
             drop(nb);
         }
-        let median = |mut v: Vec<Point>| {
-            v.sort_by(|a, b| a.p99_us.total_cmp(&b.p99_us));
-            v.swap_remove(v.len() / 2)
-        };
-        Ok((median(alone), median(beside)))
+        let (alone, beside) = (pooled(&alone)?, pooled(&beside)?);
+        show(&format!("{name} (all {repeats})"), &alone);
+        show(&format!("{name}+nb (all {repeats})"), &beside);
+        Ok((alone, beside))
     };
 
     // memcached: the neighbour shares its CPU.
@@ -768,6 +787,38 @@ mod tests {
         // Both crossing in the same interval: no duplicates.
         let same = [pt(30_000.0, [100.0, 200.0]), pt(60_000.0, [2000.0, 1500.0])];
         assert_eq!(refinement(&same, 1), vec![45_000.0]);
+    }
+
+    fn outcome(latencies_us: &[u64], throughput_per_s: f64) -> Outcome {
+        let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(100, 120_000_000_000, 3)
+            .expect("histogram bounds");
+        for &l in latencies_us {
+            hist.record(l * 1000).expect("in bounds");
+        }
+        Outcome {
+            offered_per_s: 1000.0,
+            throughput_per_s,
+            hist,
+            unanswered: 0,
+            misses: 0,
+        }
+    }
+
+    #[test]
+    fn pooled_runs_give_quantiles_of_every_request() {
+        // A quiet run (all 100 µs) and one with a stall (10 of 100
+        // requests at 5 ms): the median of their p99s would pick either;
+        // pooled, 10 of 200 requests are slow, so p99 is the stall and the
+        // median is not.
+        let quiet = outcome(&[100; 100], 900.0);
+        let mut stalled = vec![100; 90];
+        stalled.extend([5000; 10]);
+        let stalled = outcome(&stalled, 1100.0);
+        let p = pooled(&[quiet, stalled]).expect("two runs");
+        assert!((p.p99_us - 5000.0).abs() < 10.0, "p99 {}", p.p99_us);
+        assert!((p.p50_us - 100.0).abs() < 1.0, "p50 {}", p.p50_us);
+        assert_eq!(p.throughput_per_s, 1000.0);
+        assert!(pooled(&[]).is_err());
     }
 
     #[test]
