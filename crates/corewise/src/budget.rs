@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use corewise_arbiter::cpulist::{CpuList, CpuListError, MAX_CPU_ID};
-pub use filter::ShareFilter;
+pub use filter::{ShareFilter, OFFSET};
 pub use neighbour::{neighbour_cap, CpuTimes, NeighbourConfig, NeighbourShare};
 pub use watch::{BudgetHandle, BudgetWatcher, WatcherBuilder, DEFAULT_REFRESH_INTERVAL};
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corewise::budget::{
-    BudgetProbe, BudgetReason, CpuList, NeighbourConfig, NeighbourShare, ShareFilter,
+    BudgetProbe, BudgetReason, CpuList, NeighbourConfig, NeighbourShare, ShareFilter, OFFSET,
 };
 
 const CPU_ROOT: &str = "/sys/fs/cgroup/cpu";
@@ -401,6 +401,93 @@ fn idle_neighbours_allow_growth() {
     assert!((1..=budget).contains(&cap));
 }
 
+/// CPU time (user + system) of process `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// A busy runtime that holds every core, then one busy thread of another
+/// process arrives: the runtime gives a core back and the neighbour gets
+/// a whole CPU. (A pool at a full grant pins one kernel thread per CPU,
+/// so the neighbour's thread can share a CPU with one of them: the pool
+/// then gets `CPUs - 0.5`, a demand of 1.5 on two CPUs, which the
+/// boundaries before 2026-11-26 kept at two cores for good; measured with
+/// `corewise-bench neighbours --as-neighbour corewise` beside a spinning
+/// shell, 1.50 against 0.50 CPU. In this test process the split does not
+/// always form; the filter's unit test
+/// `a_full_grant_beside_one_busy_thread_gives_a_core_back` pins the
+/// boundary itself.)
+#[test]
+fn a_full_grant_gives_a_core_back_to_a_waiting_neighbour() {
+    let _serial = share_test_lock();
+    let budget = BudgetProbe::new().max_cores(None).read().unwrap().cores();
+    if budget < 2 {
+        eprintln!("skipping: a budget of {budget} core leaves nothing to give back");
+        return;
+    }
+    let rt = corewise::Runtime::new().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2 * budget)
+        .map(|_| {
+            let stop = stop.clone();
+            corewise::thread::Builder::new()
+                .spawn_in(&rt, move || {
+                    // Tasks of 5 ms of computing, back to back, as a
+                    // closed-loop pool of CPU-bound jobs runs them.
+                    while !stop.load(Ordering::Relaxed) {
+                        let until = std::time::Instant::now() + Duration::from_millis(5);
+                        while std::time::Instant::now() < until {
+                            std::hint::black_box(0u64);
+                        }
+                        corewise::yield_now();
+                    }
+                })
+                .unwrap()
+        })
+        .collect();
+    let b = rt.budget().clone();
+    let wait_for = |want: usize, within: Duration| {
+        let deadline = std::time::Instant::now() + within;
+        while b.active_cores() != want && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        b.active_cores()
+    };
+    // Alone, the runtime holds every core.
+    let alone = wait_for(budget, Duration::from_secs(10));
+    let kids = Children(vec![Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .expect("spawn spinner")]);
+    let spinner = kids.0[0].id();
+    let crowded = wait_for(budget - 1, Duration::from_secs(10));
+    // Then the spinner's CPU over 2 s: a whole CPU, give or take.
+    let t0 = cpu_ticks(spinner);
+    std::thread::sleep(Duration::from_secs(2));
+    let hz = rustix::param::clock_ticks_per_second().max(1) as f64;
+    let spinner_cpus = (cpu_ticks(spinner) - t0) as f64 / hz / 2.0;
+    let after = b.active_cores();
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    drop(kids);
+    eprintln!(
+        "budget {budget}: alone {alone} cores, beside the spinner {crowded} then {after}; spinner {spinner_cpus:.2} CPU"
+    );
+    assert_eq!(alone, budget, "alone, the runtime did not hold every core");
+    assert_eq!(crowded, budget - 1, "no core given back to the spinner");
+    assert!(after < budget, "the core was taken back from the spinner");
+    assert!(
+        spinner_cpus > 0.75,
+        "the spinner got {spinner_cpus:.2} CPU beside {after} cores"
+    );
+}
+
 /// Two spinning processes in `cpu` cgroups of a subtree of their own (the
 /// measured one and its neighbour, each cgroup set up by writing the given
 /// files), both counted by one `cpuacct` cgroup, optionally both pinned to
@@ -565,9 +652,9 @@ fn share_of_a_quota_limited_process_beside_a_known_neighbour() {
 }
 
 /// The hysteresis on real counters: both processes pinned to one CPU with
-/// CFS weights 3:1, so the measured one has 0.75 of their time whatever
-/// else runs there, i.e. a demand of 1.5 cores on two CPUs: exactly the
-/// filter's 1|2 boundary. Sampled every 200 ms for 8 s, the cap settles
+/// CFS weights 33:7, so the measured one has 0.825 of their time whatever
+/// else runs there, i.e. a demand of 1.65 cores on two CPUs: exactly the
+/// filter's 1|2 boundary (`1 + OFFSET`). Sampled every 200 ms for 8 s, the cap settles
 /// and does not flip; the raw `ceil()` of the same windows is reported for
 /// comparison.
 #[test]
@@ -575,7 +662,7 @@ fn share_hovering_at_a_boundary_keeps_the_cap() {
     let _serial = share_test_lock();
     let cpus = machine_cpus();
     let Some(pair) = SpinnerPair::new(
-        [&[("cpu.shares", "6000")], &[("cpu.shares", "2000")]],
+        [&[("cpu.shares", "6600")], &[("cpu.shares", "1400")]],
         Some(cpus - 1),
     ) else {
         return;
@@ -597,7 +684,7 @@ fn share_hovering_at_a_boundary_keeps_the_cap() {
         let cap = share.sample().unwrap();
         let s = share.share().unwrap();
         (lo, hi) = (lo.min(s), hi.max(s));
-        let raw = (2.0 * s - 0.5).ceil().max(1.0) as usize;
+        let raw = (2.0 * s - OFFSET).ceil().max(1.0) as usize;
         if last_raw.is_some_and(|r| r != raw) {
             raw_changes += 1;
         }
@@ -612,7 +699,7 @@ fn share_hovering_at_a_boundary_keeps_the_cap() {
     );
     let smoothed = share.smoothed().unwrap();
     assert!(
-        (0.625..=0.875).contains(&smoothed),
+        (0.7..=0.95).contains(&smoothed),
         "the pair's share {smoothed} did not hover at the boundary"
     );
     assert_eq!(changes, 0, "the cap flipped around the boundary");
@@ -620,7 +707,7 @@ fn share_hovering_at_a_boundary_keeps_the_cap() {
     let mut f = ShareFilter::new(1.0, 2, 0.3, 0.15, 2);
     f.push(1.0);
     for _ in 0..100 {
-        assert_eq!(f.push(0.75), 2);
+        assert_eq!(f.push((1.0 + OFFSET) / 2.0), 2);
     }
 }
 

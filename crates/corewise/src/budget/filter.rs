@@ -11,25 +11,35 @@
 //!   `alpha = 0.3`, a step in the share is 97 % followed after 10 samples
 //!   (100 ms), which is the follow-time target.
 //! * **Offset boundaries**: the cap for demand `d = O · share · CPUs` is
-//!   `ceil(d - OFFSET)` with `OFFSET = 0.5` (the nearest integer), not
-//!   `ceil(d)`. Processes that all want every core split the host evenly,
-//!   so the demand of each sits *exactly* on an integer (1.0 for two such
-//!   processes on two CPUs) and measurement noise would put it on either
-//!   side of `ceil()`'s boundary. With the offset an integer demand `k` is
-//!   in the middle of cap `k`'s range `(k - 0.5, k + 0.5]`.
-//!   Why half a core and not less: a pool that holds more cores than its
-//!   neighbours measures a larger share *because* it holds them. Two
-//!   aware pools on two CPUs, one at two cores and one at one, see shares
-//!   of 2/3 and 1/3 (three busy threads): demands 1.33 and 0.67. With the
-//!   boundary a quarter core above the integers (`OFFSET = 0.25`, as
-//!   before) 1.33 kept its two cores for good and the other pool got half
-//!   the CPU it should (0.50-0.62 of a CPU, measured); with `0.5` the
-//!   larger pool comes down to one core and both get one CPU.
+//!   `ceil(d - OFFSET)` with `OFFSET = 0.65`, not `ceil(d)`. Processes that
+//!   all want every core split the host evenly, so the demand of each sits
+//!   *exactly* on an integer (1.0 for two such processes on two CPUs) and
+//!   measurement noise would put it on either side of `ceil()`'s boundary.
+//!   With the offset an integer demand `k` is well inside cap `k`'s range
+//!   `(k - 0.35, k + 0.65]`.
+//!   Why more than half a core: a pool that holds more cores than its
+//!   neighbours measures a larger share *because* it holds them. A pool at
+//!   a full grant pins one kernel thread per CPU (see
+//!   [`crate::arbiter::Local`]), so a neighbour's busy thread (an aware
+//!   pool capped to one core, or a plain spinning process) shares a CPU
+//!   with one of them and the kernel cannot place it better: on two CPUs
+//!   the pool gets 1.5 CPUs and the neighbour 0.5 (measured, 1.50 against
+//!   0.50), a demand of `c - 0.5` = 1.5. With the boundary half a core
+//!   above the integers and a band of 0.15 (as before) 1.5 kept two cores
+//!   for good: beside an aware neighbour the measured pool got 0.51 CPU in
+//!   three of five `neighbours --quick` runs. The shrink boundary from `c`
+//!   is now `c - 1 + 0.65 - 0.1` = `c - 0.45`, above `c - 0.5`, so the pool
+//!   comes down to one core and both get one CPU. (Earlier, `OFFSET =
+//!   0.25` kept 1.33, two aware pools' demand under per-thread fairness.)
+//!   The price: a neighbour that wants half a CPU or more also makes a
+//!   full grant give one core up, since its demand reads the same.
 //! * **Hysteresis**: the cap grows from `c` only when the smoothed demand
 //!   exceeds `c + OFFSET + band`, and shrinks only when it drops below
 //!   `c - 1 + OFFSET - band` (the new cap is `ceil(d - OFFSET)`, clamped to
 //!   `[1, budget]`). A demand hovering within `band` of a boundary never
-//!   flips the cap.
+//!   flips the cap. Alone, a pool reads a share near 1: a demand of
+//!   `CPUs`, above the grow boundary as long as others use less than
+//!   `(0.35 - band) / CPUs` of the host's busy time.
 //!
 //! The samples come from nanosecond counters (the process CPU clock and
 //! the `cpuacct` root's usage, see [`NeighbourShare`](super::NeighbourShare));
@@ -39,18 +49,27 @@
 //! deterministically; [`NeighbourShare`](super::NeighbourShare) feeds it
 //! one sample per window.
 
-/// Where the cap boundaries sit above the integers, in cores.
-pub const OFFSET: f64 = 0.5;
+/// Where the cap boundaries sit above the integers, in cores (see the
+/// module docs for why 0.65).
+///
+/// ```
+/// use corewise::budget::{ShareFilter, OFFSET};
+/// // An even split of two CPUs (demand 1.0) is inside cap 1's range.
+/// assert!(1.0 > 1.0 - 1.0 + OFFSET - 0.5 && 1.0 <= 1.0 + OFFSET);
+/// let mut f = ShareFilter::new(1.0, 2, 1.0, 0.0, 2);
+/// assert_eq!(f.push(0.5), 1);
+/// ```
+pub const OFFSET: f64 = 0.65;
 
 /// EWMA plus a dead band around the current cap.
 ///
 /// ```
 /// use corewise::budget::ShareFilter;
 /// let mut f = ShareFilter::new(1.0, 2, 0.3, 0.15, 2);
-/// // A share hovering around the 1|2 boundary (demand 1.15..1.35) keeps the cap.
-/// let start = f.push(0.625);
+/// // A share hovering around the 1|2 boundary (demand 1.55..1.75) keeps the cap.
+/// let start = f.push(0.825);
 /// for i in 0..100 {
-///     let s = if i % 2 == 0 { 0.575 } else { 0.675 };
+///     let s = if i % 2 == 0 { 0.775 } else { 0.875 };
 ///     assert_eq!(f.push(s), start);
 /// }
 /// ```
@@ -160,9 +179,9 @@ impl ShareFilter {
     /// ```
     /// use corewise::budget::ShareFilter;
     /// let mut f = ShareFilter::new(1.0, 2, 1.0, 0.15, 2);
-    /// assert_eq!(f.push(0.5), 1); // demand 1.0 < 2 - 1 + 0.5 - 0.15
-    /// assert_eq!(f.push(0.8), 1); // demand 1.6: inside the band
-    /// assert_eq!(f.push(0.9), 2); // demand 1.8 > 1 + 0.5 + 0.15
+    /// assert_eq!(f.push(0.5), 1); // demand 1.0 < 2 - 1 + 0.65 - 0.15
+    /// assert_eq!(f.push(0.85), 1); // demand 1.7: inside the band
+    /// assert_eq!(f.push(0.95), 2); // demand 1.9 > 1 + 0.65 + 0.15
     /// ```
     pub fn push(&mut self, share: f64) -> usize {
         if share.is_nan() {
@@ -292,6 +311,31 @@ mod tests {
         assert_eq!(f.push(-5.0), 1);
         f.set_budget(0);
         assert_eq!(f.push(1.0), 1);
+    }
+
+    #[test]
+    fn a_full_grant_beside_one_busy_thread_gives_a_core_back() {
+        // Two CPUs, our two kernel threads pinned one per CPU, one busy
+        // thread of a neighbour sharing a CPU with one of them: we get 1.5
+        // of the 2.0 busy CPUs (demand 1.5), it gets 0.5. With the default
+        // band the cap comes down to one; at one core each the split is
+        // even (demand 1.0) and the cap stays.
+        let band = crate::budget::NeighbourConfig::default().band;
+        let mut f = ShareFilter::new(1.0, 2, 0.3, band, 2);
+        for i in 0..30 {
+            f.push(0.75 + 0.02 * wobble(i));
+        }
+        assert_eq!(f.cap(), 1);
+        assert_eq!(flips(&mut f, |i| 0.5 + 0.05 * wobble(i)), 0);
+        // Alone again: back to two.
+        for _ in 0..10 {
+            f.push(1.0);
+        }
+        assert_eq!(f.cap(), 2);
+        // The old boundaries (half a core, band 0.15) kept two cores.
+        let (d, c) = (1.5f64, 2.0f64);
+        assert!(d >= c - 1.0 + 0.5 - 0.15);
+        assert!(d < c - 1.0 + OFFSET - band);
     }
 
     #[test]

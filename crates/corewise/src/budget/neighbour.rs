@@ -71,7 +71,7 @@ pub struct NeighbourConfig {
     /// `(0, 1]`).
     pub smoothing: f64,
     /// Half-width of the dead band around each cap boundary, in cores
-    /// (default 0.15; in `[0, 0.5]`). See [`ShareFilter`].
+    /// (default 0.1; in `[0, 0.5]`). See [`ShareFilter`].
     pub band: f64,
 }
 
@@ -82,7 +82,7 @@ impl Default for NeighbourConfig {
             window: Duration::from_millis(10),
             idle_fraction: 0.05,
             smoothing: 0.3,
-            band: 0.15,
+            band: 0.1,
         }
     }
 }
