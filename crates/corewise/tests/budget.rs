@@ -362,16 +362,8 @@ fn busy_neighbours_cap_at_one() {
     };
     // Sample once every spinner runs (starting 8 shells takes a while on
     // an emulated CPU): each has used CPU time.
-    let ticks = |pid: u32| -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<&str> = after.split_whitespace().collect();
-        // Fields 14 and 15 (utime, stime) are the 12th and 13th after ')'.
-        f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !kids.0.iter().all(|c| ticks(c.id()) > 0) {
+    while !kids.0.iter().all(|c| cpu_ticks(c.id()) > 0) {
         assert!(std::time::Instant::now() < deadline, "spinners never ran");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -406,6 +398,7 @@ fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are the 12th and 13th after ')'.
     f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
         + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
 }

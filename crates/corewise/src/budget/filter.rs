@@ -54,10 +54,13 @@
 ///
 /// ```
 /// use corewise::budget::{ShareFilter, OFFSET};
-/// // An even split of two CPUs (demand 1.0) is inside cap 1's range.
-/// assert!(1.0 > 1.0 - 1.0 + OFFSET - 0.5 && 1.0 <= 1.0 + OFFSET);
+/// // Cap 1's range of demands is (OFFSET, 1 + OFFSET]: an even split of
+/// // two CPUs (demand 1.0) is inside it, and so is 1.5, what a pool at
+/// // two pinned cores beside one busy thread reads.
+/// assert!(OFFSET < 1.0 && 1.5 <= 1.0 + OFFSET);
 /// let mut f = ShareFilter::new(1.0, 2, 1.0, 0.0, 2);
-/// assert_eq!(f.push(0.5), 1);
+/// assert_eq!(f.push(0.75), 1); // demand 1.5
+/// assert_eq!(f.push(0.5), 1); // demand 1.0
 /// ```
 pub const OFFSET: f64 = 0.65;
 
