@@ -168,11 +168,7 @@ impl NeighbourResult {
         let median = |v: &[f64]| {
             let mut v = v.to_vec();
             v.sort_by(f64::total_cmp);
-            match v.len() {
-                0 => f64::NAN,
-                n if n % 2 == 1 => v[n / 2],
-                n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-            }
+            crate::stats::median_sorted(&v).unwrap_or(f64::NAN)
         };
         median(&self.beside_run_p99_us) / median(&self.alone_run_p99_us).max(1e-9)
     }
