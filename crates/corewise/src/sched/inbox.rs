@@ -129,18 +129,30 @@ impl<T: Linked + 'static> Inbox<T> {
         self.head.load(Ordering::Acquire) == closed()
     }
 
+    /// Reverses the taken list in place (the consumer owns every node of
+    /// it now: no pusher writes a link it has published) and hands the
+    /// nodes out oldest first, without allocating.
     fn collect(mut p: *mut T, out: &mut impl Extend<&'static T>) -> usize {
-        let mut nodes: Vec<&'static T> = Vec::new();
+        let mut oldest: *mut T = std::ptr::null_mut();
+        let mut n = 0;
         while !p.is_null() {
             // SAFETY: every pointer in the list came from a `&'static T` in
             // `push`, published with release and taken here with acquire.
             let node: &'static T = unsafe { &*p };
             p = node.link().load(Ordering::Relaxed);
-            nodes.push(node);
+            node.link().store(oldest, Ordering::Relaxed);
+            oldest = node as *const T as *mut T;
+            n += 1;
         }
-        let n = nodes.len();
-        // The stack holds the newest first: hand them out oldest first.
-        out.extend(nodes.into_iter().rev());
+        out.extend(std::iter::successors(
+            // SAFETY: as above; the links now run oldest to newest.
+            (!oldest.is_null()).then(|| unsafe { &*oldest }),
+            |node: &&'static T| {
+                let next = node.link().load(Ordering::Relaxed);
+                // SAFETY: as above.
+                (!next.is_null()).then(|| unsafe { &*next })
+            },
+        ));
         n
     }
 }
