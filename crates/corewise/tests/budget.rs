@@ -383,6 +383,66 @@ fn busy_neighbours_cap_at_one() {
     );
 }
 
+/// A busy shell pinned to `cpu` (its CPU time starts counting at once).
+fn spinner_on(cpu: usize) -> Child {
+    let child = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .expect("spawn spinner");
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    let raw = rustix::process::Pid::from_raw(child.id() as i32);
+    rustix::thread::sched_setaffinity(raw, &set).expect("pin spinner");
+    child
+}
+
+/// A process confined to one CPU competes only with what runs there: a
+/// busy neighbour on another CPU takes nothing from it. Counted over the
+/// CPUs it may use, its share is the whole CPU; counted over the host (the
+/// only way before 2026-11-27) it read one half, and on a larger host with
+/// idle CPUs elsewhere a neighbour on its own CPU went unseen.
+#[test]
+fn a_confined_process_counts_its_share_over_its_own_cpus() {
+    let _serial = share_test_lock();
+    let budget = BudgetProbe::new().max_cores(None).read().unwrap();
+    if !(budget.cpus().contains(0) && budget.cpus().contains(1)) {
+        eprintln!("skipped: needs CPUs 0 and 1");
+        return;
+    }
+    let kids = Children(vec![spinner_on(1), spinner_on(0)]);
+    let measured = kids.0[0].id();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !kids.0.iter().all(|c| cpu_ticks(c.id()) > 0) {
+        assert!(std::time::Instant::now() < deadline, "spinners never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let cfg = NeighbourConfig {
+        window: Duration::from_millis(300),
+        ..NeighbourConfig::default()
+    };
+    let run = |confine: Option<&str>| {
+        let mut s = NeighbourShare::for_pid(measured, 2, cfg)?;
+        if let Some(cpus) = confine {
+            s.restrict_to(&cpus.parse::<CpuList>().unwrap())?;
+        }
+        s.sample()?;
+        Ok::<_, corewise::budget::BudgetError>((s.share().unwrap(), s.host_cpus()))
+    };
+    let confined = run(Some("1"));
+    let whole = run(None);
+    drop(kids);
+    let (confined, cpus) = confined.unwrap();
+    let (whole, _) = whole.unwrap();
+    eprintln!("share over CPU 1: {confined:.2}; over the host: {whole:.2}");
+    assert_eq!(cpus, 1);
+    assert!(confined > 0.8, "alone on its CPU: {confined:.2}");
+    // The control: the same pair counted over the whole host.
+    assert!(
+        whole < 0.7,
+        "over the host, the neighbour counts: {whole:.2}"
+    );
+}
+
 #[test]
 fn idle_neighbours_allow_growth() {
     // Only meaningful on an otherwise quiet machine; checks the cap is in

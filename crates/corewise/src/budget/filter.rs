@@ -161,6 +161,23 @@ impl ShareFilter {
         self.cap = self.cap.min(self.budget);
     }
 
+    /// Changes the number of CPUs the share is counted over (the process's
+    /// CPU set changed). The smoothed share was a share of the old set, so
+    /// it is forgotten; the cap stays until the next sample.
+    ///
+    /// ```
+    /// use corewise::budget::ShareFilter;
+    /// let mut f = ShareFilter::new(1.0, 8, 1.0, 0.1, 2);
+    /// assert_eq!(f.push(0.2), 2); // a fifth of 8 CPUs: demand 1.6
+    /// f.set_host_cpus(2);
+    /// assert_eq!(f.smoothed(), None);
+    /// assert_eq!(f.push(0.2), 1); // a fifth of 2 CPUs: demand 0.4
+    /// ```
+    pub fn set_host_cpus(&mut self, host_cpus: usize) {
+        self.host_cpus = host_cpus.max(1);
+        self.smoothed = None;
+    }
+
     /// Forget the history (after an idle period: the next sample starts fresh)
     /// and return to the whole budget.
     ///

@@ -242,19 +242,51 @@ struct HostCounter {
     file: File,
     path: PathBuf,
     /// `Some(ns per tick)`: `/proc/stat` busy ticks; `None`: a cgroup's
-    /// `cpuacct.usage` in ns.
+    /// `cpuacct` counter in ns.
     ticks: Option<u64>,
+    /// The CPUs counted, ascending; `None`: all of them (the aggregate
+    /// `cpu` line, or `cpuacct.usage`). With a list: the `cpuN` lines, or
+    /// the columns of `cpuacct.usage_percpu`.
+    cpus: Option<Vec<usize>>,
 }
 
 impl HostCounter {
     fn open(path: PathBuf, ticks: Option<u64>) -> Result<Self, BudgetError> {
+        Self::open_for(path, ticks, None)
+    }
+
+    fn open_for(
+        path: PathBuf,
+        ticks: Option<u64>,
+        cpus: Option<Vec<usize>>,
+    ) -> Result<Self, BudgetError> {
         let file = File::open(&path).map_err(|source| BudgetError::Read {
             path: path.clone(),
             source,
         })?;
-        let counter = HostCounter { file, path, ticks };
+        let counter = HostCounter {
+            file,
+            path,
+            ticks,
+            cpus,
+        };
         counter.read_ns()?;
         Ok(counter)
+    }
+
+    /// The same counter over `cpus` only (`None`: every CPU). A cgroup
+    /// counter switches between `cpuacct.usage` and
+    /// `cpuacct.usage_percpu` of its directory.
+    fn over(&self, cpus: Option<Vec<usize>>) -> Result<Self, BudgetError> {
+        let path = match (self.ticks, self.path.parent()) {
+            (None, Some(dir)) => dir.join(if cpus.is_some() {
+                "cpuacct.usage_percpu"
+            } else {
+                "cpuacct.usage"
+            }),
+            _ => self.path.clone(),
+        };
+        Self::open_for(path, self.ticks, cpus)
     }
 
     /// The root of the cgroup v1 `cpuacct` hierarchy if it is mounted
@@ -283,26 +315,43 @@ impl HostCounter {
     }
 
     fn read_ns(&self) -> Result<u64, BudgetError> {
-        let mut buf = [0u8; 4096];
+        let mut small = [0u8; 4096];
+        let mut large = Vec::new();
+        let buf: &mut [u8] = match &self.cpus {
+            // The aggregate line comes first; a cgroup total is one number.
+            None => &mut small,
+            // One read (a second read at an offset would see a newer
+            // snapshot): room for every `cpuN` line, or column, up to the
+            // highest CPU counted, at the widest a line can be.
+            Some(cpus) => {
+                let last = cpus.last().copied().unwrap_or(0);
+                large.resize(4096 + 256 * (last + 1), 0);
+                &mut large
+            }
+        };
         let n = self
             .file
-            .read_at(&mut buf, 0)
+            .read_at(buf, 0)
             .map_err(|source| BudgetError::Read {
                 path: self.path.clone(),
                 source,
             })?;
         let text = std::str::from_utf8(&buf[..n])
             .map_err(|_| BudgetError::parse(&self.path, "not UTF-8".into()))?;
-        match self.ticks {
-            Some(ns_per_tick) => {
-                // The aggregate line comes first and fits in the buffer.
+        match (self.ticks, &self.cpus) {
+            (Some(ns_per_tick), None) => {
                 let (busy, _) = parse_proc_stat(text, &self.path)?;
                 Ok(busy.saturating_mul(ns_per_tick))
             }
-            None => text
+            (Some(ns_per_tick), Some(cpus)) => {
+                let busy = parse_proc_stat_cpus(text, &self.path, cpus)?;
+                Ok(busy.saturating_mul(ns_per_tick))
+            }
+            (None, None) => text
                 .trim()
                 .parse()
                 .map_err(|_| BudgetError::parse(&self.path, format!("bad usage {text:?}"))),
+            (None, Some(cpus)) => parse_usage_percpu(text, &self.path, cpus),
         }
     }
 
@@ -348,7 +397,13 @@ pub struct NeighbourShare {
     /// While `host` is the `cpuacct` root: `/proc/stat` and the time and
     /// host count of the last cross-check (see [`Self::cross_check`]).
     check: Option<CrossCheck>,
+    /// The CPUs of the formula: those counted, all of the host's unless
+    /// [`Self::restrict_to`] narrowed them.
     host_cpus: usize,
+    /// Every CPU of the host (its `cpuN` lines).
+    all_cpus: usize,
+    /// The CPUs counted, ascending (`None`: all of them).
+    counted: Option<Vec<usize>>,
     last: CpuTimes,
     share: Option<f64>,
     filter: ShareFilter,
@@ -402,6 +457,8 @@ impl NeighbourShare {
             host,
             check,
             host_cpus,
+            all_cpus: host_cpus,
+            counted: None,
             last: CpuTimes {
                 self_ns: 0,
                 busy_ns: 0,
@@ -426,10 +483,54 @@ impl NeighbourShare {
     /// assert!(err.to_string().contains("cpuacct.usage"));
     /// ```
     pub fn host_cgroup(mut self, dir: impl AsRef<Path>) -> Result<Self, BudgetError> {
-        self.host = HostCounter::open(dir.as_ref().join("cpuacct.usage"), None)?;
+        self.host = HostCounter::open(dir.as_ref().join("cpuacct.usage"), None)?
+            .over(self.counted.clone())?;
         self.check = None;
         self.rebase()?;
         Ok(self)
+    }
+
+    /// Counts the share over `cpus` only: the CPUs this process may run
+    /// on (its affinity mask and cpusets, [`crate::budget::CpuBudget::cpus`]).
+    ///
+    /// A process confined to some CPUs competes only with what runs there:
+    /// counted against the whole host, a neighbour on its own CPUs weighs
+    /// as little as one on any other, and the idle CPUs elsewhere make the
+    /// host look idle. Over the process's CPUs, the formula's `CPUs` is
+    /// their number and `cpu_all` their busy time (the `cpuN` lines of
+    /// `/proc/stat`, or the columns of `cpuacct.usage_percpu`). A set that
+    /// covers every CPU counts the whole host as before. The smoothed share
+    /// starts over when the set changes; the same set again costs nothing.
+    ///
+    /// ```
+    /// use corewise::budget::{cpu_budget, NeighbourConfig, NeighbourShare};
+    /// let budget = cpu_budget().unwrap();
+    /// let mut share = NeighbourShare::new(budget.cores(), NeighbourConfig::default()).unwrap();
+    /// share.restrict_to(budget.cpus()).unwrap();
+    /// assert_eq!(share.host_cpus(), budget.cpus().len());
+    /// ```
+    pub fn restrict_to(&mut self, cpus: &crate::budget::CpuList) -> Result<(), BudgetError> {
+        let list = cpus.to_vec();
+        let counted = (!list.is_empty() && list.len() < self.all_cpus).then_some(list);
+        if counted == self.counted {
+            return Ok(());
+        }
+        // Both counters are opened before either is replaced: a failure
+        // (a CPU without a line: the set is stale) leaves the old ones.
+        let host = self.host.over(counted.clone())?;
+        let stat = match &self.check {
+            Some(c) => Some(c.stat.over(counted.clone())?),
+            None => None,
+        };
+        if let (Some(c), Some(stat)) = (&mut self.check, stat) {
+            (c.at, c.stat_ns, c.host_ns) = (Instant::now(), stat.read_ns()?, host.read_ns()?);
+            c.stat = stat;
+        }
+        self.host = host;
+        self.host_cpus = counted.as_ref().map_or(self.all_cpus, Vec::len);
+        self.counted = counted;
+        self.filter.set_host_cpus(self.host_cpus);
+        self.rebase()
     }
 
     /// Reads the counters now, without updating anything.
@@ -527,7 +628,8 @@ impl NeighbourShare {
         self.filter.smoothed()
     }
 
-    /// The host's CPUs (the `CPUs` of the formula).
+    /// The CPUs the share is counted over (the `CPUs` of the formula): the
+    /// host's, or those of [`restrict_to`](Self::restrict_to).
     pub fn host_cpus(&self) -> usize {
         self.host_cpus
     }
@@ -573,29 +675,7 @@ pub(crate) fn parse_proc_stat(text: &str, path: &Path) -> Result<(u64, usize), B
         let mut fields = line.split_whitespace();
         let Some(name) = fields.next() else { continue };
         if name == "cpu" {
-            let mut vals = [0u64; 8];
-            let mut n = 0;
-            for (slot, f) in vals.iter_mut().zip(fields) {
-                *slot = f.parse().map_err(|_| {
-                    BudgetError::parse(path, format!("bad number {f:?} on the cpu line"))
-                })?;
-                n += 1;
-            }
-            if n < 4 {
-                return Err(BudgetError::parse(
-                    path,
-                    "cpu line has fewer than 4 fields".into(),
-                ));
-            }
-            // user nice system idle iowait irq softirq steal
-            let [user, nice, system, _idle, _iowait, irq, softirq, steal] = vals;
-            busy = Some(
-                user.saturating_add(nice)
-                    .saturating_add(system)
-                    .saturating_add(irq)
-                    .saturating_add(softirq)
-                    .saturating_add(steal),
-            );
+            busy = Some(busy_of_fields(fields, path, name)?);
         } else if name.len() > 3
             && name.starts_with("cpu")
             && name.as_bytes()[3..].iter().all(u8::is_ascii_digit)
@@ -607,6 +687,88 @@ pub(crate) fn parse_proc_stat(text: &str, path: &Path) -> Result<(u64, usize), B
         Some(b) => Ok((b, cpus.max(1))),
         None => Err(BudgetError::parse(path, "no aggregate cpu line".into())),
     }
+}
+
+/// Busy time of the fields of one `/proc/stat` cpu line (after its name):
+/// user, nice, system, irq, softirq and steal.
+fn busy_of_fields<'a>(
+    fields: impl Iterator<Item = &'a str>,
+    path: &Path,
+    name: &str,
+) -> Result<u64, BudgetError> {
+    let mut vals = [0u64; 8];
+    let mut n = 0;
+    for (slot, f) in vals.iter_mut().zip(fields) {
+        *slot = f.parse().map_err(|_| {
+            BudgetError::parse(path, format!("bad number {f:?} on the {name} line"))
+        })?;
+        n += 1;
+    }
+    if n < 4 {
+        return Err(BudgetError::parse(
+            path,
+            format!("{name} line has fewer than 4 fields"),
+        ));
+    }
+    // user nice system idle iowait irq softirq steal
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal] = vals;
+    Ok(user
+        .saturating_add(nice)
+        .saturating_add(system)
+        .saturating_add(irq)
+        .saturating_add(softirq)
+        .saturating_add(steal))
+}
+
+/// Busy ticks of the CPUs `cpus` (ascending) from `/proc/stat`'s `cpuN`
+/// lines; an error if one of them has no line (it went offline: the
+/// caller's list is stale).
+fn parse_proc_stat_cpus(text: &str, path: &Path, cpus: &[usize]) -> Result<u64, BudgetError> {
+    let mut busy = 0u64;
+    let mut found = 0;
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(name) = fields.next() else { continue };
+        let Some(Ok(cpu)) = name
+            .strip_prefix("cpu")
+            .filter(|d| !d.is_empty())
+            .map(str::parse::<usize>)
+        else {
+            continue;
+        };
+        if cpus.binary_search(&cpu).is_ok() {
+            busy = busy.saturating_add(busy_of_fields(fields, path, name)?);
+            found += 1;
+        }
+    }
+    if found != cpus.len() {
+        return Err(BudgetError::parse(
+            path,
+            format!(
+                "{} of {} counted CPUs have no line",
+                cpus.len() - found,
+                cpus.len()
+            ),
+        ));
+    }
+    Ok(busy)
+}
+
+/// Busy ns of the CPUs `cpus` from `cpuacct.usage_percpu` (one column per
+/// possible CPU).
+fn parse_usage_percpu(text: &str, path: &Path, cpus: &[usize]) -> Result<u64, BudgetError> {
+    let columns: Vec<&str> = text.split_whitespace().collect();
+    let mut busy = 0u64;
+    for &cpu in cpus {
+        let col = columns
+            .get(cpu)
+            .ok_or_else(|| BudgetError::parse(path, format!("no column for CPU {cpu}")))?;
+        let v: u64 = col
+            .parse()
+            .map_err(|_| BudgetError::parse(path, format!("bad usage {col:?} of CPU {cpu}")))?;
+        busy = busy.saturating_add(v);
+    }
+    Ok(busy)
 }
 
 #[cfg(test)]
@@ -714,6 +876,60 @@ mod tests {
         assert_eq!(s.host_cpus(), 2);
         let hz = rustix::param::clock_ticks_per_second().max(1);
         assert_eq!(s.last.busy_ns, 15 * (1_000_000_000 / hz));
+    }
+
+    #[test]
+    fn counts_only_the_cpus_it_is_restricted_to() {
+        let text = "cpu  10 1 5 100 7 2 3 4 9 9\ncpu0 5 0 2 50 3 1 1 2 0 0\ncpu2 5 1 3 50 4 1 2 2 0 0\nintr 1 2\n";
+        let p = Path::new("s");
+        assert_eq!(parse_proc_stat_cpus(text, p, &[0]).unwrap(), 11);
+        assert_eq!(parse_proc_stat_cpus(text, p, &[2]).unwrap(), 14);
+        assert_eq!(parse_proc_stat_cpus(text, p, &[0, 2]).unwrap(), 25);
+        // CPU 1 is offline (no line): the list is stale, an error.
+        assert!(parse_proc_stat_cpus(text, p, &[0, 1]).is_err());
+        assert_eq!(parse_usage_percpu("7 11 13 \n", p, &[0, 2]).unwrap(), 20);
+        assert!(parse_usage_percpu("7 11\n", p, &[3]).is_err());
+        assert!(parse_usage_percpu("7 x\n", p, &[1]).is_err());
+
+        // Through a share built on a fake root: 4 CPUs, restricted to 1-2.
+        let dir = std::env::temp_dir().join(format!("corewise-nb-cpus-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("proc/self")).unwrap();
+        std::fs::create_dir_all(dir.join("acct")).unwrap();
+        std::fs::write(
+            dir.join("proc/stat"),
+            "cpu  40 0 0 100\ncpu0 1 0 0 25\ncpu1 2 0 0 25\ncpu2 3 0 0 25\ncpu3 4 0 0 25\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("proc/self/mountinfo"), "").unwrap();
+        let ticks = NeighbourShare::build(OwnClock::Process, &dir, 4, NeighbourConfig::default())
+            .and_then(|mut s| {
+                s.restrict_to(&"1-2".parse().unwrap())?;
+                Ok(s)
+            });
+        // The cgroup counter: `cpuacct.usage_percpu` instead of the total.
+        std::fs::write(dir.join("acct/cpuacct.usage"), "1000\n").unwrap();
+        std::fs::write(dir.join("acct/cpuacct.usage_percpu"), "100 200 300 400\n").unwrap();
+        std::fs::write(
+            dir.join("proc/self/mountinfo"),
+            "40 30 0:35 / /acct rw - cgroup cgroup rw,cpuacct\n",
+        )
+        .unwrap();
+        let ns = NeighbourShare::build(OwnClock::Process, &dir, 4, NeighbourConfig::default())
+            .and_then(|mut s| {
+                s.restrict_to(&"1-2".parse().unwrap())?;
+                let restricted = (s.host_cpus(), s.last.busy_ns);
+                // Every CPU again: the whole host's counter.
+                s.restrict_to(&"0-3".parse().unwrap())?;
+                Ok((restricted, (s.host_cpus(), s.last.busy_ns)))
+            });
+        let _ = std::fs::remove_dir_all(&dir);
+        let ticks = ticks.unwrap();
+        let hz = rustix::param::clock_ticks_per_second().max(1);
+        assert_eq!(ticks.host_cpus(), 2);
+        assert_eq!(ticks.last.busy_ns, 5 * (1_000_000_000 / hz));
+        assert!(!ticks.host_counter_is_ns());
+        assert_eq!(ns.unwrap(), ((2, 500), (4, 1000)));
     }
 
     #[test]

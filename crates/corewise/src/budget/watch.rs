@@ -151,11 +151,21 @@ impl Shared {
             self.reads.fetch_add(1, Ordering::Relaxed);
             match w.probe.read() {
                 Ok(b) => {
+                    let mut restricted = Ok(());
                     if let Some(n) = &mut w.neighbour {
                         n.set_budget(b.cores());
+                        restricted = n.restrict_to(b.cpus());
                     }
                     self.publish(b);
-                    *lock(&self.last_error) = None;
+                    match restricted {
+                        Ok(()) => *lock(&self.last_error) = None,
+                        Err(e) => {
+                            // The share stays counted over the last set.
+                            let e = Arc::new(e);
+                            *lock(&self.last_error) = Some(e.clone());
+                            result = Err(e);
+                        }
+                    }
                 }
                 Err(e) => {
                     let e = Arc::new(e);
@@ -420,13 +430,18 @@ impl WatcherBuilder {
             return Err(BudgetError::Config("refresh interval must be > 0".into()));
         }
         let first = self.probe.read()?;
+        let mut first_error = None;
         let neighbour = match self.neighbour {
             Some(cfg) => {
                 let share = NeighbourShare::new(first.cores(), cfg)?;
-                Some(match &self.neighbour_cgroup {
+                let mut share = match &self.neighbour_cgroup {
                     Some(dir) => share.host_cgroup(dir)?,
                     None => share,
-                })
+                };
+                // Counted over the CPUs the process may use; if that fails
+                // the whole host's count stands and the error is kept.
+                first_error = share.restrict_to(first.cpus()).err().map(Arc::new);
+                Some(share)
             }
             None => None,
         };
@@ -443,7 +458,7 @@ impl WatcherBuilder {
             active_changes: AtomicU64::new(0),
             on_change: std::sync::OnceLock::new(),
             snapshot: Mutex::new(Arc::new(first)),
-            last_error: Mutex::new(None),
+            last_error: Mutex::new(first_error),
             worker: Mutex::new(Worker {
                 probe: self.probe,
                 interval: self.interval,
