@@ -102,6 +102,17 @@ impl Drop for CgroupTree {
 /// Child processes, killed and reaped on drop.
 struct Children(Vec<Child>);
 
+impl Children {
+    /// Waits (at most a minute) until every child has used CPU time.
+    fn wait_until_running(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !self.0.iter().all(|c| cpu_ticks(c.id()) > 0) {
+            assert!(std::time::Instant::now() < deadline, "spinners never ran");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 impl Drop for Children {
     fn drop(&mut self) {
         for c in &mut self.0 {
@@ -361,12 +372,8 @@ fn busy_neighbours_cap_at_one() {
         })
     };
     // Sample once every spinner runs (starting 8 shells takes a while on
-    // an emulated CPU): each has used CPU time.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !kids.0.iter().all(|c| cpu_ticks(c.id()) > 0) {
-        assert!(std::time::Instant::now() < deadline, "spinners never ran");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // an emulated CPU).
+    kids.wait_until_running();
     let cfg = NeighbourConfig {
         window: Duration::from_millis(200),
         ..NeighbourConfig::default()
@@ -411,11 +418,7 @@ fn a_confined_process_counts_its_share_over_its_own_cpus() {
     }
     let kids = Children(vec![spinner_on(1), spinner_on(0)]);
     let measured = kids.0[0].id();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !kids.0.iter().all(|c| cpu_ticks(c.id()) > 0) {
-        assert!(std::time::Instant::now() < deadline, "spinners never ran");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    kids.wait_until_running();
     let cfg = NeighbourConfig {
         window: Duration::from_millis(300),
         ..NeighbourConfig::default()
