@@ -1,7 +1,8 @@
 //! Reply amplification: a client that pipelines gets of a large value and
 //! never reads the replies must not grow the server's memory (memcached
 //! stops reading such a connection; so does corewise-kv), and a normal
-//! client beside it is still served. Both modes, both protocols.
+//! client beside it is still served. Both modes, both protocols. And
+//! connections that once moved a large value do not keep its buffers.
 
 mod common;
 
@@ -132,4 +133,46 @@ fn unread_replies_are_bounded_conn_binary() {
 #[test]
 fn unread_replies_are_bounded_dispatch_binary() {
     run("dispatch", true);
+}
+
+/// Connections that each stored and fetched a large value, then went
+/// idle, hold no large buffer: memcached's buffers belong to its worker
+/// threads, and before corewise-kv's shrank with the traffic each such
+/// connection kept about 1 MiB resident (`CONNS` of them: ~40 MiB).
+fn large_values_leave_no_buffers(mode: &str) {
+    const CONNS: usize = 40;
+    const BIG: usize = 900 * 1024;
+    let s = Server::start(&["--mode", mode, "-m", "64"]);
+    let value = vec![b'v'; BIG];
+    let mut first = s.client();
+    assert_eq!(first.set("big", &value), "STORED");
+    assert_eq!(first.get("big").map(|v| v.len()), Some(BIG));
+    let pid = first.stat("pid");
+    let before = rss(pid);
+    let mut conns: Vec<_> = (0..CONNS).map(|_| s.client()).collect();
+    for c in &mut conns {
+        assert_eq!(c.set("big", &value), "STORED");
+        assert_eq!(c.get("big").map(|v| v.len()), Some(BIG));
+        // Idle again: a small request after the large ones.
+        assert_eq!(c.cmd("version").split(' ').next(), Some("VERSION"));
+    }
+    let after = rss(pid);
+    let grown = after.saturating_sub(before);
+    println!("{mode}: RSS {before} -> {after} bytes with {CONNS} idle connections that moved {BIG} bytes each way");
+    // Each connection may keep small buffers and its thread; 1 MiB each
+    // would be 40 MiB.
+    assert!(
+        grown <= 8 << 20,
+        "{mode}: RSS grew {grown} bytes for {CONNS} idle connections"
+    );
+}
+
+#[test]
+fn large_values_leave_no_buffers_conn() {
+    large_values_leave_no_buffers("conn");
+}
+
+#[test]
+fn large_values_leave_no_buffers_dispatch() {
+    large_values_leave_no_buffers("dispatch");
 }
