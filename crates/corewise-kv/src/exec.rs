@@ -843,7 +843,7 @@ fn meta_arith(
     let create = flags
         .vivify
         .map(|ttl| (flags.initial.unwrap_or(0), store.clock().deadline(ttl)));
-    let r = store.arith(
+    let (r, counter) = store.arith_facts(
         key,
         incr,
         flags.delta.unwrap_or(1),
@@ -852,15 +852,37 @@ fn meta_arith(
     );
     match r {
         ArithOutcome::Value(v, cas) => {
+            let clock = store.clock();
+            // `t` is the counter's TTL. memcached 1.6.18 applies `T` where
+            // it stands among the flags, so a `t` before it reports the
+            // TTL the counter had, and one after it the new one.
+            let mut ttl = counter.map_or(-1, |c| clock.ttl_left(c.exptime));
             if let Some(t) = flags.ttl {
-                store.touch(key, store.clock().deadline(t));
+                let deadline = clock.deadline(t);
+                store.touch(key, deadline);
+                let t_first = flags
+                    .tokens()
+                    .map(|(c, _)| c)
+                    .find(|&c| c == b'T' || c == b't');
+                if t_first == Some(b'T') {
+                    ttl = match deadline {
+                        Deadline::Never => -1,
+                        Deadline::At(at) => clock.ttl_left(at),
+                        Deadline::Past => 0,
+                    };
+                }
+            }
+            // Quiet mode hides the reply of a counter that was changed,
+            // not of one `N` created (memcached 1.6.18).
+            if flags.quiet && !counter.is_some_and(|c| c.created) {
+                return;
             }
             let digits = v.to_string();
             let facts = Facts {
                 cas,
                 flags: 0,
                 size: digits.len(),
-                ttl: flags.ttl.unwrap_or(-1),
+                ttl,
                 hit: false,
                 idle: 0,
             };
@@ -870,7 +892,7 @@ fn meta_arith(
                 meta_ret(shared, wire_key, flags, Some(&facts), out);
                 out.extend_from_slice(b"\r\n");
                 line(out, digits.as_bytes());
-            } else if !flags.quiet {
+            } else {
                 out.extend_from_slice(b"HD");
                 meta_ret(shared, wire_key, flags, Some(&facts), out);
                 out.extend_from_slice(b"\r\n");

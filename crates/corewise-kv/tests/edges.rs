@@ -230,6 +230,26 @@ fn run(mode: &str) {
     req.resize(3000, b' ');
     req.extend_from_slice(b"k17999\r\n");
     check(&s, &mc, &req, b"VALUE k17999 0 1\r\nz\r\nEND\r\n");
+
+    // Numbers and trailing tokens as memcached's `safe_strtoull` and
+    // `set_noreply_maybe` read them: a delta may carry a `+` (a `-` only
+    // on 0); a last token that is not `noreply` is ignored by incr, decr,
+    // touch and flush_all; `gat <exptime>` with no key is an empty answer.
+    check(
+        &s,
+        &mc,
+        b"set n1 0 0 1\r\n1\r\nincr n1 +3\r\nincr n1 -0\r\nincr n1 -1\r\n\
+          incr n1 +\r\ndecr n1 +1\r\nincr n1 1 2\r\nincr n1 1 noreply\r\nget n1\r\n",
+        b"STORED\r\n4\r\n4\r\nCLIENT_ERROR invalid numeric delta argument\r\n\
+          CLIENT_ERROR invalid numeric delta argument\r\n3\r\n4\r\nVALUE n1 0 1\r\n5\r\nEND\r\n",
+    );
+    check(
+        &s,
+        &mc,
+        b"touch n1 100 x\r\ntouch n2 100 x\r\nflush_all 0 x\r\nget n1\r\n\
+          gat 10\r\ngats 10\r\ngat\r\n",
+        b"TOUCHED\r\nNOT_FOUND\r\nOK\r\nEND\r\nEND\r\nEND\r\nERROR\r\n",
+    );
 }
 
 trait ReplaceFirst {

@@ -100,6 +100,21 @@ fn run(mode: &str) {
         "HD\r\nVA 2 h0 l0\r\nhi\r\nVA 2 h0 l0\r\nhi\r\nVA 2 h1 l0\r\nhi\r\n",
     );
 
+    // ma's t is the counter's TTL (-1 for none), the one after a T when
+    // the T comes first; with q the reply of a changed counter is hidden
+    // but not that of one N created, nor a miss.
+    check(
+        "ms ma1 1 T100\r\n1\r\nma ma1 t v\r\nma ma2 N30 v t\r\n\
+         ms ma3 1\r\n1\r\nma ma3 T0 t\r\nma ma1 t T50 v\r\nma ma1 T50 t\r\n",
+        "HD\r\nVA 1 t100\r\n2\r\nVA 1 t30\r\n0\r\nHD\r\nHD t-1\r\n\
+         VA 1 t100\r\n3\r\nHD t50\r\n",
+    );
+    check(
+        "ms mq1 1\r\n3\r\nma mq1 q v\r\nma mq2 N0 q\r\nma mq3 q\r\n\
+         ma mq4 N0 q v t\r\n",
+        "HD\r\nHD\r\nNF\r\nVA 1 t-1\r\n0\r\n",
+    );
+
     // c on replies that did not store, and ms returns only O, k, c.
     check(
         "ms ex1 2\r\nhi\r\nms ex1 2 C1 c\r\nhi\r\nmd ex1 C1 c\r\nma ex1 C1 c\r\n\

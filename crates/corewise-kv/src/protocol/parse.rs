@@ -371,7 +371,9 @@ impl Decoder {
             }
             n += 1;
         }
-        if n == 0 {
+        // `gat <exptime>` with no key is an empty answer in memcached;
+        // `get` with none is an unknown command.
+        if n == 0 && !matches!(kind, GetKind::Gat | GetKind::Gats) {
             return Err(ProtoError::Unknown);
         }
         Ok(Request::Get {
@@ -563,20 +565,39 @@ fn delete(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
     Ok(Request::Delete { key, noreply })
 }
 
+/// A 64-bit unsigned number as memcached's `safe_strtoull` reads it:
+/// decimal digits after an optional `+`, or after a `-` only when the
+/// number is 0 (`strtoull` negates, and memcached rejects what came out
+/// negative).
+fn parse_u64_memcached(tok: &[u8]) -> Option<u64> {
+    match tok.split_first()? {
+        (b'+', digits) if digits.first().is_some_and(u8::is_ascii_digit) => parse_num(digits),
+        (b'-', digits) if digits.first().is_some_and(u8::is_ascii_digit) => {
+            parse_num::<u64>(digits).filter(|&v| v == 0)
+        }
+        _ if tok.iter().all(u8::is_ascii_digit) => parse_num(tok),
+        _ => None,
+    }
+}
+
+/// The trailing `noreply` of a command whose last argument may be
+/// anything: memcached takes the last token as `noreply` when it is
+/// exactly that, and ignores it otherwise.
+fn noreply_last(extra: &[u8]) -> bool {
+    extra == b"noreply"
+}
+
 fn arith(incr: bool, toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
     let t = toks.collect_all();
     let (key, delta, noreply) = match t.as_slice() {
         [k, d] => (*k, *d, false),
-        [k, d, b"noreply"] => (*k, *d, true),
+        [k, d, extra] => (*k, *d, noreply_last(extra)),
         _ => return Err(ProtoError::Unknown),
     };
     if !key_ok(key) {
         return Err(ProtoError::BadFormat);
     }
-    if !delta.iter().all(u8::is_ascii_digit) {
-        return Err(ProtoError::BadDelta);
-    }
-    let delta = parse_num(delta).ok_or(ProtoError::BadDelta)?;
+    let delta = parse_u64_memcached(delta).ok_or(ProtoError::BadDelta)?;
     Ok(Request::Arith {
         key,
         incr,
@@ -589,7 +610,7 @@ fn touch(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
     let t = toks.collect_all();
     let (key, exptime, noreply) = match t.as_slice() {
         [k, e] => (*k, *e, false),
-        [k, e, b"noreply"] => (*k, *e, true),
+        [k, e, extra] => (*k, *e, noreply_last(extra)),
         _ => return Err(ProtoError::Unknown),
     };
     if !key_ok(key) {
@@ -609,7 +630,7 @@ fn flush_all(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
         [] => (None, false),
         [b"noreply"] => (None, true),
         [d] => (Some(*d), false),
-        [d, b"noreply"] => (Some(*d), true),
+        [d, extra] => (Some(*d), noreply_last(extra)),
         _ => return Err(ProtoError::Unknown),
     };
     let delay = match delay {

@@ -61,6 +61,16 @@ pub enum StoreOutcome {
     NoMemory,
 }
 
+/// What incr/decr left on a counter besides its value (see
+/// [`Store::arith_facts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterFacts {
+    /// The item's expiry on the server clock (0: never).
+    pub exptime: u32,
+    /// The call created the counter (a miss with `create`).
+    pub created: bool,
+}
+
 /// The outcome of incr/decr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArithOutcome {
@@ -736,6 +746,31 @@ impl Store {
         create: Option<(u64, Deadline)>,
         compare: Option<u64>,
     ) -> ArithOutcome {
+        self.arith_facts(key, incr, delta, create, compare).0
+    }
+
+    /// [`arith`](Self::arith), and for a counter it changed or created,
+    /// its expiry and whether this call created it (what `ma`'s `t` flag
+    /// and quiet mode need).
+    ///
+    /// ```
+    /// use corewise_kv::store::{ArithOutcome, Deadline, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// let (r, facts) = s.arith_facts(b"n", true, 1, Some((5, Deadline::Never)), None);
+    /// assert!(matches!(r, ArithOutcome::Value(5, _)));
+    /// assert_eq!(facts.map(|f| (f.exptime, f.created)), Some((0, true)));
+    /// let (r, facts) = s.arith_facts(b"n", true, 1, None, None);
+    /// assert!(matches!(r, ArithOutcome::Value(6, _)));
+    /// assert_eq!(facts.map(|f| f.created), Some(false));
+    /// ```
+    pub fn arith_facts(
+        &self,
+        key: &[u8],
+        incr: bool,
+        delta: u64,
+        create: Option<(u64, Deadline)>,
+        compare: Option<u64>,
+    ) -> (ArithOutcome, Option<CounterFacts>) {
         let (now, floor) = self.now_floor();
         let (hits, misses) = if incr {
             (&self.ops.incr_hits, &self.ops.incr_misses)
@@ -746,10 +781,10 @@ impl Store {
         match shard.lookup(key, now, floor, true) {
             Ok(it) => {
                 if compare.is_some_and(|c| c != it.cas) {
-                    return ArithOutcome::Exists;
+                    return (ArithOutcome::Exists, None);
                 }
                 let Some(v) = parse_counter(&it.value) else {
-                    return ArithOutcome::NonNumeric;
+                    return (ArithOutcome::NonNumeric, None);
                 };
                 let v = if incr {
                     v.wrapping_add(delta)
@@ -762,6 +797,10 @@ impl Store {
                 it.cas = self.new_cas();
                 it.last_access = now;
                 let cas = it.cas;
+                let facts = CounterFacts {
+                    exptime: it.exptime,
+                    created: false,
+                };
                 shard.resized(key, old, now);
                 if incr {
                     shard.class_op(cls, |c| &mut c.incr_hits);
@@ -770,13 +809,13 @@ impl Store {
                 }
                 drop(shard);
                 bump(hits);
-                ArithOutcome::Value(v, cas)
+                (ArithOutcome::Value(v, cas), Some(facts))
             }
             Err(_) => {
                 // A miss that creates the counter is not counted (memcached).
                 let Some((initial, deadline)) = create else {
                     bump(misses);
-                    return ArithOutcome::NotFound;
+                    return (ArithOutcome::NotFound, None);
                 };
                 let exptime = match deadline {
                     Deadline::Never => 0,
@@ -786,9 +825,13 @@ impl Store {
                 let cas = self.new_cas();
                 let item = Item::new(key, initial.to_string().into_bytes(), 0, exptime, cas, now);
                 if shard.insert(item, now) {
-                    ArithOutcome::Value(initial, cas)
+                    let facts = CounterFacts {
+                        exptime,
+                        created: true,
+                    };
+                    (ArithOutcome::Value(initial, cas), Some(facts))
                 } else {
-                    ArithOutcome::NotFound
+                    (ArithOutcome::NotFound, None)
                 }
             }
         }
