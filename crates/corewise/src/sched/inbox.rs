@@ -144,18 +144,42 @@ impl<T: Linked + 'static> Inbox<T> {
             oldest = node as *const T as *mut T;
             n += 1;
         }
-        out.extend(std::iter::successors(
-            // SAFETY: as above; the links now run oldest to newest.
-            (!oldest.is_null()).then(|| unsafe { &*oldest }),
-            |node: &&'static T| {
-                let next = node.link().load(Ordering::Relaxed);
-                // SAFETY: as above.
-                (!next.is_null()).then(|| unsafe { &*next })
-            },
-        ));
+        out.extend(Taken {
+            next: oldest,
+            left: n,
+        });
         n
     }
 }
+
+/// The nodes of a taken and reversed list, oldest first. Its exact length
+/// lets the receiving queue reserve once.
+struct Taken<T: Linked + 'static> {
+    next: *mut T,
+    left: usize,
+}
+
+impl<T: Linked + 'static> Iterator for Taken<T> {
+    type Item = &'static T;
+
+    fn next(&mut self) -> Option<&'static T> {
+        if self.next.is_null() {
+            return None;
+        }
+        // SAFETY: as in `Inbox::collect`, which built this list from nodes
+        // it owns; the links now run oldest to newest.
+        let node: &'static T = unsafe { &*self.next };
+        self.next = node.link().load(Ordering::Relaxed);
+        self.left -= 1;
+        Some(node)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl<T: Linked + 'static> ExactSizeIterator for Taken<T> {}
 
 #[cfg(all(test, not(loom)))]
 mod tests {
