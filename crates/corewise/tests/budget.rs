@@ -431,19 +431,62 @@ fn a_confined_process_counts_its_share_over_its_own_cpus() {
         s.sample()?;
         Ok::<_, corewise::budget::BudgetError>((s.share().unwrap(), s.host_cpus()))
     };
+    // What the tick counters say over the same window: the spinner's
+    // part of CPU 1's busy time (whatever else runs there meanwhile), and
+    // its part of the whole host's, where the neighbour pinned to CPU 0
+    // counts too (one half when nothing else runs).
+    let ticks = || {
+        (
+            cpu_ticks(measured),
+            cpu_busy_ticks(Some(1)),
+            cpu_busy_ticks(None),
+        )
+    };
+    let before = ticks();
     let confined = run(Some("1"));
+    let after = ticks();
     let whole = run(None);
     drop(kids);
     let (confined, cpus) = confined.unwrap();
     let (whole, _) = whole.unwrap();
-    eprintln!("share over CPU 1: {confined:.2}; over the host: {whole:.2}");
-    assert_eq!(cpus, 1);
-    assert!(confined > 0.8, "alone on its CPU: {confined:.2}");
-    // The control: the same pair counted over the whole host.
-    assert!(
-        whole < 0.7,
-        "over the host, the neighbour counts: {whole:.2}"
+    let spun = (after.0 - before.0) as f64;
+    let on_cpu1 = spun / (after.1 - before.1).max(1) as f64;
+    let on_host = spun / (after.2 - before.2).max(1) as f64;
+    eprintln!(
+        "share over CPU 1: {confined:.2} (tick counters: {on_cpu1:.2} of CPU 1, {on_host:.2} of the host); \
+         counted over the host in the next window: {whole:.2}"
     );
+    assert_eq!(cpus, 1);
+    assert!(
+        (confined - on_cpu1).abs() <= 0.1,
+        "over CPU 1: {confined:.2}, its counters say {on_cpu1:.2}"
+    );
+    // The control: counted over the host the share would be `on_host`,
+    // which the neighbour on CPU 0 holds well below `on_cpu1`.
+    assert!(
+        on_cpu1 - on_host >= 0.1 && confined - on_host >= 0.1,
+        "over CPU 1 {confined:.2}: not told apart from the host's {on_host:.2}"
+    );
+}
+
+/// Busy clock ticks of CPU `cpu`, or of all CPUs (`None`), from its
+/// `/proc/stat` line: user, nice, system, irq, softirq, steal.
+fn cpu_busy_ticks(cpu: Option<usize>) -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let name = cpu.map_or_else(|| "cpu".to_owned(), |c| format!("cpu{c}"));
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name.as_str()))
+        .unwrap_or_else(|| panic!("no {name} line"));
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    [0, 1, 2, 5, 6, 7]
+        .iter()
+        .map(|&i| f.get(i).copied().unwrap_or(0))
+        .sum()
 }
 
 #[test]
