@@ -676,10 +676,7 @@ pub(crate) fn parse_proc_stat(text: &str, path: &Path) -> Result<(u64, usize), B
         let Some(name) = fields.next() else { continue };
         if name == "cpu" {
             busy = Some(busy_of_fields(fields, path, name)?);
-        } else if name.len() > 3
-            && name.starts_with("cpu")
-            && name.as_bytes()[3..].iter().all(u8::is_ascii_digit)
-        {
+        } else if cpu_line_index(name).is_some() {
             cpus += 1;
         }
     }
@@ -687,6 +684,16 @@ pub(crate) fn parse_proc_stat(text: &str, path: &Path) -> Result<(u64, usize), B
         Some(b) => Ok((b, cpus.max(1))),
         None => Err(BudgetError::parse(path, "no aggregate cpu line".into())),
     }
+}
+
+/// The CPU a `/proc/stat` line is about (`cpu3` is 3; the aggregate
+/// `cpu` line and every other line are none).
+fn cpu_line_index(name: &str) -> Option<usize> {
+    let digits = name.strip_prefix("cpu")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// Busy time of the fields of one `/proc/stat` cpu line (after its name):
@@ -729,11 +736,7 @@ fn parse_proc_stat_cpus(text: &str, path: &Path, cpus: &[usize]) -> Result<u64, 
     for line in text.lines() {
         let mut fields = line.split_whitespace();
         let Some(name) = fields.next() else { continue };
-        let Some(Ok(cpu)) = name
-            .strip_prefix("cpu")
-            .filter(|d| !d.is_empty())
-            .map(str::parse::<usize>)
-        else {
+        let Some(cpu) = cpu_line_index(name) else {
             continue;
         };
         if cpus.binary_search(&cpu).is_ok() {
