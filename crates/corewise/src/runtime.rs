@@ -765,7 +765,10 @@ fn manage_cores(shared: &'static Shared, watcher: BudgetWatcher) {
 /// ```
 ///
 /// Dropping the runtime waits for its user threads to finish, then stops
-/// its kernel threads and frees the stacks.
+/// its kernel threads and frees the stacks. Dropped while its thread
+/// panics, it does not wait: the threads run on, detached, so that a
+/// thread waiting for something the panicking code would have done cannot
+/// turn the panic into a hang.
 pub struct Runtime {
     shared: &'static Shared,
     manager: Option<std::thread::JoinHandle<()>>,
@@ -1077,6 +1080,14 @@ impl Drop for Runtime {
         if inside {
             // Joining our own kernel thread would deadlock; they exit on
             // their own once their threads are done.
+            return;
+        }
+        if std::thread::panicking() {
+            // Dropped while unwinding: the threads may be waiting for
+            // something the panicking code was about to do, and waiting for
+            // them would turn the panic into a hang. They run on, detached
+            // like std threads whose handles were dropped (the shared state
+            // is never freed, so that is sound), and the panic goes on.
             return;
         }
         if let Some(m) = self.monitor.take() {

@@ -471,6 +471,38 @@ fn dropping_a_runtime_waits_for_its_threads() {
     assert!(done.load(Ordering::Acquire));
 }
 
+/// A runtime dropped while its thread panics does not wait for threads that
+/// wait for something the panicking code would have done: the panic goes on
+/// (a failing test fails instead of hanging).
+#[test]
+fn dropping_a_runtime_while_panicking_does_not_wait() {
+    let release = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let r = release.clone();
+    let dropper = std::thread::spawn(move || {
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let rt = two_core_runtime();
+            let r = r.clone();
+            rt.spawn(move || {
+                while !r.load(Ordering::Acquire) {
+                    corewise::sleep(Duration::from_millis(1));
+                }
+            })
+            .unwrap();
+            std::panic::resume_unwind(Box::new("the test's assertion failed"));
+        }));
+        tx.send(caught.is_err()).unwrap();
+    });
+    let unwound = rx.recv_timeout(Duration::from_secs(20));
+    release.store(true, Ordering::Release);
+    dropper.join().unwrap();
+    assert_eq!(
+        unwound,
+        Ok(true),
+        "the panic waited in Runtime::drop for a thread it should have released"
+    );
+}
+
 /// Sets `go` when dropped, so a failing assertion releases the waiting
 /// threads instead of leaving `Runtime::drop` waiting for them forever.
 struct Release(Arc<AtomicBool>);
@@ -669,7 +701,13 @@ fn slots_reserved_by_pinned_spawns_do_not_capture_placed_ones() {
 
 #[test]
 fn a_core_added_under_load_receives_running_threads() {
-    let rt = Runtime::builder().min_cores(1).build().unwrap();
+    // Neighbour awareness off: on a busy machine it would rightly keep the
+    // second core for the neighbours, and the test is of the placement.
+    let rt = Runtime::builder()
+        .min_cores(1)
+        .neighbour_awareness(None)
+        .build()
+        .unwrap();
     if rt.cores() < 2 {
         return;
     }
