@@ -13,13 +13,13 @@ pub struct Summary {
 
 /// The `p`-th percentile (0..=100) of `sorted` by the nearest-rank method;
 /// `None` for an empty slice or a `p` outside 0..=100.
-pub fn percentile_sorted(sorted: &[f64], p: f64) -> Option<f64> {
+pub fn percentile_sorted<T: Copy + Into<f64>>(sorted: &[T], p: f64) -> Option<f64> {
     if sorted.is_empty() || !(0.0..=100.0).contains(&p) {
         return None;
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     let idx = rank.clamp(1, sorted.len()) - 1;
-    sorted.get(idx).copied()
+    sorted.get(idx).map(|&v| v.into())
 }
 
 /// Median of `sorted`: the mean of the two middle values for an even count.

@@ -38,6 +38,7 @@ mod go;
 mod map_count;
 
 use crate::error::BenchError;
+use crate::stats::percentile_sorted;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -290,7 +291,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                     .zip(&runs)
                     .map(|(r, o)| {
                         let all = pooled(o);
-                        match (quantile(&all, 0.999), all.len()) {
+                        match (percentile_sorted(&all, 99.9), all.len()) {
                             (Some(q), n) => format!("{r} {q:.0} ({n} requests)"),
                             (None, _) => format!("{r} -"),
                         }
@@ -405,12 +406,6 @@ fn pooled(runs: &[Outcome]) -> Vec<f32> {
     all
 }
 
-/// The `q` quantile of sorted `v` (nearest rank below), if any.
-fn quantile(v: &[f32], q: f64) -> Option<f64> {
-    let last = v.len().checked_sub(1)?;
-    Some(f64::from(v[(last as f64 * q) as usize]))
-}
-
 /// One server's rounds as one cell: the first failure if a round failed,
 /// else p50 and p99 over every request of every round and the highest
 /// peak RSS. (The median of the rounds' p99 weighed a round whose p99 one
@@ -426,8 +421,8 @@ fn pooled_outcome(runs: Vec<Outcome>) -> Outcome {
     Outcome {
         error: None,
         n: runs.first().map_or(0, |o| o.n),
-        p50_us: quantile(&all, 0.5),
-        p99_us: quantile(&all, 0.99),
+        p50_us: percentile_sorted(&all, 50.0),
+        p99_us: percentile_sorted(&all, 99.0),
         peak_rss_kib: runs.iter().filter_map(|o| o.peak_rss_kib).max(),
         ..Outcome::default()
     }
