@@ -594,16 +594,21 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let t = std::thread::spawn(move || {
-            tx.send(rustix::thread::gettid().as_raw_nonzero().get())
-                .unwrap();
-            let start = std::time::Instant::now();
-            while start.elapsed() < std::time::Duration::from_millis(30) {
+            // Spins for 30 ms of its own CPU time (on a busy machine that
+            // takes longer than 30 ms of wall time), then says so and waits.
+            let own = || {
+                let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+                ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+            };
+            let start = own();
+            while own() - start < 30_000_000 {
                 std::hint::spin_loop();
             }
+            tx.send(rustix::thread::gettid().as_raw_nonzero().get())
+                .unwrap();
             done_rx.recv().unwrap();
         });
         let tid = rx.recv().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(40));
         let clock = cpu_time_ns(tid).expect("a live thread's clock");
         let sched: u64 = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
             .unwrap()
@@ -612,7 +617,7 @@ mod tests {
             .unwrap()
             .parse()
             .unwrap();
-        assert!(clock >= 20_000_000, "spun 30 ms, clock says {clock} ns");
+        assert!(clock >= 30_000_000, "spun 30 ms, clock says {clock} ns");
         let diff = clock.abs_diff(sched);
         assert!(diff < 5_000_000, "clock {clock} ns, schedstat {sched} ns");
         done_tx.send(()).unwrap();
