@@ -68,6 +68,14 @@ pub trait Fence: Send {
     fn unconfine(&mut self, tid: u32) -> Result<(), FenceError>;
     /// Threads currently confined to `core`, as the kernel sees it.
     fn members(&self, core: CoreId) -> Vec<u32>;
+    /// Moves every task in `core`'s set but `keep` to the unmanaged set;
+    /// returns how many moved. A confined thread's children (threads and
+    /// processes) start in its set and stay there after the thread leaves,
+    /// so a core must be emptied before it is granted again. Backends
+    /// without sets of their own do nothing.
+    fn evacuate(&mut self, _core: CoreId, _keep: Option<u32>) -> usize {
+        0
+    }
     /// Moves everything back where it came from and removes what was created.
     fn teardown(&mut self) -> Result<(), FenceError>;
 }
@@ -265,6 +273,12 @@ fn lock_root(root: &Path) -> Result<OwnedFd, FenceError> {
         }),
     }
 }
+
+/// Passes over a core's set when emptying it: children forked meanwhile by
+/// tasks not yet moved show up in the next pass.
+const EVACUATE_PASSES: usize = 4;
+/// Tasks whose identity is held open at once while emptying a set.
+const EVACUATE_BATCH: usize = 256;
 
 struct CoreSet {
     core: CoreId,
@@ -559,6 +573,60 @@ impl Fence for CgroupFence {
         self.core(core)
             .map(|c| read_ids(&c.threads_path))
             .unwrap_or_default()
+    }
+
+    fn evacuate(&mut self, core: CoreId, keep: Option<u32>) -> usize {
+        let Some(set) = self.core(core) else {
+            return 0;
+        };
+        let mut moved = 0;
+        for _ in 0..EVACUATE_PASSES {
+            // A fresh open each time: cgroup v1 caches the list of an open
+            // `tasks` file.
+            let listed: Vec<u32> = read_ids(&set.threads_path)
+                .into_iter()
+                .filter(|&t| Some(t) != keep)
+                .collect();
+            if listed.is_empty() {
+                break;
+            }
+            for chunk in listed.chunks(EVACUATE_BATCH) {
+                // Identity first, then membership: a task alive from before
+                // the second read until after it is the one the read listed
+                // (its id cannot have named another task in between), so
+                // no task outside the set is ever moved for a reused id.
+                let idents: Vec<TaskIdent> = chunk
+                    .iter()
+                    .filter_map(|&t| TaskIdent::task(t).ok())
+                    .collect();
+                if idents.is_empty() {
+                    continue;
+                }
+                let now: std::collections::BTreeSet<u32> =
+                    read_ids(&set.threads_path).into_iter().collect();
+                for t in idents {
+                    if !now.contains(&t.tid()) || !t.alive() {
+                        continue;
+                    }
+                    if write_tid(
+                        &self.unmanaged_threads,
+                        &self.unmanaged_threads_path,
+                        t.tid(),
+                    )
+                    .is_ok()
+                    {
+                        moved += 1;
+                        if !t.alive() {
+                            tracing::warn!(
+                                tid = t.tid(),
+                                "a task left on a core exited while it was moved out"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        moved
     }
 
     fn teardown(&mut self) -> Result<(), FenceError> {

@@ -195,7 +195,8 @@ fn child_main(socket: PathBuf) {
                 next_thread += 1;
                 let c = client.clone().unwrap();
                 let stubborn = *mode == "stubborn";
-                std::thread::spawn(move || kernel_thread(c, idx, stubborn));
+                let forker = *mode == "forker";
+                std::thread::spawn(move || kernel_thread(c, idx, stubborn, forker));
             }
             ["handoff", foreign] => {
                 let c = client.clone().unwrap();
@@ -368,9 +369,13 @@ fn raise_fd_limit() {
     let _ = setrlimit(Resource::Nofile, l);
 }
 
-fn kernel_thread(c: client::Client, idx: u32, stubborn: bool) {
+/// `forker`: on its first grant the thread starts a child process (a
+/// `sleep`, killed when this kernel thread dies) from the granted core,
+/// where the child's cpuset is the core's, and reports its pid.
+fn kernel_thread(c: client::Client, idx: u32, stubborn: bool, forker: bool) {
     let mut me = c.thread().expect("attach thread");
     say(format!("attached {idx} {}", me.tid()));
+    let mut forked = !forker;
     loop {
         let core = match me.block_until_core_available() {
             Ok(core) => core,
@@ -385,6 +390,21 @@ fn kernel_thread(c: client::Client, idx: u32, stubborn: bool) {
         };
         let cpu = rustix::thread::sched_getcpu();
         say(format!("granted {idx} {} {core} {cpu}", me.tid()));
+        if !forked {
+            forked = true;
+            let mut cmd = Command::new("sleep");
+            cmd.arg("600");
+            // SAFETY: prctl is async-signal-safe and touches no memory.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().expect("spawn sleep");
+            say(format!("forked {idx} {}", child.id()));
+            std::mem::forget(child);
+        }
         if stubborn {
             // Ignores release requests; notices the forced reclaim through
             // the shared page, where must_release_core also turns true.
@@ -1063,6 +1083,61 @@ fn equal_split_at_one_priority() {
     drop(b);
     assert!(d.stop());
     assert_cleaned(&sb);
+}
+
+/// A granted thread's children start in its core's cpuset. Once the core
+/// is given back, what the previous holder left there must not share the
+/// core with the next holder: a grant confines the new holder alone.
+#[test]
+fn a_grant_moves_what_the_previous_holder_left_on_the_core() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let a_tid = a.thread("forker");
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    let left: u32 = a.expect("forked")[1].parse().unwrap();
+    let _kill_left = PidGuard(left);
+    assert_eq!(cpu, m());
+    wait_until("the child starts on the core", || {
+        sb.core_tasks(m()).contains(&left)
+    });
+    a.request([0; 8]);
+    a.expect("releasing");
+    wait_until("a's thread leaves the core", || {
+        !sb.core_tasks(m()).contains(&a_tid)
+    });
+
+    let mut b = App::spawn(&sb);
+    b.connect();
+    let b_tid = b.thread("coop");
+    b.request(level(0, 1));
+    let (_, _, cpu) = b.granted();
+    assert_holds_core1(&sb, b_tid, cpu);
+    assert!(
+        sb.unmanaged_tasks().contains(&left),
+        "the child left by a's thread is back in the unmanaged set"
+    );
+
+    drop(a);
+    drop(b);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+/// Kills a process the test did not spawn itself (a client's child) on drop.
+struct PidGuard(u32);
+
+impl Drop for PidGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0 as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
 }
 
 /// A runtime that hands a blocked kernel thread's core to a spare tells

@@ -919,6 +919,7 @@ impl State {
         self.sync_unmanaged();
         let mut failed = false;
         for (app, tc, core) in grants {
+            self.evacuate(core);
             match self.move_thread(tc, Some(core)) {
                 Ok(()) => {
                     self.set_phase(
@@ -947,6 +948,39 @@ impl State {
         }
         if failed {
             self.sync_unmanaged();
+        }
+    }
+
+    /// Empties `core`'s set and its managed siblings' (which leave the
+    /// unmanaged set with it) of everything but their holders, before
+    /// `core` is granted: a thread that held a core may have left children
+    /// there (threads and processes start in their parent's cpuset), which
+    /// would otherwise share the core with its next holder, or keep
+    /// running on a core granted to another application after their own
+    /// one's grant ended.
+    fn evacuate(&mut self, core: CoreId) {
+        let sets: Vec<CoreId> = self
+            .managed
+            .iter()
+            .copied()
+            .filter(|&c| c == core || self.topo.are_siblings(c, core))
+            .collect();
+        for c in sets {
+            // The core being granted keeps nobody (its new holder joins
+            // after this); a sibling keeps its holder, if it has one.
+            let keep = (c != core)
+                .then(|| self.holder.get(&c))
+                .flatten()
+                .and_then(|tc| self.threads.get(tc))
+                .map(|t| t.task.tid());
+            let moved = self.fence.evacuate(c, keep);
+            if moved > 0 {
+                tracing::info!(
+                    core = c,
+                    moved,
+                    "moved tasks a previous holder left on the core to the unmanaged set"
+                );
+            }
         }
     }
 
