@@ -126,7 +126,7 @@ impl WarmCores {
             if cores.is_empty() {
                 return None;
             }
-            match std::fs::write(r, text) {
+            match write_record(r, &text) {
                 Ok(()) => Some(r.to_path_buf()),
                 Err(e) => {
                     tracing::warn!(path = %r.display(), error = %e, "cannot write the PM QoS record");
@@ -206,10 +206,53 @@ impl Drop for WarmCores {
     }
 }
 
+/// Creates the record anew, as a regular file only the daemon's user may
+/// read and write. The record lives next to the socket, possibly in a
+/// directory other users can write to: a symlink or a file planted there
+/// is never followed, truncated or written (root would otherwise write
+/// through a link to any file).
+fn write_record(record: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A record left behind was read and removed by `recover`; whatever is
+    // there now is not ours.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(record)?;
+    f.write_all(text.as_bytes())
+}
+
+/// Reads a record only if it is a regular file (not followed through a
+/// symlink) owned by the daemon's user: anyone else's file says nothing
+/// about what a previous daemon changed.
+fn read_record(record: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(record)
+        .ok()?;
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.uid() != rustix::process::geteuid().as_raw() {
+        tracing::warn!(path = %record.display(), "ignoring a PM QoS record the daemon did not write");
+        return None;
+    }
+    let mut text = String::new();
+    f.by_ref().take(64 << 10).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
 /// Puts back the limits a daemon that did not exit cleanly recorded, where
 /// its window left them poll-only, and removes its record.
 fn recover(cpu_root: &Path, record: &Path) {
-    let Ok(text) = std::fs::read_to_string(record) else {
+    let Some(text) = read_record(record) else {
+        // Not ours (or absent): removed all the same (unlink does not
+        // follow a symlink), so that a record of this daemon can be made.
+        let _ = std::fs::remove_file(record);
         return;
     };
     for line in text.lines() {
@@ -335,6 +378,46 @@ mod tests {
         assert_eq!(fs.value(1), "n/a");
         w.expire(t + Duration::from_micros(1800));
         assert_eq!(fs.value(1), "0");
+    }
+
+    #[test]
+    fn a_planted_record_is_neither_followed_nor_trusted() {
+        let fs = FakeSysfs::new("planted", &[(1, "0"), (2, "n/a")]);
+        let victim = fs.0.join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        // A symlink where the record goes: the daemon must not write
+        // through it.
+        let record = fs.0.join("arbiter.sock.pmqos");
+        std::os::unix::fs::symlink(&victim, &record).unwrap();
+        let w = WarmCores::new(&fs.0, &[1], Duration::from_millis(1), Some(&record));
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        assert_eq!(
+            std::fs::read_to_string(&record).unwrap(),
+            "1 0\n",
+            "the link was replaced by a record of the daemon's own"
+        );
+        drop(w);
+        assert!(victim.exists() && !record.exists());
+        // A link planted between the removal of a stale record and the
+        // write of the new one (a race a local user can run in a loop):
+        // the write fails instead of going through it.
+        std::os::unix::fs::symlink(&victim, &record).unwrap();
+        assert!(write_record(&record, "1 0\n").is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        std::fs::remove_file(&record).unwrap();
+        // A record owned by someone else is not restored from (giving it
+        // away needs root).
+        std::fs::write(&record, "2 42\n").unwrap();
+        if std::os::unix::fs::chown(&record, Some(65534), None).is_err() {
+            return;
+        }
+        drop(WarmCores::new(
+            &fs.0,
+            &[1],
+            Duration::from_millis(1),
+            Some(&record),
+        ));
+        assert_eq!(fs.value(2), "n/a", "a stranger's record changes nothing");
     }
 
     #[test]
