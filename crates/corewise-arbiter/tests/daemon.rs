@@ -153,6 +153,13 @@ fn child_main(socket: PathBuf) {
                 client = Some(client::Client::connect(&socket).expect("connect"));
                 say("connected".into());
             }
+            ["connect-try"] => match client::Client::connect(&socket) {
+                Ok(c) => {
+                    client = Some(c);
+                    say("connect ok".into());
+                }
+                Err(e) => say(format!("connect refused {e}")),
+            },
             ["connect-retry"] => {
                 let deadline = Instant::now() + wait_limit();
                 loop {
@@ -175,6 +182,14 @@ fn child_main(socket: PathBuf) {
                 let r = unsafe { libc::setuid(uid) };
                 assert_eq!(r, 0, "setuid");
                 say(format!("uid {uid}"));
+            }
+            ["setresuid", ids @ ..] if ids.len() == 3 => {
+                // "-" keeps an id as it is.
+                let id = |w: &str| w.parse::<libc::uid_t>().unwrap_or(libc::uid_t::MAX);
+                // SAFETY: setresuid has no memory-safety preconditions.
+                let r = unsafe { libc::setresuid(id(ids[0]), id(ids[1]), id(ids[2])) };
+                assert_eq!(r, 0, "setresuid");
+                say(format!("uids {}", ids.join(" ")));
             }
             ["req", counts @ ..] => {
                 let mut c = [0u32; 8];
@@ -1312,6 +1327,39 @@ fn limits_from_config_file() {
 
     drop(root);
     drop(nobody);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+/// A process whose user ids are not all the connection's user (here
+/// nobody, with root saved: it may take root back at any time, as a
+/// set-user-ID program does) registers nothing: its connection's
+/// credentials do not speak for it. The same check guards every thread
+/// attached, replaced or moved onto a core.
+#[test]
+fn a_process_that_may_take_root_back_registers_nothing() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let cfg = sb.dir.join("open.toml");
+    std::fs::write(&cfg, "[socket]\nmode = 0o666\n").unwrap();
+    std::fs::set_permissions(&sb.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut d = Daemon::start(&sb, &["--config", cfg.to_str().unwrap()]);
+    let mut a = App::spawn(&sb);
+    a.cmd("setresuid 65534 65534 0");
+    a.expect("uids");
+    a.cmd("connect-try");
+    let reply = a.expect("connect");
+    assert_eq!(reply[0], "refused", "registered with root saved: {reply:?}");
+    // Nobody through and through, it registers and attaches.
+    a.cmd("setresuid 65534 65534 65534");
+    a.expect("uids");
+    a.cmd("connect-try");
+    assert_eq!(a.expect("connect")[0], "ok");
+    a.cmd("attach-try");
+    assert_eq!(a.expect("attach")[0], "ok");
+    drop(a);
     assert!(d.stop());
     assert_cleaned(&sb);
 }

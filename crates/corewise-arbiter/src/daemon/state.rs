@@ -44,6 +44,16 @@ pub enum Reject {
         /// Process id.
         pid: u32,
     },
+    /// The task does not run as the connection's user alone (it ran a
+    /// set-user-ID program, or took back a saved user id, after it
+    /// connected).
+    #[error("task {tid} does not run as user {uid} alone (a set-user-ID program?)")]
+    NotTheUsers {
+        /// Thread (or process) id.
+        tid: u32,
+        /// The connection's user.
+        uid: u32,
+    },
     /// The thread id is already attached.
     #[error("thread {0} is already attached")]
     Duplicate(u32),
@@ -307,6 +317,9 @@ impl State {
         if !process.alive() {
             return Err(Reject::ProcessGone(pid));
         }
+        if !process.runs_as(uid) {
+            return Err(Reject::NotTheUsers { tid: pid, uid });
+        }
         tracing::info!(conn, pid, uid, name = %name.escape_debug(), ?limits, "application registered");
         let app = App {
             token: self.next_token,
@@ -383,6 +396,9 @@ impl State {
         if !app.process.alive() {
             return Err(Reject::ProcessGone(peer_pid));
         }
+        if !task.runs_as(uid) {
+            return Err(Reject::NotTheUsers { tid, uid });
+        }
         self.fence.adopt(peer_pid, tid)?;
         if !task.alive() {
             return Err(Reject::ForeignThread { tid, pid: peer_pid });
@@ -443,6 +459,9 @@ impl State {
         let task = TaskIdent::thread(pid, tid).map_err(|_| Reject::ForeignThread { tid, pid })?;
         if !app.process.alive() {
             return Err(Reject::ProcessGone(pid));
+        }
+        if !task.runs_as(app.uid) {
+            return Err(Reject::NotTheUsers { tid, uid: app.uid });
         }
         self.fence.adopt(pid, tid)?;
         if let Phase::Running { core, .. } = phase {
@@ -571,6 +590,18 @@ impl State {
         let tid = t.task.tid();
         if t.gone || !t.task.alive() {
             tracing::info!(conn, tid, "thread gone (or its id reused); dropping it");
+            self.forget(conn);
+            return Err(FenceError::NoSuchThread(tid));
+        }
+        if to.is_some() && !t.task.runs_as(t.uid) {
+            // Its process ran a set-user-ID program (or took back a saved
+            // id) since it attached: the user's grant does not move it.
+            tracing::warn!(
+                conn,
+                tid,
+                uid = t.uid,
+                "thread no longer runs as its connection's user; dropping it"
+            );
             self.forget(conn);
             return Err(FenceError::NoSuchThread(tid));
         }

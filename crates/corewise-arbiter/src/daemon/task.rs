@@ -163,6 +163,49 @@ impl TaskIdent {
     pub fn alive(&self) -> bool {
         read_start(&self.stat).is_ok_and(|s| s == self.start)
     }
+
+    /// Whether the task runs as `uid` alone: its real, effective, saved
+    /// and file-system user ids are all `uid` (always true for root, who may
+    /// move anything). A process that connected as a user and then ran a
+    /// set-user-ID program, or raised its effective id back to a saved
+    /// one, does not: its connection's credentials no longer speak for it.
+    /// A task that is gone reads as false.
+    ///
+    /// ```
+    /// use corewise_arbiter::daemon::task::TaskIdent;
+    /// let me = TaskIdent::process(std::process::id())?;
+    /// let uid = rustix::process::getuid().as_raw();
+    /// assert!(me.runs_as(0));
+    /// if uid != 0 && uid == rustix::process::geteuid().as_raw() {
+    ///     assert!(me.runs_as(uid));
+    /// }
+    /// if uid == 0 {
+    ///     assert!(!me.runs_as(65534), "root does not run as nobody");
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn runs_as(&self, uid: u32) -> bool {
+        if uid == 0 {
+            return true;
+        }
+        let path = format!("/proc/{}/task/{}/status", self.pid, self.tid);
+        let Ok(status) = std::fs::read_to_string(path) else {
+            return false;
+        };
+        self.alive() && status_uids(&status).is_some_and(|ids| ids.iter().all(|&u| u == uid))
+    }
+}
+
+/// The four user ids (real, effective, saved, file system) of a
+/// `/proc/.../status` text.
+fn status_uids(status: &str) -> Option<[u32; 4]> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    let mut ids = line.split_ascii_whitespace().map(|w| w.parse::<u32>());
+    let mut out = [0u32; 4];
+    for slot in &mut out {
+        *slot = ids.next()?.ok()?;
+    }
+    Some(out)
 }
 
 fn read_start(f: &File) -> io::Result<u64> {
@@ -192,6 +235,14 @@ pub(crate) fn spawn_waiting_thread<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_four_user_ids_are_read_from_status() {
+        let text = "Name:\tsu\nUmask:\t0022\nUid:\t65534\t0\t0\t0\nGid:\t0\t0\t0\t0\n";
+        assert_eq!(status_uids(text), Some([65534, 0, 0, 0]));
+        assert_eq!(status_uids("Uid:\t1\t2\n"), None);
+        assert_eq!(status_uids("Gid:\t1\t1\t1\t1\n"), None);
+    }
 
     #[test]
     fn a_finished_thread_reads_as_gone() {
