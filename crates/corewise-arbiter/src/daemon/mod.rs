@@ -449,12 +449,47 @@ fn bind(path: &Path, access: &SocketAccess) -> Result<UnixListener, DaemonError>
     let bound = UnixListener::bind(path);
     rustix::process::umask(old);
     let l = bound.map_err(io_op("bind"))?;
-    std::os::unix::fs::chown(path, Some(access.uid), Some(access.gid))
-        .map_err(io_op("chown socket"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode))
-        .map_err(io_op("chmod socket"))?;
+    set_socket_access(path, access)?;
     l.set_nonblocking(true).map_err(io_op("set_nonblocking"))?;
     Ok(l)
+}
+
+/// Gives the socket file its owner, group and mode through a descriptor of
+/// the file itself, never by following the path: in a directory other users
+/// may write to, the path could be swapped for a symlink between `bind` and
+/// here, and root would change the owner and mode of the link's target.
+/// The file must be a socket the daemon's user owns, or nothing is changed.
+fn set_socket_access(path: &Path, access: &SocketAccess) -> Result<(), DaemonError> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_op("open socket file")(e.into()))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| io_op("stat socket file")(e.into()))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Socket
+        || st.st_uid != rustix::process::geteuid().as_raw()
+    {
+        return Err(DaemonError::Settings(format!(
+            "{} was replaced after it was bound (not the daemon's socket); refusing to change it",
+            path.display()
+        )));
+    }
+    rustix::fs::chownat(
+        &fd,
+        "",
+        Some(rustix::process::Uid::from_raw(access.uid)),
+        Some(rustix::process::Gid::from_raw(access.gid)),
+        AtFlags::EMPTY_PATH,
+    )
+    .map_err(|e| io_op("chown socket")(e.into()))?;
+    // An `O_PATH` descriptor takes no `fchmod`; its `/proc` link names the
+    // same file (the one opened above, whatever the path says now).
+    let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    std::fs::set_permissions(link, std::fs::Permissions::from_mode(access.mode))
+        .map_err(io_op("chmod socket"))?;
+    Ok(())
 }
 
 /// Most bytes of replies queued for one client that does not read them; a
@@ -1097,5 +1132,48 @@ fn handle_request(
             "{other:?} not allowed on this connection (fd {})",
             c.stream.as_raw_fd()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn access(mode: u32) -> SocketAccess {
+        SocketAccess {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+            mode,
+        }
+    }
+
+    /// The socket's mode is set on the socket file; a path swapped for a
+    /// symlink (or any other file) is refused and its target left alone.
+    #[test]
+    fn socket_access_is_set_on_the_socket_never_through_a_link() {
+        let dir = std::env::temp_dir().join(format!("cw-sockaccess-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("arbiter.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        set_socket_access(&sock, &access(0o640)).unwrap();
+        assert_eq!(
+            std::fs::symlink_metadata(&sock).unwrap().mode() & 0o777,
+            0o640
+        );
+
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "x").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.join("swapped.sock");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(set_socket_access(&link, &access(0o666)).is_err());
+        assert!(
+            set_socket_access(&victim, &access(0o666)).is_err(),
+            "not a socket"
+        );
+        assert_eq!(std::fs::metadata(&victim).unwrap().mode() & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
