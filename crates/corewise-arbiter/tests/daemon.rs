@@ -1888,9 +1888,15 @@ fn restart_after_a_crash_cleans_up_another_layout() {
 const NS_LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
 
 /// Starts `sleep 600` with pid `pid` (through `ns_last_pid`; other processes
-/// on the machine may take the number first, so it retries).
+/// on the machine may take the number first, so it retries, also while a
+/// process that took it lives: on a busy machine that can be a compiler for
+/// seconds).
 fn spawn_with_pid(pid: u32) -> Option<KillOnDrop> {
-    for _ in 0..200 {
+    let deadline = Instant::now() + 2 * wait_limit();
+    for _ in 0..2000 {
+        if Instant::now() > deadline {
+            break;
+        }
         std::fs::write(NS_LAST_PID, (pid - 1).to_string()).ok()?;
         let child = KillOnDrop(Command::new("sleep").arg("600").spawn().unwrap());
         if child.0.id() == pid {
