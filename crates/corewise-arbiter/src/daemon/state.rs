@@ -84,6 +84,21 @@ pub enum Reject {
     Fence(#[from] FenceError),
 }
 
+/// After [`Fence::adopt`] wrote the application's pid (cgroup v2 moves a
+/// whole process by pid): if the process is gone now, its pid may have
+/// named another process at the write, which then moved into the unmanaged
+/// set. It cannot be put back (where it was is unknown), so it is said
+/// loudly for the administrator.
+fn check_adopted(process: &TaskIdent) {
+    if !process.alive() {
+        tracing::error!(
+            pid = process.pid(),
+            "the application exited while its process joined the unmanaged set: \
+             a process that took its pid meanwhile may have been moved there"
+        );
+    }
+}
+
 /// One registered application.
 pub struct App {
     token: u64,
@@ -400,6 +415,7 @@ impl State {
             return Err(Reject::NotTheUsers { tid, uid });
         }
         self.fence.adopt(peer_pid, tid)?;
+        check_adopted(&app.process);
         if !task.alive() {
             return Err(Reject::ForeignThread { tid, pid: peer_pid });
         }
@@ -464,6 +480,7 @@ impl State {
             return Err(Reject::NotTheUsers { tid, uid: app.uid });
         }
         self.fence.adopt(pid, tid)?;
+        check_adopted(&app.process);
         if let Phase::Running { core, .. } = phase {
             self.fence.confine(tid, core)?;
             if !task.alive() {
