@@ -438,3 +438,33 @@ fn stats_reset_zeroes_counters() {
         );
     }
 }
+
+/// `bytes` counts each item as memcached 1.6.18 does (48-byte header,
+/// 8-byte CAS, key and its terminator, a 4-byte flags suffix when flags
+/// are not zero, value and CRLF), through stores, in-place edits and
+/// deletes; side by side with memcached when installed.
+#[test]
+fn bytes_counts_items_as_memcached() {
+    let both = common::Pair::start(&[]);
+    let ports = std::iter::once(both.server.port).chain(both.memcached.as_ref().map(|m| m.1));
+    for port in ports {
+        let mut c = Client::connect(port);
+        let steps: [(&[u8], u64); 6] = [
+            (b"set a 0 0 1\r\nx\r\n", 61),
+            (b"set zz:2 7 0 1\r\nx\r\n", 61 + 68),
+            (b"append a 0 0 4\r\nyyyy\r\n", 65 + 68),
+            (b"set n 0 0 2\r\n99\r\nincr n 1\r\n", 65 + 68 + 63),
+            (b"delete zz:2\r\n", 65 + 63),
+            (b"delete a\r\ndelete n\r\n", 0),
+        ];
+        for (req, want) in steps {
+            common::exchange(port, req);
+            assert_eq!(
+                c.stat("bytes"),
+                want,
+                "after {:?} on port {port}",
+                String::from_utf8_lossy(req)
+            );
+        }
+    }
+}

@@ -146,7 +146,8 @@ pub fn exptime_at(deadline: Deadline, now: u32) -> u32 {
 pub struct StoreStats {
     /// Items held.
     pub curr_items: u64,
-    /// Bytes charged.
+    /// Bytes held, each item counted as memcached counts it (header, CAS,
+    /// key, flags suffix, value and CRLF).
     pub bytes: u64,
     /// Memory limit in bytes.
     pub limit_maxbytes: u64,
@@ -919,7 +920,7 @@ impl Store {
         for sh in self.shards.iter() {
             let g = sh.lock();
             s.curr_items += g.len() as u64;
-            s.bytes += g.used() as u64;
+            s.bytes += g.requested() as u64;
             s.counters.evictions += g.counters.evictions;
             s.counters.evicted_unfetched += g.counters.evicted_unfetched;
             s.counters.reclaimed += g.counters.reclaimed;

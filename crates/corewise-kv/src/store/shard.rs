@@ -124,6 +124,9 @@ pub struct Shard {
     head: u32,
     tail: u32,
     used: usize,
+    /// The items' sizes as memcached counts them ([`Item::ntotal`]): the
+    /// `bytes` of `stats`.
+    requested: usize,
     limit: usize,
     /// Counters of this shard.
     pub counters: ShardCounters,
@@ -154,6 +157,7 @@ impl Shard {
             head: NIL,
             tail: NIL,
             used: 0,
+            requested: 0,
             limit,
             counters: ShardCounters::default(),
             class_counters: vec![ClassCounters::default(); MAX_CLASSES + 1],
@@ -182,6 +186,13 @@ impl Shard {
     /// Bytes charged to the items held.
     pub fn used(&self) -> usize {
         self.used
+    }
+
+    /// The items' sizes as memcached counts them: what its `stats` call
+    /// `bytes` (less than [`Shard::used`], which also charges this
+    /// server's own bookkeeping).
+    pub fn requested(&self) -> usize {
+        self.requested
     }
 
     /// The memory limit.
@@ -259,6 +270,7 @@ impl Shard {
             }
         };
         self.used += size;
+        self.requested += item.ntotal();
         self.map.insert(item.key.clone(), i);
         if let Some(slot) = self.slab.get_mut(i as usize) {
             *slot = Some(item);
@@ -282,6 +294,8 @@ impl Shard {
         };
         let new = self.item(i).map_or(old, Item::size);
         self.used = self.used.saturating_sub(old) + new;
+        // An edit changes the value only, so both sizes move by as much.
+        self.requested = (self.requested + new).saturating_sub(old);
         while self.used > self.limit && self.tail != i && self.evict_one(now) {}
     }
 
@@ -293,6 +307,7 @@ impl Shard {
         self.head = NIL;
         self.tail = NIL;
         self.used = 0;
+        self.requested = 0;
     }
 
     /// Items in LRU order, most recent first (for tests and `stats`).
@@ -471,6 +486,7 @@ impl Shard {
         self.map.remove(&it.key);
         self.free.push(i);
         self.used = self.used.saturating_sub(it.size());
+        self.requested = self.requested.saturating_sub(it.ntotal());
         Some(it)
     }
 
