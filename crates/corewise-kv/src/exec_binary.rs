@@ -62,7 +62,6 @@ mod op {
     pub const FLUSHQ: u8 = 0x18;
     pub const APPENDQ: u8 = 0x19;
     pub const PREPENDQ: u8 = 0x1a;
-    pub const VERBOSITY: u8 = 0x1b;
     pub const TOUCH: u8 = 0x1c;
     pub const GAT: u8 = 0x1d;
     pub const GATQ: u8 = 0x1e;
@@ -162,9 +161,11 @@ pub fn too_large(shared: &Shared, h: &Header, key: &[u8], out: &mut Vec<u8>) {
     write_error(h, status::E2BIG, out);
 }
 
-/// Appends the response to a header whose extras and key overrun its body.
+/// Appends the response to a header whose extras and key overrun its
+/// body: "Unknown command", as memcached answers before it closes the
+/// connection (the caller closes it too).
 pub fn write_malformed(h: &Header, out: &mut Vec<u8>) {
-    write_error(h, status::EINVAL, out);
+    write_error(h, status::UNKNOWN_COMMAND, out);
 }
 
 fn be32(b: &[u8]) -> u32 {
@@ -205,7 +206,13 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
     let h = &f.header;
     let store = &shared.store;
     let deadline = |exptime: u32| store.clock().deadline(i64::from(exptime));
-    let invalid = |out: &mut Vec<u8>| write_error(h, status::EINVAL, out);
+    // A body that does not have the layout its opcode needs: memcached
+    // answers "Invalid arguments" and closes the connection, since what
+    // follows may not be a header.
+    let invalid = |out: &mut Vec<u8>| {
+        write_error(h, status::EINVAL, out);
+        Flow::Close
+    };
     match h.opcode {
         op::GET
         | op::GETQ
@@ -222,8 +229,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
             );
             let want = if touching { 4 } else { 0 };
             if !layout(f, &[want], Some(true), false) {
-                invalid(out);
-                return Flow::Continue;
+                return invalid(out);
             }
             let touch = touching.then(|| deadline(be32(f.extras)));
             let with_key = matches!(h.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
@@ -254,8 +260,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
         }
         op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => {
             if !layout(f, &[8], Some(true), true) {
-                invalid(out);
-                return Flow::Continue;
+                return invalid(out);
             }
             let quiet = matches!(h.opcode, op::SETQ | op::ADDQ | op::REPLACEQ);
             let mode = match h.opcode {
@@ -275,8 +280,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
         }
         op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => {
             if !layout(f, &[0], Some(true), true) {
-                invalid(out);
-                return Flow::Continue;
+                return invalid(out);
             }
             let quiet = matches!(h.opcode, op::APPENDQ | op::PREPENDQ);
             let mode = if matches!(h.opcode, op::APPEND | op::APPENDQ) {
@@ -288,8 +292,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
         }
         op::DELETE | op::DELETEQ => {
             if !layout(f, &[0], Some(true), false) {
-                invalid(out);
-                return Flow::Continue;
+                return invalid(out);
             }
             let compare = (h.cas != 0).then_some(h.cas);
             shared.detail.record(f.key, DetailOp::Delete);
@@ -305,8 +308,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
         }
         op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
             if !layout(f, &[20], Some(true), false) {
-                invalid(out);
-                return Flow::Continue;
+                return invalid(out);
             }
             let incr = matches!(h.opcode, op::INCREMENT | op::INCREMENTQ);
             let quiet = matches!(h.opcode, op::INCREMENTQ | op::DECREMENTQ);
@@ -334,8 +336,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
         }
         op::FLUSH | op::FLUSHQ => {
             if !layout(f, &[0, 4], Some(false), false) {
-                invalid(out);
-                return Flow::Continue;
+                return invalid(out);
             }
             store.flush(deadline(be32(f.extras)));
             if h.opcode == op::FLUSH {
@@ -344,35 +345,23 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
         }
         op::NOOP => {
             if !layout(f, &[0], Some(false), false) {
-                invalid(out);
-                return Flow::Continue;
+                return invalid(out);
             }
             respond(out, h, status::OK, 0, &[], &[], &[]);
         }
         op::VERSION => {
             if !layout(f, &[0], Some(false), false) {
-                invalid(out);
-                return Flow::Continue;
+                return invalid(out);
             }
             respond(out, h, status::OK, 0, &[], &[], VERSION.as_bytes());
         }
-        op::VERBOSITY => {
-            if !layout(f, &[4], Some(false), false) {
-                invalid(out);
-                return Flow::Continue;
-            }
-            shared
-                .verbosity
-                .store(u64::from(be32(f.extras)), Ordering::Relaxed);
-            respond(out, h, status::OK, 0, &[], &[], &[]);
-        }
         op::STAT => {
             if !layout(f, &[0], None, false) {
-                invalid(out);
-                return Flow::Continue;
+                return invalid(out);
             }
             stat_responses(shared, f, out);
         }
+        // Verbosity included: memcached 1.6 no longer serves it in binary.
         _ => write_error(h, status::UNKNOWN_COMMAND, out),
     }
     Flow::Continue
@@ -524,7 +513,11 @@ mod tests {
                     }
                 }
                 BinDecoded::TooLarge(h, k) => too_large(shared, &h, k, &mut out),
-                BinDecoded::Malformed(h) => write_malformed(&h, &mut out),
+                BinDecoded::Malformed(h) => {
+                    write_malformed(&h, &mut out);
+                    flow = Flow::Close;
+                    break;
+                }
                 BinDecoded::Incomplete if n > 0 => {}
                 other => panic!("{other:?} at {pos}"),
             }
@@ -671,23 +664,32 @@ mod tests {
     }
 
     #[test]
-    fn bad_layouts_too_large_values_and_unknown_opcodes_are_answered() {
+    fn bad_layouts_close_too_large_values_and_unknown_opcodes_are_answered() {
         let s = shared();
-        let mut b = req(op::GET, &[1, 2, 3, 4], b"k", &[], 0);
-        b.extend(req(op::SET, &set_extras(0, 0), &[b'k'; 251], b"x", 0));
-        b.extend(req(op::SET, &set_extras(0, 0), b"big", &[0; 1025], 0));
+        for bad in [
+            req(op::GET, &[1, 2, 3, 4], b"k", &[], 0),
+            req(op::SET, &set_extras(0, 0), &[b'k'; 251], b"x", 0),
+            req(op::NOOP, &[], b"k", &[], 0),
+        ] {
+            let mut b = bad;
+            b.extend(req(op::NOOP, &[], &[], &[], 0));
+            let (r, flow) = run(&s, &b);
+            let st: Vec<u16> = r.iter().map(|r| r.status).collect();
+            assert_eq!((st, flow), (vec![status::EINVAL], Flow::Close));
+        }
+        let mut b = req(op::SET, &set_extras(0, 0), b"big", &[0; 1025], 0);
         b.extend(req(op::SET, &set_extras(0, 0), b"huge", &[0; 5000], 0));
         b.extend(req(0x20, &[], &[], &[], 0));
+        b.extend(req(0x1b, &[0, 0, 0, 1], &[], &[], 0)); // verbosity
         b.extend(req(op::NOOP, &[], &[], &[], 0));
         let (r, _) = run(&s, &b);
         let st: Vec<u16> = r.iter().map(|r| r.status).collect();
         assert_eq!(
             st,
             vec![
-                status::EINVAL,
-                status::EINVAL,
                 status::E2BIG,
                 status::E2BIG,
+                status::UNKNOWN_COMMAND,
                 status::UNKNOWN_COMMAND,
                 status::OK
             ]

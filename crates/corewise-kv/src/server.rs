@@ -301,7 +301,7 @@ impl Connection {
                 }
                 BinDecoded::Malformed(h) => {
                     write_malformed(&h, &mut self.wbuf);
-                    Flow::Continue
+                    Flow::Close
                 }
                 // Not a request: the stream cannot be followed (memcached
                 // closes such a connection too).

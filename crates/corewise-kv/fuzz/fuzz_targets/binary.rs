@@ -33,7 +33,10 @@ fn run(shared: &Shared, chunks: &[&[u8]]) -> Vec<u8> {
                     }
                 }
                 BinDecoded::TooLarge(h, k) => too_large(shared, &h, k, &mut out),
-                BinDecoded::Malformed(h) => write_malformed(&h, &mut out),
+                BinDecoded::Malformed(h) => {
+                    write_malformed(&h, &mut out);
+                    break 'outer;
+                }
                 BinDecoded::BadMagic => break 'outer,
             }
             assert!(used > 0, "a frame or an error must consume input");

@@ -95,7 +95,7 @@ pub enum BinDecoded<'a> {
     /// the decoder skips the rest of the body as it arrives.
     TooLarge(Header, &'a [u8]),
     /// The header's extras and key do not fit its body length: answer
-    /// "invalid arguments"; the body is skipped.
+    /// "unknown command" and close the connection, as memcached does.
     Malformed(Header),
     /// Not a request magic: the stream cannot be followed, close it.
     BadMagic,
