@@ -45,6 +45,18 @@ fn run(mode: &str) {
         b"CLIENT_ERROR bad command line format\r\nEND\r\n",
     );
 
+    // A NUL ends a command line, as memcached reads it as a C string:
+    // `set a\0b 0 0 1` is too short (its data line is then a command) and
+    // `get a\0b` asks for `a`, in text and meta commands alike.
+    check(
+        &s,
+        &mc,
+        b"set n1 0 0 1\r\nx\r\nset n1\0b 0 0 1\r\ny\r\nget n1\0junk\r\n\
+          delete n1\0 junk\r\nmg n1\0x v\r\nms n2\0x 1\r\nz\r\nmg n2 v\r\n",
+        b"STORED\r\nERROR\r\nERROR\r\nVALUE n1 0 1\r\nx\r\nEND\r\nDELETED\r\nEN\r\n\
+          CLIENT_ERROR bad command line format\r\nERROR\r\nEN\r\n",
+    );
+
     // Item 8: flags are kept modulo 2^32.
     check(
         &s,

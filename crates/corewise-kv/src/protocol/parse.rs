@@ -196,6 +196,9 @@ impl Decoder {
         }
         let line = buf.get(..nl).unwrap_or(&[]);
         let line = line.strip_suffix(b"\r").unwrap_or(line);
+        // memcached reads the line as a C string: a NUL ends it (`get a\0b`
+        // asks for `a`; `set a\0b 0 0 1` is too short a command).
+        let line = line.split(|&b| b == 0).next().unwrap_or(line);
         let after = buf.get(nl + 1..).unwrap_or(&[]);
         let (extra, d) = self.command(line, after);
         match d {
