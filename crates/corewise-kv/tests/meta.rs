@@ -122,6 +122,61 @@ fn run(mode: &str) {
          ms x2 2 MR c\r\nhi\r\nms x1 2 q c\r\nhi\r\n",
         "HD\r\nEX c0\r\nEX\r\nEX\r\nHD kx1 O9 c#\r\nNS c0 kx1\r\nNS c0\r\n",
     );
+
+    // A flag memcached 1.6.18 does not have (S) is invalid on every
+    // command; md and ma word every flag error `invalid or duplicate flag`.
+    check(
+        "ms fl 1\r\n1\r\nmg fl S\r\nms fl 1 S\r\n2\r\nmd fl S\r\nma fl S\r\n\
+         ma fl Dx\r\nmd fl Cx\r\nmd fl q q\r\nmg fl v\r\n",
+        "HD\r\nCLIENT_ERROR invalid flag\r\nCLIENT_ERROR invalid flag\r\n\
+         CLIENT_ERROR invalid or duplicate flag\r\nCLIENT_ERROR invalid or duplicate flag\r\n\
+         CLIENT_ERROR invalid or duplicate flag\r\nCLIENT_ERROR invalid or duplicate flag\r\n\
+         CLIENT_ERROR invalid or duplicate flag\r\nVA 1\r\n1\r\n",
+    );
+    // Numbers that are not: `bad token` for T, N, R, C; F, D and J their own.
+    check(
+        "mg fl Tx\r\nmg fl N\r\nmg fl Rx\r\nms fl 1 Cx\r\n2\r\nms fl 1 Fx\r\n2\r\n\
+         mg fl Dx\r\nmg fl Jx\r\n",
+        "CLIENT_ERROR bad token in command line format\r\n\
+         CLIENT_ERROR bad token in command line format\r\n\
+         CLIENT_ERROR bad token in command line format\r\n\
+         CLIENT_ERROR bad token in command line format\r\n\
+         CLIENT_ERROR bad command line format\r\n\
+         CLIENT_ERROR invalid numeric delta value\r\n\
+         CLIENT_ERROR invalid numeric initial value\r\n",
+    );
+    // Modes: one upper-case letter; ms takes E A P R S, ma I + D -.
+    check(
+        "ms fl 1 Ma\r\n2\r\nms fl 1 M\r\n2\r\nms fl 1 MEE\r\n2\r\nms fl 1 MI\r\n2\r\n\
+         ma fl Mi\r\nma fl MS\r\nma fl MII\r\nma fl M+ v\r\nmg fl MX v\r\n",
+        "CLIENT_ERROR invalid mode for ms M token\r\n\
+         CLIENT_ERROR incorrect length for M token\r\n\
+         CLIENT_ERROR incorrect length for M token\r\n\
+         CLIENT_ERROR invalid mode for ms M token\r\n\
+         CLIENT_ERROR invalid mode for ma M token\r\n\
+         CLIENT_ERROR invalid mode for ma M token\r\n\
+         CLIENT_ERROR invalid or duplicate flag\r\nVA 1\r\n2\r\nVA 1\r\n2\r\n",
+    );
+    // An opaque of 31 bytes is echoed, one of 32 refused (after any other
+    // error); ma returns c and t but not s, f, h, l.
+    let o31 = "a".repeat(31);
+    check(
+        &format!("mg fl O{o31}\r\nmg fl O{o31}a\r\nmd fl O{o31}a\r\nmg fl O{o31}a T\r\nma fl s f h l t\r\n"),
+        &format!(
+            "HD O{o31}\r\nCLIENT_ERROR opaque token too long\r\n\
+             CLIENT_ERROR opaque token too long\r\n\
+             CLIENT_ERROR bad token in command line format\r\nHD t-1\r\n"
+        ),
+    );
+    // 17 flags are read, 18 are too many (17 for ms, whose data block is
+    // then read as a command).
+    let f17 = "v c f h k l s t u O1 T1 N1 R1 q P L Zz";
+    check(
+        &format!("mg fl {f17}\r\nmg fl {f17} v\r\nmd fl {f17} v\r\nma fl {f17} v\r\nms fl 1 {f17}\r\n2\r\n"),
+        "CLIENT_ERROR invalid flag\r\nCLIENT_ERROR options flags are too long\r\n\
+         CLIENT_ERROR options flags too long\r\nCLIENT_ERROR options flags too long\r\n\
+         CLIENT_ERROR options flags too long\r\nERROR\r\n",
+    );
 }
 
 #[test]

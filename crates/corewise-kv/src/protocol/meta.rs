@@ -23,6 +23,35 @@ pub enum MetaMode {
     Decr,
 }
 
+/// The meta command a set of flags belongs to: memcached 1.6.18 accepts
+/// the same flag letters on all four, but checks modes and words its
+/// errors per command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetaCmd {
+    /// `mg`.
+    #[default]
+    Get,
+    /// `ms`.
+    Set,
+    /// `md`.
+    Delete,
+    /// `ma`.
+    Arith,
+}
+
+/// The flag letters memcached 1.6.18 accepts on `mg`, `ms`, `md` and `ma`
+/// alike (each command ignores those it has no use for), and two from
+/// later versions kept on purpose: `E` (explicit CAS) and `x`.
+const ACCEPTED: &[u8] = b"bcfhklqstuvxCDEFIJLMNOPRT";
+
+/// Flag tokens after the key (and `ms`'s length) beyond which memcached
+/// refuses a meta command: its tokenizer keeps 20 tokens, the command's
+/// and the key's included.
+const MAX_FLAG_TOKENS: usize = 17;
+
+/// Longest opaque (`O`) memcached echoes, its letter excluded.
+const OPAQUE_MAX: usize = 31;
+
 /// The flags of one meta command.
 ///
 /// ```
@@ -36,6 +65,7 @@ pub enum MetaMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MetaFlags<'a> {
     raw: &'a [u8],
+    cmd: MetaCmd,
     /// `b`: the key is base64.
     pub base64: bool,
     /// `q`: quiet (suppress the common-case reply).
@@ -62,7 +92,7 @@ pub struct MetaFlags<'a> {
     pub ttl: Option<i64>,
     /// `C`: compare CAS.
     pub compare_cas: Option<u64>,
-    /// `E`: explicit new CAS.
+    /// `E`: explicit new CAS (newer than memcached 1.6.18).
     pub new_cas: Option<u64>,
     /// `F`: client flags to store.
     pub client_flags: Option<u32>,
@@ -81,27 +111,73 @@ pub struct MetaFlags<'a> {
     pub vivify: Option<i64>,
     /// `R`: win the recache token when the TTL left is below this.
     pub recache: Option<i64>,
-    /// `x`: md removes the value but keeps the item (treated as delete).
+    /// `x`: md removes the value but keeps the item (treated as delete;
+    /// newer than memcached 1.6.18).
     pub remove_value: bool,
 }
 
-fn num<T: std::str::FromStr>(arg: &[u8]) -> Result<T, ProtoError> {
+fn num<T: std::str::FromStr>(arg: &[u8], err: ProtoError) -> Result<T, ProtoError> {
     std::str::from_utf8(arg)
         .ok()
         .and_then(|s| s.parse().ok())
-        .ok_or(ProtoError::BadFlag)
+        .ok_or(err)
 }
 
 impl<'a> MetaFlags<'a> {
-    /// Parses space-separated flag tokens.
+    /// Parses space-separated flag tokens as `mg` takes them.
     pub fn parse(raw: &'a [u8]) -> Result<Self, ProtoError> {
+        Self::parse_for(MetaCmd::Get, raw)
+    }
+
+    /// Parses space-separated flag tokens of `cmd` (`ms`'s after its
+    /// length), with memcached 1.6.18's checks and error lines: `md` and
+    /// `ma` word nearly every error `invalid or duplicate flag`.
+    ///
+    /// ```
+    /// use corewise_kv::protocol::{MetaCmd, MetaFlags, ProtoError};
+    /// assert_eq!(MetaFlags::parse_for(MetaCmd::Get, b"Tx"), Err(ProtoError::BadToken));
+    /// assert_eq!(MetaFlags::parse_for(MetaCmd::Arith, b"Tx"), Err(ProtoError::InvalidOrDuplicateFlag));
+    /// assert_eq!(MetaFlags::parse_for(MetaCmd::Set, b"Ma"), Err(ProtoError::BadMode));
+    /// ```
+    pub fn parse_for(cmd: MetaCmd, raw: &'a [u8]) -> Result<Self, ProtoError> {
+        let tokens = raw.split(|&b| b == b' ').filter(|t| !t.is_empty()).count();
+        let max = if cmd == MetaCmd::Set {
+            MAX_FLAG_TOKENS - 1
+        } else {
+            MAX_FLAG_TOKENS
+        };
+        if tokens > max {
+            return Err(if cmd == MetaCmd::Get {
+                ProtoError::FlagsTooLong
+            } else {
+                ProtoError::TooManyFlags
+            });
+        }
+        let f = Self::parse_tokens(cmd, raw).map_err(|e| match (cmd, e) {
+            (MetaCmd::Delete | MetaCmd::Arith, e) if e != ProtoError::BadArithMode => {
+                ProtoError::InvalidOrDuplicateFlag
+            }
+            (_, e) => e,
+        })?;
+        // memcached checks the opaque's length last, when it echoes it.
+        if f.opaque.is_some_and(|o| o.len() > OPAQUE_MAX) {
+            return Err(ProtoError::OpaqueTooLong);
+        }
+        Ok(f)
+    }
+
+    fn parse_tokens(cmd: MetaCmd, raw: &'a [u8]) -> Result<Self, ProtoError> {
         let mut f = MetaFlags {
             raw,
+            cmd,
             ..MetaFlags::default()
         };
         let mut seen = 0u64;
         for tok in raw.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
             let (&c, arg) = tok.split_first().ok_or(ProtoError::BadFlag)?;
+            if !ACCEPTED.contains(&c) {
+                return Err(ProtoError::BadFlag);
+            }
             let bit = match c {
                 b'A'..=b'Z' => 1u64 << (c - b'A'),
                 b'a'..=b'z' => 1u64 << (c - b'a' + 26),
@@ -123,34 +199,35 @@ impl<'a> MetaFlags<'a> {
                 b's' => f.ret_size = true,
                 b't' => f.ret_ttl = true,
                 b'u' => f.no_bump = true,
-                b'S' | b'P' | b'L' => {}
-                b'O' => {
-                    if arg.len() > 32 {
-                        return Err(ProtoError::BadFlag);
-                    }
-                    f.opaque = Some(arg);
-                }
-                b'T' => f.ttl = Some(num(arg)?),
-                b'C' => f.compare_cas = Some(num(arg)?),
-                b'E' => f.new_cas = Some(num(arg)?),
-                b'F' => f.client_flags = Some(num(arg)?),
-                b'I' => f.invalidate = true,
+                b'P' | b'L' => {}
+                b'O' => f.opaque = Some(arg),
+                b'T' => f.ttl = Some(num(arg, ProtoError::BadToken)?),
+                b'C' => f.compare_cas = Some(num(arg, ProtoError::BadToken)?),
+                b'E' => f.new_cas = Some(num(arg, ProtoError::BadToken)?),
                 b'x' => f.remove_value = true,
-                b'D' => f.delta = Some(num(arg)?),
-                b'J' => f.initial = Some(num(arg)?),
-                b'N' => f.vivify = Some(num(arg)?),
-                b'R' => f.recache = Some(num(arg)?),
+                b'F' => f.client_flags = Some(num(arg, ProtoError::BadFormat)?),
+                b'I' => f.invalidate = true,
+                b'D' => f.delta = Some(num(arg, ProtoError::BadDeltaValue)?),
+                b'J' => f.initial = Some(num(arg, ProtoError::BadInitialValue)?),
+                b'N' => f.vivify = Some(num(arg, ProtoError::BadToken)?),
+                b'R' => f.recache = Some(num(arg, ProtoError::BadToken)?),
                 b'M' => {
-                    f.mode = Some(match arg {
-                        b"E" | b"e" => MetaMode::Add,
-                        b"A" | b"a" => MetaMode::Append,
-                        b"P" | b"p" => MetaMode::Prepend,
-                        b"R" | b"r" => MetaMode::Replace,
-                        b"S" | b"s" => MetaMode::Set,
-                        b"I" | b"i" | b"+" => MetaMode::Incr,
-                        b"D" | b"d" | b"-" => MetaMode::Decr,
-                        _ => return Err(ProtoError::BadMode),
-                    })
+                    let &[m] = arg else {
+                        return Err(ProtoError::ModeLength);
+                    };
+                    // Modes are upper case; `mg` and `md` ignore theirs.
+                    f.mode = match (cmd, m) {
+                        (MetaCmd::Set, b'E') => Some(MetaMode::Add),
+                        (MetaCmd::Set, b'A') => Some(MetaMode::Append),
+                        (MetaCmd::Set, b'P') => Some(MetaMode::Prepend),
+                        (MetaCmd::Set, b'R') => Some(MetaMode::Replace),
+                        (MetaCmd::Set, b'S') => Some(MetaMode::Set),
+                        (MetaCmd::Set, _) => return Err(ProtoError::BadMode),
+                        (MetaCmd::Arith, b'I' | b'+') => Some(MetaMode::Incr),
+                        (MetaCmd::Arith, b'D' | b'-') => Some(MetaMode::Decr),
+                        (MetaCmd::Arith, _) => return Err(ProtoError::BadArithMode),
+                        (MetaCmd::Get | MetaCmd::Delete, _) => None,
+                    };
                 }
                 _ => return Err(ProtoError::BadFlag),
             }
@@ -174,12 +251,17 @@ impl<'a> MetaFlags<'a> {
     }
 
     /// The flag letters that ask for something back, in request order
-    /// (`O`, `k` echo; `c f h l s t` return values; `b` is echoed right
-    /// after `k`, as memcached does).
+    /// (`O`, `k` echo; `c f h l s t` return values, of which `ma` returns
+    /// `c` and `t` only; `b` is echoed right after `k`, as memcached does).
     pub fn returned(&self) -> impl Iterator<Item = u8> + 'a {
+        let wanted: &[u8] = if self.cmd == MetaCmd::Arith {
+            b"Okct"
+        } else {
+            b"Okcfhlst"
+        };
         self.raw
             .split(|&b| b == b' ')
             .filter_map(|t| t.first().copied())
-            .filter(|c| b"Okcfhlst".contains(c))
+            .filter(move |c| wanted.contains(c))
     }
 }

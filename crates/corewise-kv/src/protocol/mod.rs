@@ -17,7 +17,7 @@ mod meta;
 mod parse;
 
 pub use base64::{decode_base64, encode_base64};
-pub use meta::{MetaFlags, MetaMode};
+pub use meta::{MetaCmd, MetaFlags, MetaMode};
 pub use parse::{Decoded, Decoder, Limits, KEY_MAX, MAX_LINE, PARTIAL_LINE_MAX};
 
 use thiserror::Error;
@@ -69,6 +69,33 @@ pub enum ProtoError {
     /// `ms` with an unknown mode.
     #[error("CLIENT_ERROR invalid mode for ms M token")]
     BadMode,
+    /// `ma` with an unknown mode.
+    #[error("CLIENT_ERROR invalid mode for ma M token")]
+    BadArithMode,
+    /// A mode token (`M`) that is not one letter.
+    #[error("CLIENT_ERROR incorrect length for M token")]
+    ModeLength,
+    /// `mg`/`ms` with a number flag (`T`, `N`, `R`, `C`) that is not one.
+    #[error("CLIENT_ERROR bad token in command line format")]
+    BadToken,
+    /// A meta `D` that is not a 64-bit unsigned number.
+    #[error("CLIENT_ERROR invalid numeric delta value")]
+    BadDeltaValue,
+    /// A meta `J` that is not a 64-bit unsigned number.
+    #[error("CLIENT_ERROR invalid numeric initial value")]
+    BadInitialValue,
+    /// Any bad flag of `md` or `ma` (memcached words them all so).
+    #[error("CLIENT_ERROR invalid or duplicate flag")]
+    InvalidOrDuplicateFlag,
+    /// An opaque (`O`) over 31 bytes.
+    #[error("CLIENT_ERROR opaque token too long")]
+    OpaqueTooLong,
+    /// `mg` with more flag tokens than memcached's tokenizer keeps.
+    #[error("CLIENT_ERROR options flags are too long")]
+    FlagsTooLong,
+    /// `ms`, `md` or `ma` with more flag tokens than memcached keeps.
+    #[error("CLIENT_ERROR options flags too long")]
+    TooManyFlags,
     /// A base64 key (meta `b` flag) that does not decode.
     #[error("CLIENT_ERROR error decoding key")]
     BadKeyEncoding,

@@ -9,7 +9,7 @@
 //! the decoder into a skipping state that eats exactly that input, as
 //! memcached's "swallow" state does.
 
-use super::meta::MetaFlags;
+use super::meta::{MetaCmd, MetaFlags};
 use super::{GetKind, Keys, ProtoError, Request, StoreCmd};
 
 /// Longest key memcached accepts.
@@ -484,8 +484,11 @@ impl Decoder {
         else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
-        let flags = match MetaFlags::parse(toks.rest()) {
+        let flags = match MetaFlags::parse_for(MetaCmd::Set, toks.rest()) {
             Ok(f) => f,
+            // memcached refuses too many flags before it knows to skip
+            // the data block: the block is read as commands.
+            Err(e @ ProtoError::TooManyFlags) => return (0, Decoded::Error(e)),
             Err(e) => {
                 // The data block still follows: skip it (if it is not
                 // absurd) so it is not read as commands.
@@ -540,7 +543,12 @@ fn meta_key_ok(key: &[u8], base64: bool) -> bool {
 
 fn meta<'a>(cmd: &[u8], mut toks: Tokens<'a>) -> Result<Request<'a>, ProtoError> {
     let key = toks.next_token().ok_or(ProtoError::Unknown)?;
-    let flags = MetaFlags::parse(toks.rest())?;
+    let which = match cmd {
+        b"md" => MetaCmd::Delete,
+        b"ma" => MetaCmd::Arith,
+        _ => MetaCmd::Get,
+    };
+    let flags = MetaFlags::parse_for(which, toks.rest())?;
     if !meta_key_ok(key, flags.base64) {
         return Err(ProtoError::BadFormat);
     }
