@@ -23,21 +23,66 @@ struct Chan<T> {
 }
 
 /// The sending half; clone it for more producers.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let (tx, rx) = corewise::sync::channel(8);
+/// let producers: Vec<_> = (0..3u32)
+///     .map(|i| {
+///         let tx = tx.clone();
+///         rt.spawn(move || tx.send(i).unwrap()).unwrap()
+///     })
+///     .collect();
+/// drop(tx);
+/// for p in producers {
+///     p.join().unwrap();
+/// }
+/// let mut got: Vec<u32> = std::iter::from_fn(|| rx.recv().ok()).collect();
+/// got.sort();
+/// assert_eq!(got, [0, 1, 2]);
+/// ```
 pub struct Sender<T> {
     chan: Arc<Chan<T>>,
 }
 
 /// The receiving half; clone it for more consumers.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let (tx, rx) = corewise::sync::channel(4);
+/// let rx2 = rx.clone();
+/// let other = rt.spawn(move || rx2.recv().unwrap()).unwrap();
+/// tx.send(1).unwrap();
+/// tx.send(2).unwrap();
+/// let mine = rx.recv().unwrap();
+/// assert_eq!(mine + other.join().unwrap(), 3);
+/// ```
 pub struct Receiver<T> {
     chan: Arc<Chan<T>>,
 }
 
 /// Every receiver is gone; the value comes back.
+///
+/// ```
+/// use corewise::sync::{channel, SendError};
+/// let (tx, rx) = channel(1);
+/// drop(rx);
+/// assert_eq!(tx.send("lost"), Err(SendError("lost")));
+/// ```
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("sending on a channel with no receiver")]
 pub struct SendError<T>(pub T);
 
 /// Why `try_send` did not send.
+///
+/// ```
+/// use corewise::sync::{channel, TrySendError};
+/// let (tx, rx) = channel(1);
+/// tx.try_send(1).unwrap();
+/// assert_eq!(tx.try_send(2), Err(TrySendError::Full(2)));
+/// drop(rx);
+/// assert_eq!(tx.try_send(3), Err(TrySendError::Disconnected(3)));
+/// ```
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum TrySendError<T> {
     /// The channel is full.
@@ -49,6 +94,18 @@ pub enum TrySendError<T> {
 }
 
 /// Why `send_timeout` did not send.
+///
+/// ```
+/// use corewise::sync::{channel, SendTimeoutError};
+/// use std::time::Duration;
+/// let (tx, rx) = channel(1);
+/// tx.send(1).unwrap();
+/// let full = tx.send_timeout(2, Duration::from_millis(1));
+/// assert_eq!(full, Err(SendTimeoutError::Timeout(2)));
+/// drop(rx);
+/// let gone = tx.send_timeout(3, Duration::from_millis(1));
+/// assert_eq!(gone, Err(SendTimeoutError::Disconnected(3)));
+/// ```
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SendTimeoutError<T> {
     /// Still full at the deadline.
@@ -60,11 +117,28 @@ pub enum SendTimeoutError<T> {
 }
 
 /// Every sender is gone and the channel is empty.
+///
+/// ```
+/// use corewise::sync::{channel, RecvError};
+/// let (tx, rx) = channel(1);
+/// tx.send(5).unwrap();
+/// drop(tx);
+/// assert_eq!(rx.recv(), Ok(5)); // what was sent is still delivered
+/// assert_eq!(rx.recv(), Err(RecvError));
+/// ```
 #[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
 #[error("receiving on an empty channel with no sender")]
 pub struct RecvError;
 
 /// Why `try_recv` got nothing.
+///
+/// ```
+/// use corewise::sync::{channel, TryRecvError};
+/// let (tx, rx) = channel::<u8>(1);
+/// assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+/// drop(tx);
+/// assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+/// ```
 #[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
 pub enum TryRecvError {
     /// Nothing there now.
@@ -76,6 +150,15 @@ pub enum TryRecvError {
 }
 
 /// Why `recv_timeout` got nothing.
+///
+/// ```
+/// use corewise::sync::{channel, RecvTimeoutError};
+/// use std::time::Duration;
+/// let (tx, rx) = channel::<u8>(1);
+/// assert_eq!(rx.recv_timeout(Duration::from_millis(1)), Err(RecvTimeoutError::Timeout));
+/// drop(tx);
+/// assert_eq!(rx.recv_timeout(Duration::from_millis(1)), Err(RecvTimeoutError::Disconnected));
+/// ```
 #[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
 pub enum RecvTimeoutError {
     /// Still empty at the deadline.
@@ -115,6 +198,16 @@ pub fn channel<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
 
 impl<T> Sender<T> {
     /// Sends, blocking while the channel is full.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let (tx, rx) = corewise::sync::channel(1);
+    /// // The second send blocks its user thread until the first item is taken.
+    /// let h = rt.spawn(move || (0..2).map(|i| tx.send(i)).collect::<Vec<_>>()).unwrap();
+    /// assert_eq!(rx.recv(), Ok(0));
+    /// assert_eq!(rx.recv(), Ok(1));
+    /// assert_eq!(h.join().unwrap(), [Ok(()), Ok(())]);
+    /// ```
     pub fn send(&self, value: T) -> Result<(), SendError<T>> {
         self.send_until(value, None).map_err(|e| match e {
             SendTimeoutError::Timeout(v) | SendTimeoutError::Disconnected(v) => SendError(v),
@@ -122,6 +215,15 @@ impl<T> Sender<T> {
     }
 
     /// Sends if there is room now.
+    ///
+    /// ```
+    /// use corewise::sync::{channel, TrySendError};
+    /// let (tx, rx) = channel(2);
+    /// assert_eq!(tx.try_send('a'), Ok(()));
+    /// assert_eq!(tx.try_send('b'), Ok(()));
+    /// assert_eq!(tx.try_send('c'), Err(TrySendError::Full('c')));
+    /// assert_eq!(rx.len(), 2);
+    /// ```
     pub fn try_send(&self, value: T) -> Result<(), TrySendError<T>> {
         let c = &*self.chan;
         let mut buf = c.buf.lock();
@@ -138,6 +240,15 @@ impl<T> Sender<T> {
     }
 
     /// Sends, giving up after `timeout`.
+    ///
+    /// ```
+    /// use corewise::sync::{channel, SendTimeoutError};
+    /// use std::time::Duration;
+    /// let (tx, rx) = channel(1);
+    /// assert_eq!(tx.send_timeout(1, Duration::from_millis(1)), Ok(()));
+    /// assert_eq!(tx.send_timeout(2, Duration::from_millis(1)), Err(SendTimeoutError::Timeout(2)));
+    /// assert_eq!(rx.recv(), Ok(1));
+    /// ```
     pub fn send_timeout(&self, value: T, timeout: Duration) -> Result<(), SendTimeoutError<T>> {
         self.send_until(value, Some(Instant::now() + timeout))
     }
@@ -175,11 +286,29 @@ impl<T> Sender<T> {
 impl<T> Receiver<T> {
     /// Receives, blocking while the channel is empty; fails once it is empty
     /// and every sender is gone.
+    ///
+    /// ```
+    /// use corewise::sync::{channel, RecvError};
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let (tx, rx) = channel(1);
+    /// let h = rt.spawn(move || (rx.recv(), rx.recv())).unwrap();
+    /// tx.send("hi").unwrap();
+    /// drop(tx);
+    /// assert_eq!(h.join().unwrap(), (Ok("hi"), Err(RecvError)));
+    /// ```
     pub fn recv(&self) -> Result<T, RecvError> {
         self.recv_until(None).map_err(|_| RecvError)
     }
 
     /// Receives if an item is there now.
+    ///
+    /// ```
+    /// use corewise::sync::{channel, TryRecvError};
+    /// let (tx, rx) = channel(1);
+    /// assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    /// tx.send(9).unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(9));
+    /// ```
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
         let c = &*self.chan;
         let mut buf = c.buf.lock();
@@ -230,11 +359,27 @@ impl<T> Receiver<T> {
     }
 
     /// Items waiting now.
+    ///
+    /// ```
+    /// let (tx, rx) = corewise::sync::channel(4);
+    /// tx.send(1).unwrap();
+    /// tx.send(2).unwrap();
+    /// assert_eq!(rx.len(), 2);
+    /// rx.recv().unwrap();
+    /// assert_eq!(rx.len(), 1);
+    /// ```
     pub fn len(&self) -> usize {
         self.chan.buf.lock().len()
     }
 
     /// Whether no item waits now.
+    ///
+    /// ```
+    /// let (tx, rx) = corewise::sync::channel(4);
+    /// assert!(rx.is_empty());
+    /// tx.send(()).unwrap();
+    /// assert!(!rx.is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

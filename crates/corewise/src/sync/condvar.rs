@@ -5,11 +5,43 @@ use super::wait_queue::{WaitOutcome, WaitQueue};
 use std::time::{Duration, Instant};
 
 /// Whether a timed wait ended by its timeout.
+///
+/// ```
+/// use corewise::sync::{Condvar, Mutex};
+/// use std::time::Duration;
+/// let (m, cv) = (Mutex::new(0), Condvar::new());
+/// let (guard, result) = cv.wait_timeout(m.lock(), Duration::from_millis(1));
+/// assert!(result.timed_out());
+/// assert_eq!(*guard, 0);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitTimeoutResult(bool);
 
 impl WaitTimeoutResult {
     /// True when the wait gave up at its deadline.
+    ///
+    /// ```
+    /// use corewise::sync::{Condvar, Mutex};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let pair = Arc::new((Mutex::new(false), Condvar::new()));
+    /// let p = pair.clone();
+    /// let waiter = rt
+    ///     .spawn(move || {
+    ///         let (m, cv) = &*p;
+    ///         let mut done = m.lock();
+    ///         while !*done {
+    ///             let (g, r) = cv.wait_timeout(done, Duration::from_secs(10));
+    ///             assert!(!r.timed_out()); // notified long before the deadline
+    ///             done = g;
+    ///         }
+    ///     })
+    ///     .unwrap();
+    /// *pair.0.lock() = true;
+    /// pair.1.notify_one();
+    /// waiter.join().unwrap();
+    /// ```
     pub fn timed_out(&self) -> bool {
         self.0
     }
@@ -44,6 +76,14 @@ impl Default for Condvar {
 
 impl Condvar {
     /// A condition variable with no waiters.
+    ///
+    /// ```
+    /// use corewise::sync::{Condvar, Mutex};
+    /// use std::time::Duration;
+    /// let (m, cv) = (Mutex::new(()), Condvar::new());
+    /// // Nobody notifies a new condition variable: a timed wait times out.
+    /// assert!(cv.wait_timeout(m.lock(), Duration::from_millis(1)).1.timed_out());
+    /// ```
     pub fn new() -> Self {
         Self {
             waiters: WaitQueue::new(),
@@ -51,11 +91,48 @@ impl Condvar {
     }
 
     /// Releases the mutex, blocks until notified (or spuriously), relocks.
+    ///
+    /// ```
+    /// use corewise::sync::{Condvar, Mutex};
+    /// use std::sync::Arc;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let pair = Arc::new((Mutex::new(None), Condvar::new()));
+    /// let p = pair.clone();
+    /// let consumer = rt
+    ///     .spawn(move || {
+    ///         let (m, cv) = &*p;
+    ///         let mut slot = m.lock();
+    ///         while slot.is_none() {
+    ///             slot = cv.wait(slot); // unlocks while blocked, relocks after
+    ///         }
+    ///         slot.take().unwrap()
+    ///     })
+    ///     .unwrap();
+    /// *pair.0.lock() = Some(42);
+    /// pair.1.notify_one();
+    /// assert_eq!(consumer.join().unwrap(), 42);
+    /// ```
     pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
         self.wait_until(guard, None).0
     }
 
     /// Waits while `condition` holds.
+    ///
+    /// ```
+    /// use corewise::sync::{Condvar, Mutex};
+    /// use std::sync::Arc;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let pair = Arc::new((Mutex::new(0u32), Condvar::new()));
+    /// let p = pair.clone();
+    /// let waiter = rt
+    ///     .spawn(move || *p.1.wait_while(p.0.lock(), |n| *n < 3))
+    ///     .unwrap();
+    /// for _ in 0..3 {
+    ///     *pair.0.lock() += 1;
+    ///     pair.1.notify_all();
+    /// }
+    /// assert_eq!(waiter.join().unwrap(), 3);
+    /// ```
     pub fn wait_while<'a, T>(
         &self,
         mut guard: MutexGuard<'a, T>,
@@ -98,11 +175,39 @@ impl Condvar {
     }
 
     /// Wakes one waiter.
+    ///
+    /// ```
+    /// use corewise::sync::{Condvar, Mutex};
+    /// use std::sync::Arc;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let pair = Arc::new((Mutex::new(false), Condvar::new()));
+    /// let p = pair.clone();
+    /// let h = rt.spawn(move || *p.1.wait_while(p.0.lock(), |go| !*go)).unwrap();
+    /// *pair.0.lock() = true;
+    /// pair.1.notify_one();
+    /// assert!(h.join().unwrap()); // woken, it saw the flag set
+    /// ```
     pub fn notify_one(&self) {
         self.waiters.notify_one();
     }
 
     /// Wakes every waiter.
+    ///
+    /// ```
+    /// use corewise::sync::{Condvar, Mutex};
+    /// use std::sync::Arc;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let pair = Arc::new((Mutex::new(false), Condvar::new()));
+    /// let waiters: Vec<_> = (0..4)
+    ///     .map(|_| {
+    ///         let p = pair.clone();
+    ///         rt.spawn(move || *p.1.wait_while(p.0.lock(), |go| !*go)).unwrap()
+    ///     })
+    ///     .collect();
+    /// *pair.0.lock() = true;
+    /// pair.1.notify_all();
+    /// assert!(waiters.into_iter().all(|h| h.join().unwrap()));
+    /// ```
     pub fn notify_all(&self) {
         self.waiters.notify_all();
     }

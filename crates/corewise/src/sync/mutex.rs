@@ -38,6 +38,16 @@ unsafe impl<T: Send> Send for Mutex<T> {}
 unsafe impl<T: Send> Sync for Mutex<T> {}
 
 /// Access to a [`Mutex`]'s value; unlocks on drop.
+///
+/// ```
+/// let m = corewise::sync::Mutex::new(vec![1]);
+/// {
+///     let mut guard = m.lock();
+///     guard.push(2); // DerefMut to the value
+///     assert!(m.try_lock().is_none()); // held while the guard lives
+/// }
+/// assert_eq!(*m.try_lock().unwrap(), [1, 2]); // unlocked when it dropped
+/// ```
 pub struct MutexGuard<'a, T> {
     pub(crate) mutex: &'a Mutex<T>,
     // Dropped before the lock is released, so loom sees the access end
@@ -47,6 +57,11 @@ pub struct MutexGuard<'a, T> {
 
 impl<T> Mutex<T> {
     /// An unlocked mutex holding `value`.
+    ///
+    /// ```
+    /// let m = corewise::sync::Mutex::new(String::from("a"));
+    /// assert_eq!(*m.lock(), "a");
+    /// ```
     pub fn new(value: T) -> Self {
         Self {
             state: AtomicU32::new(UNLOCKED),
@@ -63,6 +78,14 @@ impl<T> Mutex<T> {
     }
 
     /// Takes the lock if it is free.
+    ///
+    /// ```
+    /// let m = corewise::sync::Mutex::new(1);
+    /// let g = m.try_lock().unwrap();
+    /// assert!(m.try_lock().is_none());
+    /// drop(g);
+    /// assert_eq!(m.try_lock().map(|g| *g), Some(1));
+    /// ```
     pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
         self.state
             .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
@@ -71,6 +94,17 @@ impl<T> Mutex<T> {
     }
 
     /// Takes the lock, blocking while another thread holds it.
+    ///
+    /// ```
+    /// use corewise::sync::Mutex;
+    /// use std::sync::Arc;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let log = Arc::new(Mutex::new(Vec::new()));
+    /// let l = log.clone();
+    /// rt.block_on(move || l.lock().push("user thread")).unwrap();
+    /// log.lock().push("os thread");
+    /// assert_eq!(*log.lock(), ["user thread", "os thread"]);
+    /// ```
     pub fn lock(&self) -> MutexGuard<'_, T> {
         self.lock_until(None).expect("no deadline")
     }
@@ -135,6 +169,12 @@ impl<T> Mutex<T> {
     }
 
     /// The value, through exclusive access to the mutex.
+    ///
+    /// ```
+    /// let mut m = corewise::sync::Mutex::new(0);
+    /// *m.get_mut() = 10; // no locking: `&mut` proves nobody else holds it
+    /// assert_eq!(*m.lock(), 10);
+    /// ```
     pub fn get_mut(&mut self) -> &mut T {
         // SAFETY: `&mut self` is exclusive, so no other pointer is in use.
         self.value.with_mut(|p| unsafe { &mut *p })

@@ -24,6 +24,11 @@ pub struct Semaphore {
 
 impl Semaphore {
     /// A semaphore with `permits` permits.
+    ///
+    /// ```
+    /// let s = corewise::sync::Semaphore::new(3);
+    /// assert_eq!(s.available(), 3);
+    /// ```
     pub fn new(permits: usize) -> Self {
         Self {
             permits: AtomicUsize::new(permits),
@@ -32,6 +37,13 @@ impl Semaphore {
     }
 
     /// Takes a permit if one is available.
+    ///
+    /// ```
+    /// let s = corewise::sync::Semaphore::new(1);
+    /// assert!(s.try_acquire());
+    /// assert!(!s.try_acquire());
+    /// assert_eq!(s.available(), 0);
+    /// ```
     pub fn try_acquire(&self) -> bool {
         let mut cur = self.permits.load(Ordering::Relaxed);
         while cur > 0 {
@@ -49,11 +61,31 @@ impl Semaphore {
     }
 
     /// Takes a permit, blocking until one is available.
+    ///
+    /// ```
+    /// use corewise::sync::Semaphore;
+    /// use std::sync::Arc;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let s = Arc::new(Semaphore::new(0));
+    /// let s2 = s.clone();
+    /// let waiter = rt.spawn(move || { s2.acquire(); "got a permit" }).unwrap();
+    /// s.release();
+    /// assert_eq!(waiter.join().unwrap(), "got a permit");
+    /// assert_eq!(s.available(), 0);
+    /// ```
     pub fn acquire(&self) {
         self.acquire_until(None);
     }
 
     /// Takes a permit, or gives up after `timeout`; returns whether it got one.
+    ///
+    /// ```
+    /// use corewise::sync::Semaphore;
+    /// use std::time::Duration;
+    /// let s = Semaphore::new(1);
+    /// assert!(s.acquire_timeout(Duration::from_millis(1)));
+    /// assert!(!s.acquire_timeout(Duration::from_millis(1)));
+    /// ```
     pub fn acquire_timeout(&self, timeout: Duration) -> bool {
         self.acquire_until(Some(Instant::now() + timeout))
     }
@@ -73,12 +105,25 @@ impl Semaphore {
     }
 
     /// Returns a permit, waking a waiter.
+    ///
+    /// ```
+    /// let s = corewise::sync::Semaphore::new(0);
+    /// s.release();
+    /// s.release();
+    /// assert_eq!(s.available(), 2);
+    /// ```
     pub fn release(&self) {
         self.permits.fetch_add(1, Ordering::SeqCst);
         self.waiters.notify_one();
     }
 
     /// Permits available now.
+    ///
+    /// ```
+    /// let s = corewise::sync::Semaphore::new(2);
+    /// s.acquire();
+    /// assert_eq!(s.available(), 1);
+    /// ```
     pub fn available(&self) -> usize {
         self.permits.load(Ordering::Relaxed)
     }

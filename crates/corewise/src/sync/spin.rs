@@ -30,6 +30,15 @@ unsafe impl<T: Send> Send for SpinLock<T> {}
 unsafe impl<T: Send> Sync for SpinLock<T> {}
 
 /// Access to a [`SpinLock`]'s value; unlocks on drop.
+///
+/// ```
+/// let l = corewise::sync::SpinLock::new(0);
+/// let mut g = l.lock();
+/// *g += 5;
+/// assert!(l.try_lock().is_none()); // locked while the guard lives
+/// drop(g);
+/// assert_eq!(*l.lock(), 5);
+/// ```
 pub struct SpinLockGuard<'a, T> {
     lock: &'a SpinLock<T>,
     // Dropped before the lock is released, so loom sees the access end
@@ -66,6 +75,23 @@ impl<T> SpinLock<T> {
     }
 
     /// Takes the lock, spinning (and yielding the core after a while).
+    ///
+    /// ```
+    /// use corewise::sync::SpinLock;
+    /// use std::sync::Arc;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let l = Arc::new(SpinLock::new(0u32));
+    /// let hs: Vec<_> = (0..4)
+    ///     .map(|_| {
+    ///         let l = l.clone();
+    ///         rt.spawn(move || for _ in 0..100 { *l.lock() += 1 }).unwrap()
+    ///     })
+    ///     .collect();
+    /// for h in hs {
+    ///     h.join().unwrap();
+    /// }
+    /// assert_eq!(*l.lock(), 400);
+    /// ```
     #[inline]
     pub fn lock(&self) -> SpinLockGuard<'_, T> {
         loop {
@@ -91,6 +117,14 @@ impl<T> SpinLock<T> {
     }
 
     /// Takes the lock if it is free.
+    ///
+    /// ```
+    /// let l = corewise::sync::SpinLock::new('x');
+    /// let g = l.try_lock().unwrap();
+    /// assert!(l.try_lock().is_none());
+    /// drop(g);
+    /// assert_eq!(l.try_lock().map(|g| *g), Some('x'));
+    /// ```
     #[inline]
     pub fn try_lock(&self) -> Option<SpinLockGuard<'_, T>> {
         // A compare-exchange, not a swap: a failed attempt must not write.
