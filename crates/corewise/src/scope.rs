@@ -48,6 +48,18 @@ impl ScopeData {
 
 /// A scope to spawn threads that borrow from the caller, made by [`scope`]
 /// or [`Runtime::scope`].
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let mut hits = 0;
+/// let words = ["a", "bb", "ccc"];
+/// rt.scope(|s| {
+///     let len = s.spawn(|| words.iter().map(|w| w.len()).sum::<usize>()).unwrap();
+///     s.spawn(|| hits += 1).unwrap(); // a mutable borrow, ended by the scope
+///     assert_eq!(len.join().unwrap(), 6);
+/// });
+/// assert_eq!(hits, 1);
+/// ```
 pub struct Scope<'scope, 'env: 'scope> {
     data: Arc<ScopeData>,
     runtime: Option<&'static Shared>,
@@ -263,6 +275,17 @@ impl<T> Drop for ScopedPacket<'_, T> {
 
 /// Owns a scoped thread: [`join`](Self::join) waits for it and takes its
 /// result (a panic comes back as [`JoinError`]).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let data = [1, 2, 3];
+/// let (sum, failed) = rt.scope(|s| {
+///     let sum = s.spawn(|| data.iter().sum::<i32>()).unwrap();
+///     let bad = s.spawn(|| -> i32 { panic!("no") }).unwrap();
+///     (sum.join().unwrap(), bad.join().is_err()) // a joined panic is not raised again
+/// });
+/// assert_eq!((sum, failed), (6, true));
+/// ```
 pub struct ScopedJoinHandle<'scope, T> {
     packet: Arc<ScopedPacket<'scope, T>>,
     id: ThreadId,
@@ -284,11 +307,33 @@ impl<T> ScopedJoinHandle<'_, T> {
     }
 
     /// Whether the thread has ended.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let (tx, rx) = corewise::sync::channel::<()>(1);
+    /// rt.scope(|s| {
+    ///     let h = s.spawn(|| rx.recv().unwrap()).unwrap();
+    ///     assert!(!h.is_finished()); // it waits for the message
+    ///     tx.send(()).unwrap();
+    ///     while !h.is_finished() {
+    ///         std::thread::yield_now();
+    ///     }
+    /// });
+    /// ```
     pub fn is_finished(&self) -> bool {
         self.packet.result.is_done()
     }
 
     /// The thread's id.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// rt.scope(|s| {
+    ///     let h = s.spawn(|| corewise::current().unwrap()).unwrap();
+    ///     let id = h.thread();
+    ///     assert_eq!(h.join().unwrap(), id);
+    /// });
+    /// ```
     pub fn thread(&self) -> ThreadId {
         self.id
     }

@@ -61,6 +61,15 @@ impl ThreadId {
     }
 
     /// The runtime core the thread runs on.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let (id, core) = rt
+    ///     .block_on(|| (corewise::current().unwrap(), corewise::current_core().unwrap()))
+    ///     .unwrap();
+    /// assert_eq!(id.core(), core);
+    /// assert!(core < rt.cores());
+    /// ```
     pub fn core(&self) -> usize {
         self.slot.core().index
     }
@@ -111,6 +120,14 @@ pub struct JoinHandle<T> {
 
 impl<T> JoinHandle<T> {
     /// Blocks until the thread ends; its panic comes back as an error.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let h = rt.spawn(|| vec![1, 2, 3]).unwrap();
+    /// assert_eq!(h.join().unwrap(), [1, 2, 3]);
+    /// let failed = rt.spawn(|| -> () { panic!("bad input") }).unwrap();
+    /// assert_eq!(failed.join().unwrap_err().message, "bad input");
+    /// ```
     pub fn join(self) -> Result<T, JoinError> {
         match self.packet.wait() {
             Ok(v) => Ok(v),
@@ -119,11 +136,30 @@ impl<T> JoinHandle<T> {
     }
 
     /// Whether the thread has ended.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let (tx, rx) = corewise::sync::channel::<()>(1);
+    /// let h = rt.spawn(move || rx.recv().unwrap()).unwrap();
+    /// assert!(!h.is_finished()); // it waits for the message
+    /// tx.send(()).unwrap();
+    /// while !h.is_finished() {
+    ///     std::thread::yield_now();
+    /// }
+    /// h.join().unwrap();
+    /// ```
     pub fn is_finished(&self) -> bool {
         self.packet.is_done()
     }
 
     /// The thread's id.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let h = rt.spawn(|| corewise::current().unwrap()).unwrap();
+    /// let id = h.thread();
+    /// assert_eq!(h.join().unwrap(), id);
+    /// ```
     pub fn thread(&self) -> ThreadId {
         self.id
     }
@@ -157,23 +193,57 @@ pub struct Builder {
 impl Builder {
     /// Default options: `Normal`, placed by the policy, fail at the thread
     /// limit.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let h = corewise::thread::Builder::new().spawn_in(&rt, || 5).unwrap();
+    /// assert_eq!(h.join().unwrap(), 5);
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// The thread's class.
+    ///
+    /// ```
+    /// use corewise::{thread::Builder, ThreadClass};
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let h = Builder::new()
+    ///     .class(ThreadClass::Exclusive)
+    ///     .spawn_in(&rt, || corewise::current_core())
+    ///     .unwrap();
+    /// assert!(h.join().unwrap().is_some());
+    /// ```
     pub fn class(mut self, class: ThreadClass) -> Self {
         self.opts.class = class;
         self
     }
 
     /// Create the thread on this runtime core, bypassing the policy.
+    ///
+    /// ```
+    /// use corewise::{thread::Builder, SpawnError};
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let h = Builder::new().core(0).spawn_in(&rt, corewise::current_core).unwrap();
+    /// assert_eq!(h.join().unwrap(), Some(0));
+    /// let err = Builder::new().core(64).spawn_in(&rt, || ()).unwrap_err();
+    /// assert_eq!(err, SpawnError::CoreUnavailable(64));
+    /// ```
     pub fn core(mut self, core: usize) -> Self {
         self.opts.core = Some(core);
         self
     }
 
     /// A name, shown in the stack-overflow message.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let h = corewise::thread::Builder::new()
+    ///     .name("parser-1")
+    ///     .spawn_in(&rt, || -> u8 { panic!("bad token") }) // the panic message names `parser-1`
+    ///     .unwrap();
+    /// assert_eq!(h.join().unwrap_err().message, "bad token");
+    /// ```
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.opts.name = Some(name.into());
         self
@@ -184,6 +254,31 @@ impl Builder {
     /// [`SpawnError::ThreadLimit`] (false, the default). A spawn never
     /// waits or fails for lack of a free slot on a core: the thread then
     /// waits for one in the runtime, not in the spawner.
+    ///
+    /// ```
+    /// use corewise::{sync::Semaphore, thread::Builder, SpawnError};
+    /// use std::sync::Arc;
+    /// let rt = corewise::Runtime::builder().max_threads(1).build().unwrap();
+    /// // Start threads that wait for a permit until the runtime refuses one.
+    /// let permits = Arc::new(Semaphore::new(0));
+    /// let mut waiting = Vec::new();
+    /// let err = loop {
+    ///     let p = permits.clone();
+    ///     match Builder::new().spawn_in(&rt, move || p.acquire()) {
+    ///         Ok(h) => waiting.push(h),
+    ///         Err(e) => break e,
+    ///     }
+    /// };
+    /// assert_eq!(err, SpawnError::ThreadLimit { limit: 1 });
+    /// // One thread may end now: a spawn that waits at the limit gets its place.
+    /// permits.release();
+    /// let late = Builder::new().wait_at_limit(true).spawn_in(&rt, || "started").unwrap();
+    /// assert_eq!(late.join().unwrap(), "started");
+    /// for _ in 1..waiting.len() {
+    ///     permits.release();
+    /// }
+    /// waiting.into_iter().for_each(|h| h.join().unwrap());
+    /// ```
     pub fn wait_at_limit(mut self, wait: bool) -> Self {
         self.opts.wait = wait;
         self
@@ -191,6 +286,14 @@ impl Builder {
 
     /// The name this option had while a spawn could fail for want of a free
     /// slot: now the same as [`wait_at_limit`](Self::wait_at_limit).
+    ///
+    /// ```
+    /// use corewise::thread::Builder;
+    /// let old = Builder::new().wait_for_slot(true);
+    /// assert_eq!(format!("{old:?}"), format!("{:?}", Builder::new().wait_at_limit(true)));
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// assert_eq!(old.spawn_in(&rt, || 2).unwrap().join().unwrap(), 2);
+    /// ```
     pub fn wait_for_slot(self, wait: bool) -> Self {
         self.wait_at_limit(wait)
     }
@@ -200,6 +303,17 @@ impl Builder {
     }
 
     /// Creates the thread in the runtime of the calling user thread.
+    ///
+    /// ```
+    /// use corewise::{thread::Builder, SpawnError};
+    /// // From an OS thread there is no runtime to spawn into.
+    /// assert_eq!(Builder::new().spawn(|| ()).unwrap_err(), SpawnError::NotInRuntime);
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let v = rt
+    ///     .block_on(|| Builder::new().name("child").spawn(|| 10).unwrap().join().unwrap())
+    ///     .unwrap();
+    /// assert_eq!(v, 10);
+    /// ```
     pub fn spawn<F, T>(self, f: F) -> Result<JoinHandle<T>, SpawnError>
     where
         F: FnOnce() -> T + Send + 'static,
@@ -213,6 +327,15 @@ impl Builder {
     }
 
     /// Creates the thread in `rt` (from any thread).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let h = corewise::thread::Builder::new()
+    ///     .name("from-main")
+    ///     .spawn_in(&rt, || corewise::current().is_some())
+    ///     .unwrap();
+    /// assert!(h.join().unwrap()); // it ran as a user thread
+    /// ```
     pub fn spawn_in<F, T>(self, rt: &Runtime, f: F) -> Result<JoinHandle<T>, SpawnError>
     where
         F: FnOnce() -> T + Send + 'static,
@@ -223,6 +346,22 @@ impl Builder {
 
     /// Creates a thread nobody joins (no result cell is allocated); a panic
     /// is reported by the panic hook and otherwise ignored.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let done = Arc::new(AtomicBool::new(false));
+    /// let d = done.clone();
+    /// rt.block_on(move || {
+    ///     corewise::thread::Builder::new()
+    ///         .spawn_detached(move || d.store(true, Ordering::Release))
+    ///         .unwrap();
+    /// })
+    /// .unwrap();
+    /// drop(rt); // dropping the runtime waits for its threads, detached ones too
+    /// assert!(done.load(Ordering::Acquire));
+    /// ```
     pub fn spawn_detached<F>(self, f: F) -> Result<ThreadId, SpawnError>
     where
         F: FnOnce() + Send + 'static,
@@ -235,6 +374,15 @@ impl Builder {
     }
 
     /// [`spawn_detached`](Self::spawn_detached) into `rt`.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let (tx, rx) = corewise::sync::channel(1);
+    /// let id = corewise::thread::Builder::new()
+    ///     .spawn_detached_in(&rt, move || tx.send(corewise::current().unwrap()).unwrap())
+    ///     .unwrap();
+    /// assert_eq!(rx.recv().unwrap(), id);
+    /// ```
     pub fn spawn_detached_in<F>(self, rt: &Runtime, f: F) -> Result<ThreadId, SpawnError>
     where
         F: FnOnce() + Send + 'static,
