@@ -3,6 +3,15 @@
 use thiserror::Error;
 
 /// Why a user thread could not be created.
+///
+/// ```
+/// use corewise::SpawnError;
+/// assert_eq!(corewise::spawn(|| ()).unwrap_err(), SpawnError::NotInRuntime);
+/// let rt = corewise::Runtime::new().unwrap();
+/// let err = corewise::thread::Builder::new().core(64).spawn_in(&rt, || ()).unwrap_err();
+/// assert_eq!(err, SpawnError::CoreUnavailable(64));
+/// assert_eq!(err.to_string(), "core 64 is not an active core of this runtime");
+/// ```
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SpawnError {
@@ -32,6 +41,16 @@ pub enum SpawnError {
 }
 
 /// Why a runtime could not be built.
+///
+/// ```
+/// use corewise::BuildError;
+/// let err = corewise::Runtime::builder().stack_size(1024).build().err().unwrap();
+/// assert!(matches!(&err, BuildError::Invalid(why) if why.contains("stack size")));
+/// let err = corewise::Runtime::builder().cpus([100_000]).build().err().unwrap();
+/// let BuildError::NoCpus { requested, allowed } = err else { panic!("{err}") };
+/// assert_eq!(requested, [100_000]);
+/// assert!(!allowed.is_empty());
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum BuildError {
@@ -68,6 +87,17 @@ pub enum BuildError {
 }
 
 /// A user thread ended by panicking; `join` returns its payload.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let err = rt.spawn(|| -> () { panic!("disk {} full", 3) }).unwrap().join().unwrap_err();
+/// assert_eq!(err.message, "disk 3 full");
+/// assert_eq!(err.to_string(), "user thread panicked: disk 3 full");
+/// // Re-raise it in the joiner, as std's `resume_unwind` does.
+/// let raise = std::panic::AssertUnwindSafe(move || std::panic::resume_unwind(err.payload.0));
+/// let again = std::panic::catch_unwind(raise);
+/// assert!(again.is_err());
+/// ```
 #[derive(Debug, Error)]
 #[error("user thread panicked: {message}")]
 pub struct JoinError {
@@ -78,6 +108,14 @@ pub struct JoinError {
 }
 
 /// A panic payload (wrapped so `JoinError` can be `Debug`).
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let h = rt.spawn(|| std::panic::panic_any(42u32)).unwrap();
+/// let err = h.join().unwrap_err();
+/// assert_eq!(err.message, "<non-string panic payload>");
+/// assert_eq!(*err.payload.0.downcast::<u32>().unwrap(), 42);
+/// ```
 pub struct PanicPayload(pub Box<dyn std::any::Any + Send + 'static>);
 
 impl std::fmt::Debug for PanicPayload {
@@ -103,6 +141,16 @@ impl JoinError {
 }
 
 /// An operation gave up at its deadline.
+///
+/// ```
+/// // A value an operation with a deadline can return; it is an ordinary error.
+/// fn wait(ready: bool) -> Result<u8, corewise::Timeout> {
+///     if ready { Ok(1) } else { Err(corewise::Timeout) }
+/// }
+/// assert_eq!(wait(false), Err(corewise::Timeout));
+/// let err: Box<dyn std::error::Error> = wait(false).unwrap_err().into();
+/// assert_eq!(err.to_string(), "timed out");
+/// ```
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 #[error("timed out")]
 pub struct Timeout;

@@ -18,8 +18,32 @@ use crate::thread::{Builder as ThreadBuilder, JoinHandle};
 use std::time::{Duration, Instant};
 
 /// Default user-thread stack size.
+///
+/// ```
+/// assert_eq!(corewise::DEFAULT_STACK_SIZE, 256 * 1024);
+/// // With the default stack a user thread can hold a 64 KiB array on it.
+/// let rt = corewise::Runtime::new().unwrap();
+/// let sum = rt
+///     .block_on(|| {
+///         let buf = std::hint::black_box([1u8; 64 * 1024]);
+///         buf.iter().map(|&b| b as usize).sum::<usize>()
+///     })
+///     .unwrap();
+/// assert_eq!(sum, 64 * 1024);
+/// ```
 pub const DEFAULT_STACK_SIZE: usize = 256 * 1024;
 /// Default time a core with nothing to run spins before it sleeps.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(corewise::DEFAULT_IDLE_SPIN, Duration::from_micros(50));
+/// // Twice the default: quicker wakeups after short idle gaps, more CPU burnt.
+/// let rt = corewise::Runtime::builder()
+///     .idle_spin(corewise::DEFAULT_IDLE_SPIN * 2)
+///     .build()
+///     .unwrap();
+/// assert_eq!(rt.block_on(|| 1).unwrap(), 1);
+/// ```
 pub const DEFAULT_IDLE_SPIN: Duration = Duration::from_micros(50);
 
 pub(crate) struct Shared {
@@ -213,6 +237,16 @@ impl Builder {
     }
 
     /// Use only these CPUs (intersected with the process's affinity).
+    ///
+    /// ```
+    /// use corewise::BuildError;
+    /// let cpu = corewise::cpu_budget().unwrap().cpus().iter().next().unwrap();
+    /// let rt = corewise::Runtime::builder().cpus([cpu]).build().unwrap();
+    /// assert_eq!(rt.cpus(), [cpu]);
+    /// // CPUs outside the process's affinity are dropped; none left is an error.
+    /// let err = corewise::Runtime::builder().cpus([100_000]).build().err().unwrap();
+    /// assert!(matches!(err, BuildError::NoCpus { .. }));
+    /// ```
     pub fn cpus(mut self, cpus: impl IntoIterator<Item = usize>) -> Self {
         self.cpus = Some(cpus.into_iter().collect());
         self
@@ -238,6 +272,18 @@ impl Builder {
     /// gaps; shorter: less CPU burnt while idle. A core that keeps sleeping
     /// through gaps longer than this spins less and less (down to not at
     /// all), and spins this long again as soon as a gap is shorter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let rt = corewise::Runtime::builder().idle_spin(Duration::ZERO).build().unwrap();
+    /// rt.block_on(|| ()).unwrap();
+    /// // Without spinning, an idle core goes to sleep in the kernel at once.
+    /// let start = std::time::Instant::now();
+    /// while rt.core_stats().iter().all(|c| c.sleeps == 0) {
+    ///     assert!(start.elapsed() < Duration::from_secs(5));
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// }
+    /// ```
     pub fn idle_spin(mut self, spin: Duration) -> Self {
         self.idle_spin = spin;
         self
@@ -245,6 +291,14 @@ impl Builder {
 
     /// The I/O back end (default: io_uring where the kernel allows it,
     /// else epoll; the environment variable `COREWISE_IO=epoll` overrides).
+    ///
+    /// ```
+    /// use corewise::IoBackend;
+    /// // epoll works on every Linux kernel; io_uring is used where it is allowed.
+    /// let rt = corewise::Runtime::builder().io_backend(IoBackend::Epoll).build().unwrap();
+    /// assert_eq!(rt.io_backend(), IoBackend::Epoll);
+    /// assert_eq!(rt.block_on(corewise::io::backend).unwrap(), Some(IoBackend::Epoll));
+    /// ```
     pub fn io_backend(mut self, backend: crate::io::IoBackend) -> Self {
         self.io.backend = Some(backend);
         self
@@ -254,6 +308,18 @@ impl Builder {
     /// submission ring, so submitting costs no system call (FlexSC's
     /// syscall core). `Some(cpu)` pins the pollers to `cpu`, which must not
     /// be one of the runtime's CPUs.
+    ///
+    /// ```
+    /// use corewise::BuildError;
+    /// let cpu = corewise::cpu_budget().unwrap().cpus().iter().next().unwrap();
+    /// // The poller may not share a CPU with the runtime's cores.
+    /// let err = corewise::Runtime::builder().cpus([cpu]).sqpoll(Some(cpu)).build().err().unwrap();
+    /// assert!(matches!(err, BuildError::Invalid(_)));
+    /// // Where io_uring (or its SQPOLL mode) is not allowed the runtime falls
+    /// // back to epoll, where SQPOLL does not apply.
+    /// let rt = corewise::Runtime::builder().sqpoll(None).build().unwrap();
+    /// assert_eq!(rt.block_on(corewise::io::backend).unwrap(), Some(rt.io_backend()));
+    /// ```
     pub fn sqpoll(mut self, cpu: Option<usize>) -> Self {
         self.io.sqpoll = Some(cpu);
         self
@@ -261,18 +327,47 @@ impl Builder {
 
     /// Hold at least `n` cores (default 1), whatever the load, if the CPU
     /// budget allows; the neighbour cap never goes below it.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::builder().min_cores(2).build().unwrap();
+    /// // Two cores held from the start, idle or not (if the budget has two).
+    /// let budget = rt.budget().cores().min(rt.cores());
+    /// assert!(rt.active_cores() >= 2.min(budget));
+    /// ```
     pub fn min_cores(mut self, n: usize) -> Self {
         self.policy_config.min_cores = n.max(1) as u32;
         self
     }
 
     /// Hold at most `n` cores (default: every CPU of the budget).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::builder().max_cores(1).build().unwrap();
+    /// let busy: Vec<_> = (0..4).map(|i| rt.spawn(move || i).unwrap()).collect();
+    /// assert_eq!(busy.into_iter().map(|h| h.join().unwrap()).sum::<i32>(), 6);
+    /// assert_eq!(rt.active_cores(), 1);
+    /// assert!(rt.stats().requested_cores <= 1);
+    /// ```
     pub fn max_cores(mut self, n: usize) -> Self {
         self.policy_config.max_cores = n.max(1) as u32;
         self
     }
 
     /// Settings of the default policy's core estimation.
+    ///
+    /// ```
+    /// use corewise::PolicyConfig;
+    /// use std::time::Duration;
+    /// let config = PolicyConfig {
+    ///     window: Duration::from_millis(20),
+    ///     max_cores: 1,
+    ///     ..PolicyConfig::default()
+    /// };
+    /// let rt = corewise::Runtime::builder().policy_config(config).build().unwrap();
+    /// let s = rt.stats();
+    /// assert_eq!(s.window, Duration::from_millis(20));
+    /// assert_eq!(s.active_cores, 1);
+    /// ```
     pub fn policy_config(mut self, config: PolicyConfig) -> Self {
         self.policy_config = config;
         self
@@ -281,6 +376,16 @@ impl Builder {
     /// Neighbour awareness (friendlypool): cap the active cores at the
     /// process's share of the machine, `ceil(O · cpu_self / cpu_all · CPUs)`;
     /// `None` switches the cap off. Default: on, `O = 1`.
+    ///
+    /// ```
+    /// use corewise::budget::NeighbourConfig;
+    /// let off = corewise::Runtime::builder().neighbour_awareness(None).build().unwrap();
+    /// assert_eq!(off.budget().active_cores(), off.budget().cores()); // no cap
+    /// let config = NeighbourConfig { overcommit: 2.0, ..NeighbourConfig::default() };
+    /// let on = corewise::Runtime::builder().neighbour_awareness(Some(config)).build().unwrap();
+    /// let cap = on.budget().active_cores();
+    /// assert!(cap >= 1 && cap <= on.budget().cores());
+    /// ```
     pub fn neighbour_awareness(mut self, config: Option<NeighbourConfig>) -> Self {
         self.neighbour = config;
         self
@@ -334,6 +439,15 @@ impl Builder {
     }
 
     /// The core policy (default: [`DefaultPolicy`]).
+    ///
+    /// ```
+    /// use corewise::DefaultPolicy;
+    /// // The default policy, limited to one core.
+    /// let rt = corewise::Runtime::builder().policy(DefaultPolicy::new(1)).build().unwrap();
+    /// let cores: Vec<_> = (0..4).map(|_| rt.spawn(corewise::current_core).unwrap()).collect();
+    /// assert!(cores.into_iter().all(|h| h.join().unwrap().is_some()));
+    /// assert_eq!(rt.active_cores(), 1);
+    /// ```
     pub fn policy(mut self, policy: impl CorePolicy) -> Self {
         self.policy = Some(Box::new(policy));
         self
@@ -342,6 +456,15 @@ impl Builder {
     /// Where cores come from (default [`ArbiterChoice::Auto`]: the daemon
     /// named by `COREWISE_ARBITER` if set, else the in-process arbiter); see
     /// [`crate::arbiter`].
+    ///
+    /// ```
+    /// use corewise::{ArbiterChoice, ArbiterKind, BuildError};
+    /// let rt = corewise::Runtime::builder().arbiter(ArbiterChoice::Local).build().unwrap();
+    /// assert_eq!(rt.arbiter_kind(), ArbiterKind::Local);
+    /// let missing = ArbiterChoice::Daemon("/nonexistent/corewise-arbiter.sock".into());
+    /// let err = corewise::Runtime::builder().arbiter(missing).build().err().unwrap();
+    /// assert!(matches!(err, BuildError::ArbiterUnreachable { .. }));
+    /// ```
     pub fn arbiter(mut self, choice: ArbiterChoice) -> Self {
         self.arbiter = choice;
         self
@@ -383,6 +506,15 @@ impl Builder {
     /// Priority of the runtime's core requests to the daemon, `0..8`, 0 the
     /// highest (default 0): an application at a higher priority takes cores
     /// from lower ones. The in-process arbiter ignores it.
+    ///
+    /// ```
+    /// use corewise::{BuildError, PRIORITIES};
+    /// // The in-process arbiter ignores it, but the level must be valid.
+    /// let rt = corewise::Runtime::builder().priority(PRIORITIES - 1).build().unwrap();
+    /// assert_eq!(rt.block_on(|| 1).unwrap(), 1);
+    /// let err = corewise::Runtime::builder().priority(PRIORITIES).build().err().unwrap();
+    /// assert!(matches!(err, BuildError::Invalid(_)));
+    /// ```
     pub fn priority(mut self, level: usize) -> Self {
         self.priority = level;
         self
@@ -777,16 +909,35 @@ pub struct Runtime {
 
 impl Runtime {
     /// A runtime on every CPU of the process's affinity, default settings.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// // One core per CPU the process may run on.
+    /// assert_eq!(rt.cores(), corewise::cpu_budget().unwrap().cpus().len());
+    /// assert_eq!(rt.block_on(|| 2 + 2).unwrap(), 4);
+    /// ```
     pub fn new() -> Result<Self, BuildError> {
         Builder::default().build()
     }
 
     /// A builder for a runtime with other settings.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::builder().max_cores(1).stack_size(64 * 1024).build().unwrap();
+    /// assert_eq!(rt.active_cores(), 1);
+    /// ```
     pub fn builder() -> Builder {
         Builder::default()
     }
 
     /// Creates a `Normal` user thread.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let handles: Vec<_> = (1..=3).map(|i| rt.spawn(move || i * 10).unwrap()).collect();
+    /// let total: i32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    /// assert_eq!(total, 60);
+    /// ```
     pub fn spawn<F, T>(&self, f: F) -> Result<JoinHandle<T>, SpawnError>
     where
         F: FnOnce() -> T + Send + 'static,
@@ -796,6 +947,14 @@ impl Runtime {
     }
 
     /// Creates a user thread of `class`.
+    ///
+    /// ```
+    /// use corewise::ThreadClass;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let h = rt.spawn_with(ThreadClass::Exclusive, || corewise::current_core()).unwrap();
+    /// let core = h.join().unwrap().unwrap();
+    /// assert!(core < rt.cores());
+    /// ```
     pub fn spawn_with<F, T>(&self, class: ThreadClass, f: F) -> Result<JoinHandle<T>, SpawnError>
     where
         F: FnOnce() -> T + Send + 'static,
@@ -829,11 +988,25 @@ impl Runtime {
     }
 
     /// Number of cores (kernel threads) the runtime may use.
+    ///
+    /// ```
+    /// let cpu = corewise::cpu_budget().unwrap().cpus().iter().next().unwrap();
+    /// let rt = corewise::Runtime::builder().cpus([cpu]).build().unwrap();
+    /// assert_eq!(rt.cores(), 1);
+    /// ```
     pub fn cores(&self) -> usize {
         self.shared.cores.len()
     }
 
     /// The I/O back end every core uses (chosen once, at build time).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// // io_uring where the kernel allows it, else epoll: every core uses the same.
+    /// let backend = rt.io_backend();
+    /// let seen = rt.block_on(corewise::io::backend).unwrap();
+    /// assert_eq!(seen, Some(backend));
+    /// ```
     pub fn io_backend(&self) -> crate::io::IoBackend {
         self.shared
             .io
@@ -843,11 +1016,25 @@ impl Runtime {
 
     /// Which arbiter the runtime's cores come from (the in-process one when
     /// a daemon was asked for but could not be reached).
+    ///
+    /// ```
+    /// use corewise::{ArbiterChoice, ArbiterKind};
+    /// let rt = corewise::Runtime::builder().arbiter(ArbiterChoice::Local).build().unwrap();
+    /// assert_eq!(rt.arbiter_kind(), ArbiterKind::Local);
+    /// assert_eq!(rt.stats().arbiter, ArbiterKind::Local);
+    /// ```
     pub fn arbiter_kind(&self) -> ArbiterKind {
         self.shared.arbiter.kind()
     }
 
     /// The CPUs behind the runtime's cores, by core index.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// assert_eq!(rt.cpus().len(), rt.cores());
+    /// let budget = corewise::cpu_budget().unwrap();
+    /// assert!(rt.cpus().iter().all(|&c| budget.cpus().contains(c)));
+    /// ```
     pub fn cpus(&self) -> &[usize] {
         &self.shared.cpus
     }
@@ -884,11 +1071,30 @@ impl Runtime {
     }
 
     /// Number of cores the runtime holds now.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// assert!(rt.active_cores() >= 1 && rt.active_cores() <= rt.cores());
+    /// rt.set_max_cores(1);
+    /// let start = std::time::Instant::now();
+    /// while rt.active_cores() > 1 {
+    ///     assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    ///     std::thread::sleep(std::time::Duration::from_millis(1));
+    /// }
+    /// ```
     pub fn active_cores(&self) -> usize {
         self.shared.active_mask.load(Ordering::Acquire).count_ones() as usize
     }
 
     /// Statistics of each core (the `cores` of [`stats`](Self::stats)).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let stats = rt.core_stats();
+    /// assert_eq!(stats.len(), rt.cores());
+    /// assert!(stats.iter().enumerate().all(|(i, c)| c.core == i));
+    /// assert_eq!(stats.iter().filter(|c| c.active).count(), rt.stats().active_cores);
+    /// ```
     pub fn core_stats(&self) -> Vec<CoreStats> {
         core_stats(self.shared)
     }
@@ -983,6 +1189,18 @@ fn stats_of(shared: &Shared) -> RuntimeStats {
 }
 
 /// A snapshot of a runtime's figures ([`Runtime::stats`]).
+///
+/// ```
+/// use corewise::{ArbiterChoice, ArbiterKind, PolicyConfig};
+/// let rt = corewise::Runtime::builder().arbiter(ArbiterChoice::Local).build().unwrap();
+/// rt.block_on(|| ()).unwrap();
+/// let s = rt.stats();
+/// assert_eq!(s.cores.len(), rt.cores());
+/// assert_eq!(s.arbiter, ArbiterKind::Local);
+/// assert_eq!(s.window, PolicyConfig::default().window);
+/// assert!(s.cores_added >= 1); // the cores taken at start count
+/// assert!(s.kernel_threads >= s.active_cores);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct RuntimeStats {
@@ -1019,6 +1237,14 @@ pub struct RuntimeStats {
 
 /// A runtime could not be built, or a user thread could not be created or
 /// panicked.
+///
+/// ```
+/// use corewise::{BuildError, RunError};
+/// let err = corewise::run(|| -> u8 { panic!("failed") }).unwrap_err();
+/// assert!(matches!(&err, RunError::Join(e) if e.message == "failed"));
+/// let err = corewise::Runtime::builder().stack_size(1).run(|| ()).unwrap_err();
+/// assert!(matches!(err, RunError::Build(BuildError::Invalid(_))));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
@@ -1034,6 +1260,18 @@ pub enum RunError {
 }
 
 /// A snapshot of one core's counters.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// rt.block_on(|| ()).unwrap();
+/// for c in rt.core_stats() {
+///     assert!((0.0..=1.0).contains(&c.utilization));
+///     if c.active {
+///         assert!(rt.cpus().contains(&c.cpu)); // a held core knows its CPU
+///     }
+/// }
+/// assert!(rt.core_stats().iter().map(|c| c.dispatches).sum::<u64>() >= 1);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CoreStats {
