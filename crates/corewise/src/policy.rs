@@ -11,9 +11,36 @@
 use crate::shim::{AtomicU64, Ordering};
 
 /// Priority levels of core requests (as in the arbiter protocol).
+///
+/// ```
+/// use corewise::{CorePolicy, DefaultPolicy, PRIORITIES};
+/// // A policy asks for cores at each of the levels, 0 the highest.
+/// let wanted: [u32; PRIORITIES] = DefaultPolicy::new(4).desired_cores();
+/// assert_eq!(wanted.len(), 8);
+/// assert_eq!(wanted[0], 1); // the default policy asks at the highest level
+/// // A runtime's own priority is one of those levels.
+/// assert!(corewise::Runtime::builder().priority(PRIORITIES).build().is_err());
+/// ```
 pub const PRIORITIES: usize = 8;
 
 /// A thread's class; the policy decides what each means for placement.
+///
+/// ```
+/// use corewise::ThreadClass;
+/// assert_eq!(ThreadClass::default(), ThreadClass::Normal);
+/// let rt = corewise::Runtime::new().unwrap();
+/// // An exclusive thread gets a core no other new thread lands on while it lives.
+/// let (tx, rx) = corewise::sync::channel::<()>(1);
+/// let alone = rt.spawn_with(ThreadClass::Exclusive, move || {
+///     let core = corewise::current_core();
+///     rx.recv().unwrap();
+///     core
+/// }).unwrap();
+/// let normal = rt.spawn_with(ThreadClass::Normal, || 1).unwrap();
+/// assert_eq!(normal.join().unwrap(), 1);
+/// tx.send(()).unwrap();
+/// assert!(alone.join().unwrap().is_some());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ThreadClass {
     /// Shares cores with other normal threads.
@@ -56,36 +83,79 @@ impl CoreMask {
     pub const EMPTY: CoreMask = CoreMask(0);
 
     /// Just `core` (cores past 63 give the empty mask).
+    ///
+    /// ```
+    /// use corewise::CoreMask;
+    /// assert_eq!(CoreMask::single(3), CoreMask(0b1000));
+    /// assert!(CoreMask::single(64).is_empty()); // past the 64 cores of a runtime
+    /// ```
     pub fn single(core: usize) -> Self {
         CoreMask(1u64.checked_shl(core as u32).unwrap_or(0))
     }
 
     /// This mask plus `core`.
+    ///
+    /// ```
+    /// use corewise::CoreMask;
+    /// let m = CoreMask::EMPTY.with(1).with(2).with(1);
+    /// assert_eq!(m, CoreMask(0b110));
+    /// ```
     pub fn with(self, core: usize) -> Self {
         CoreMask(self.0 | Self::single(core).0)
     }
 
     /// Whether `core` is in the mask.
+    ///
+    /// ```
+    /// use corewise::CoreMask;
+    /// let m = CoreMask::single(0).with(5);
+    /// assert!(m.contains(5) && !m.contains(4));
+    /// assert!(!m.contains(100));
+    /// ```
     pub fn contains(self, core: usize) -> bool {
         self.0 & Self::single(core).0 != 0
     }
 
     /// Number of cores.
+    ///
+    /// ```
+    /// use corewise::CoreMask;
+    /// assert_eq!(CoreMask(0b1011).len(), 3);
+    /// assert_eq!(CoreMask::EMPTY.len(), 0);
+    /// ```
     pub fn len(self) -> usize {
         self.0.count_ones() as usize
     }
 
     /// Whether the mask is empty.
+    ///
+    /// ```
+    /// use corewise::CoreMask;
+    /// assert!(CoreMask::EMPTY.is_empty());
+    /// assert!(!CoreMask::single(0).is_empty());
+    /// ```
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
 
     /// The `n`-th core of the mask in increasing order.
+    ///
+    /// ```
+    /// use corewise::CoreMask;
+    /// let m = CoreMask::single(2).with(7);
+    /// assert_eq!((m.nth(0), m.nth(1), m.nth(2)), (Some(2), Some(7), None));
+    /// ```
     pub fn nth(self, n: usize) -> Option<usize> {
         self.iter().nth(n)
     }
 
     /// The cores, in increasing order.
+    ///
+    /// ```
+    /// use corewise::CoreMask;
+    /// let m = CoreMask(0b1001_0010);
+    /// assert_eq!(m.iter().collect::<Vec<_>>(), [1, 4, 7]);
+    /// ```
     pub fn iter(self) -> impl Iterator<Item = usize> {
         let mut m = self.0;
         std::iter::from_fn(move || {
@@ -100,6 +170,27 @@ impl CoreMask {
 }
 
 /// What a policy may look at: the runtime's cores and their load.
+///
+/// ```
+/// use corewise::{CoreMask, CorePolicy, CoreView, ThreadClass};
+/// /// New threads go to the active core with the fewest threads.
+/// struct LeastLoaded;
+/// impl CorePolicy for LeastLoaded {
+///     fn cores_for(&self, _class: ThreadClass, view: &CoreView<'_>) -> CoreMask {
+///         let active = view.active();
+///         match active.iter().min_by_key(|&c| view.thread_count(c)) {
+///             Some(c) => CoreMask::single(c),
+///             None => active,
+///         }
+///     }
+///     fn desired_cores(&self) -> [u32; corewise::PRIORITIES] {
+///         [u32::MAX, 0, 0, 0, 0, 0, 0, 0]
+///     }
+/// }
+/// let rt = corewise::Runtime::builder().policy(LeastLoaded).build().unwrap();
+/// let h = rt.spawn(corewise::current_core).unwrap();
+/// assert!(h.join().unwrap().is_some_and(|c| c < rt.cores()));
+/// ```
 pub struct CoreView<'a> {
     pub(crate) active: CoreMask,
     pub(crate) counts: &'a dyn Fn(usize) -> u32,
@@ -107,11 +198,55 @@ pub struct CoreView<'a> {
 
 impl CoreView<'_> {
     /// Cores the runtime holds now.
+    ///
+    /// ```
+    /// use corewise::{CoreMask, CorePolicy, CoreView, ThreadClass};
+    /// /// New threads go to the highest-numbered core the runtime holds.
+    /// struct Last;
+    /// impl CorePolicy for Last {
+    ///     fn cores_for(&self, _class: ThreadClass, view: &CoreView<'_>) -> CoreMask {
+    ///         let active = view.active();
+    ///         CoreMask::single(active.nth(active.len() - 1).unwrap_or(0))
+    ///     }
+    ///     fn desired_cores(&self) -> [u32; corewise::PRIORITIES] {
+    ///         [1, 0, 0, 0, 0, 0, 0, 0]
+    ///     }
+    /// }
+    /// // Asking for one core, the runtime holds core 0: that is where threads go.
+    /// let rt = corewise::Runtime::builder().policy(Last).build().unwrap();
+    /// assert_eq!(rt.spawn(corewise::current_core).unwrap().join().unwrap(), Some(0));
+    /// ```
     pub fn active(&self) -> CoreMask {
         self.active
     }
 
     /// User threads on `core` now (0 to 56).
+    ///
+    /// ```
+    /// use corewise::{CoreMask, CorePolicy, CoreView, ThreadClass};
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// static SEEN: AtomicU32 = AtomicU32::new(0);
+    /// /// Every thread on core 0, noting how many threads were there already.
+    /// struct Core0;
+    /// impl CorePolicy for Core0 {
+    ///     fn cores_for(&self, _class: ThreadClass, view: &CoreView<'_>) -> CoreMask {
+    ///         SEEN.store(view.thread_count(0), Ordering::Relaxed);
+    ///         CoreMask::single(0)
+    ///     }
+    ///     fn desired_cores(&self) -> [u32; corewise::PRIORITIES] {
+    ///         [1, 0, 0, 0, 0, 0, 0, 0]
+    ///     }
+    /// }
+    /// let rt = corewise::Runtime::builder().policy(Core0).build().unwrap();
+    /// let seen = rt
+    ///     .block_on(|| {
+    ///         // This thread is on core 0 while it spawns another.
+    ///         corewise::spawn(|| ()).unwrap().join().unwrap();
+    ///         SEEN.load(Ordering::Relaxed)
+    ///     })
+    ///     .unwrap();
+    /// assert!(seen >= 1);
+    /// ```
     pub fn thread_count(&self, core: usize) -> u32 {
         (self.counts)(core)
     }
@@ -178,6 +313,17 @@ pub trait CorePolicy: Send + Sync + 'static {
 }
 
 /// One core's load over the last estimation window.
+///
+/// ```
+/// use corewise::{CoreLoad, CorePolicy, DefaultPolicy};
+/// let policy = DefaultPolicy::new(4);
+/// assert_eq!(policy.desired_cores()[0], 1);
+/// // The runtime reports each held core's load once per window; three
+/// // runnable threads on average on the one core is past the 2.25 threshold.
+/// let busy = CoreLoad { core: 0, utilization: 1.0, load_factor: 3.0 };
+/// policy.estimate(&[busy]);
+/// assert_eq!(policy.desired_cores()[0], 2);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CoreLoad {
     /// Runtime core index.
@@ -255,6 +401,13 @@ struct Estimation {
 
 impl DefaultPolicy {
     /// A policy that asks for up to `max_cores` cores, starting with one.
+    ///
+    /// ```
+    /// use corewise::{CorePolicy, DefaultPolicy};
+    /// let p = DefaultPolicy::new(3);
+    /// assert_eq!(p.config().max_cores, 3);
+    /// assert_eq!(p.desired_cores()[0], 1); // starts with one core
+    /// ```
     pub fn new(max_cores: u32) -> Self {
         Self::with_config(PolicyConfig {
             max_cores,
@@ -263,6 +416,15 @@ impl DefaultPolicy {
     }
 
     /// A policy with these estimation settings.
+    ///
+    /// ```
+    /// use corewise::{CorePolicy, DefaultPolicy, PolicyConfig};
+    /// let config = PolicyConfig { min_cores: 2, max_cores: 4, ..PolicyConfig::default() };
+    /// let p = DefaultPolicy::with_config(config);
+    /// assert_eq!(p.desired_cores()[0], 2); // starts at its minimum
+    /// let rt = corewise::Runtime::builder().policy(p).build().unwrap();
+    /// assert_eq!(rt.block_on(|| 1).unwrap(), 1);
+    /// ```
     pub fn with_config(config: PolicyConfig) -> Self {
         let normal = config.min_cores.max(1).min(config.max_cores.max(1));
         Self {
@@ -276,6 +438,12 @@ impl DefaultPolicy {
     }
 
     /// The estimation settings.
+    ///
+    /// ```
+    /// use corewise::{DefaultPolicy, PolicyConfig};
+    /// let p = DefaultPolicy::new(2);
+    /// assert_eq!(p.config(), &PolicyConfig { max_cores: 2, ..PolicyConfig::default() });
+    /// ```
     pub fn config(&self) -> &PolicyConfig {
         &self.config
     }
