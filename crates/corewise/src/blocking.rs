@@ -18,8 +18,29 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Upper bound on pool threads.
+///
+/// ```
+/// use corewise::blocking::{threads, MAX_THREADS};
+/// let rt = corewise::Runtime::new().unwrap();
+/// // Many blocking calls at once: the pool grows, but never past the bound.
+/// let hs: Vec<_> = (0..8)
+///     .map(|_| rt.spawn(|| corewise::blocking(|| std::thread::sleep(std::time::Duration::from_millis(2)))).unwrap())
+///     .collect();
+/// for h in hs {
+///     h.join().unwrap();
+/// }
+/// assert!(threads() >= 1 && threads() <= MAX_THREADS);
+/// ```
 pub const MAX_THREADS: usize = 64;
 /// An idle pool thread exits after this long.
+///
+/// ```
+/// use corewise::blocking::{threads, IDLE_TIMEOUT};
+/// assert_eq!(IDLE_TIMEOUT, std::time::Duration::from_secs(5));
+/// assert_eq!(corewise::blocking(|| 1), 1);
+/// // The pool thread that ran it waits for more work for IDLE_TIMEOUT.
+/// assert!(threads() >= 1);
+/// ```
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 type Job = Box<dyn FnOnce() + Send>;

@@ -154,6 +154,29 @@ impl<T: 'static> std::fmt::Debug for LocalKey<T> {
 
 /// The calling OS thread's storage is being destroyed (a value's
 /// destructor running at the OS thread's exit used a key).
+///
+/// ```
+/// use corewise::local::AccessError;
+/// corewise::thread_local!(static KEY: u32 = 1);
+/// /// Uses `KEY` from its destructor, which runs as the OS thread exits.
+/// struct UsesKeyOnDrop(std::sync::mpsc::Sender<Result<u32, AccessError>>);
+/// impl Drop for UsesKeyOnDrop {
+///     fn drop(&mut self) {
+///         let _ = self.0.send(KEY.try_with(|v| *v));
+///     }
+/// }
+/// std::thread_local!(static LAST: std::cell::RefCell<Option<UsesKeyOnDrop>> = const { std::cell::RefCell::new(None) });
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// std::thread::spawn(move || {
+///     LAST.with(|l| *l.borrow_mut() = Some(UsesKeyOnDrop(tx)));
+///     assert_eq!(KEY.try_with(|v| *v), Ok(1)); // alive: fine
+/// })
+/// .join()
+/// .unwrap();
+/// // Thread-locals are destroyed in reverse order of first use: by the time
+/// // `LAST` goes, the thread's corewise storage is gone.
+/// assert_eq!(rx.recv().unwrap(), Err(AccessError));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("cannot access a corewise thread-local value while the OS thread's storage is destroyed")]
 pub struct AccessError;
