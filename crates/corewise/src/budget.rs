@@ -56,9 +56,38 @@ pub use watch::{BudgetHandle, BudgetWatcher, WatcherBuilder, DEFAULT_REFRESH_INT
 /// give more cores than the CPUs the process may run on (affinity ∩
 /// cpuset). Unset, empty or blank means no override; anything else that is
 /// not a positive integer is [`BudgetError::Env`].
+///
+/// ```
+/// use corewise::budget::{BudgetError, BudgetProbe, BudgetReason, MAX_CORES_ENV};
+/// // An empty directory as the file-system root: no cgroup limits at all.
+/// let root = std::env::temp_dir().join(format!("corewise-doc-{}-env", std::process::id()));
+/// std::fs::create_dir_all(&root).unwrap();
+/// let probe = || BudgetProbe::new().root(&root).affinity("0-3".parse().unwrap());
+/// std::env::set_var(MAX_CORES_ENV, "2");
+/// let b = probe().read().unwrap();
+/// assert_eq!((b.cores(), b.reason()), (2, &BudgetReason::EnvOverride { value: 2 }));
+/// std::env::set_var(MAX_CORES_ENV, "two");
+/// assert!(matches!(probe().read(), Err(BudgetError::Env { .. })));
+/// std::env::remove_var(MAX_CORES_ENV);
+/// assert_eq!(probe().read().unwrap().cores(), 4);
+/// std::fs::remove_dir_all(&root).unwrap();
+/// ```
 pub const MAX_CORES_ENV: &str = "COREWISE_MAX_CORES";
 
 /// Why the budget could not be read.
+///
+/// ```
+/// use corewise::budget::{BudgetError, BudgetProbe};
+/// let err = BudgetProbe::new().max_cores(Some(0)).read().unwrap_err();
+/// assert!(matches!(err, BudgetError::Config(_)));
+/// // Another process's budget starts from its `/proc/<pid>/cgroup`: under
+/// // an empty root that file is missing, and the error names it.
+/// let root = std::env::temp_dir().join(format!("corewise-doc-{}-err", std::process::id()));
+/// std::fs::create_dir_all(&root).unwrap();
+/// let err = BudgetProbe::for_pid(1).root(&root).read().unwrap_err();
+/// assert!(matches!(&err, BudgetError::Missing { path } if path.ends_with("proc/1/cgroup")), "{err}");
+/// std::fs::remove_dir_all(&root).unwrap();
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum BudgetError {
@@ -133,6 +162,26 @@ impl BudgetError {
 
 /// A CFS bandwidth limit found on one cgroup: `quota_us` of CPU time per
 /// `period_us`.
+///
+/// ```
+/// use corewise::budget::{BudgetProbe, BudgetReason};
+/// let root = std::env::temp_dir().join(format!("corewise-doc-{}-quota", std::process::id()));
+/// let write = |rel: &str, text: &str| {
+///     let p = root.join(rel);
+///     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+///     std::fs::write(p, text).unwrap();
+/// };
+/// // A fake cgroup v2 tree: the process in /app, which may use 1.5 CPUs.
+/// write("proc/self/cgroup", "0::/app\n");
+/// write("proc/self/mountinfo", "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+/// write("sys/fs/cgroup/app/cpu.max", "150000 100000\n");
+/// let b = BudgetProbe::new().root(&root).max_cores(None).affinity("0-3".parse().unwrap()).read().unwrap();
+/// let BudgetReason::Quota(q) = b.reason() else { panic!("{b}") };
+/// assert_eq!((q.quota_us, q.period_us), (150_000, 100_000));
+/// assert!(q.path.ends_with("sys/fs/cgroup/app"));
+/// assert_eq!(q.cores(), 2);
+/// std::fs::remove_dir_all(&root).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaLimit {
     /// The cgroup directory whose `cpu.cfs_quota_us` / `cpu.max` set it.
@@ -159,6 +208,13 @@ impl QuotaLimit {
     }
 
     /// `quota / period` as a fraction of CPUs.
+    ///
+    /// ```
+    /// use corewise::budget::QuotaLimit;
+    /// let q = QuotaLimit { path: "/sys/fs/cgroup/app".into(), quota_us: 150_000, period_us: 100_000 };
+    /// assert_eq!(q.cpus(), 1.5);
+    /// assert_eq!(q.cores(), 2); // what 1.5 CPUs of time can keep busy
+    /// ```
     pub fn cpus(&self) -> f64 {
         self.quota_us as f64 / self.period_us.max(1) as f64
     }
@@ -172,6 +228,20 @@ impl QuotaLimit {
 }
 
 /// Which limit decided the core count.
+///
+/// ```
+/// use corewise::budget::{BudgetProbe, BudgetReason};
+/// // An empty directory as the file-system root: no cgroup limits at all.
+/// let root = std::env::temp_dir().join(format!("corewise-doc-{}-reason", std::process::id()));
+/// std::fs::create_dir_all(&root).unwrap();
+/// let probe = BudgetProbe::new().root(&root).affinity("0-3".parse().unwrap());
+/// let b = probe.clone().max_cores(None).read().unwrap();
+/// assert_eq!(b.reason(), &BudgetReason::Affinity);
+/// let b = probe.max_cores(Some(2)).read().unwrap();
+/// assert_eq!(b.reason(), &BudgetReason::EnvOverride { value: 2 });
+/// assert_eq!(b.reason().to_string(), "env override COREWISE_MAX_CORES=2");
+/// std::fs::remove_dir_all(&root).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BudgetReason {
@@ -231,21 +301,76 @@ pub struct CpuBudget {
 
 impl CpuBudget {
     /// The CPUs the process may run on: affinity ∩ every cpuset.
+    ///
+    /// ```
+    /// let b = corewise::cpu_budget().unwrap();
+    /// assert!(!b.cpus().is_empty());
+    /// // Every CPU of the budget is one this thread may run on.
+    /// let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    /// let online: corewise::CpuList = online.trim().parse().unwrap();
+    /// assert!(b.cpus().is_subset(&online));
+    /// ```
     pub fn cpus(&self) -> &CpuList {
         &self.cpus
     }
 
     /// How many cores to use: at least 1, at most `cpus().len()`.
+    ///
+    /// ```
+    /// use corewise::budget::BudgetProbe;
+    /// let root = std::env::temp_dir().join(format!("corewise-doc-{}-cores", std::process::id()));
+    /// let write = |rel: &str, text: &str| {
+    ///     let p = root.join(rel);
+    ///     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    ///     std::fs::write(p, text).unwrap();
+    /// };
+    /// // A fake cgroup v2 tree: 4 CPUs allowed, 2.5 CPUs of quota.
+    /// write("proc/self/cgroup", "0::/app\n");
+    /// write("proc/self/mountinfo", "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+    /// write("sys/fs/cgroup/app/cpu.max", "250000 100000\n");
+    /// let b = BudgetProbe::new().root(&root).max_cores(None).affinity("0-3".parse().unwrap()).read().unwrap();
+    /// assert_eq!((b.cores(), b.cpus().len()), (3, 4));
+    /// std::fs::remove_dir_all(&root).unwrap();
+    /// ```
     pub fn cores(&self) -> usize {
         self.cores
     }
 
     /// Which limit decided [`cores`](Self::cores).
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetReason};
+    /// let b = BudgetProbe::new().max_cores(None).read().unwrap();
+    /// // Whatever decided it, the reason is one of the limits the probe reads.
+    /// match b.reason() {
+    ///     BudgetReason::Affinity | BudgetReason::Cpuset { .. } => assert_eq!(b.cores(), b.cpus().len()),
+    ///     BudgetReason::Quota(q) => assert_eq!(b.cores(), q.cores()),
+    ///     other => panic!("no override was given, yet {other}"),
+    /// }
+    /// ```
     pub fn reason(&self) -> &BudgetReason {
         &self.reason
     }
 
     /// The tightest CFS quota found, whether or not it decided the count.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetReason};
+    /// let root = std::env::temp_dir().join(format!("corewise-doc-{}-q", std::process::id()));
+    /// let write = |rel: &str, text: &str| {
+    ///     let p = root.join(rel);
+    ///     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    ///     std::fs::write(p, text).unwrap();
+    /// };
+    /// // A fake cgroup v2 tree whose quota (8 CPUs) is looser than the 4 CPUs.
+    /// write("proc/self/cgroup", "0::/app\n");
+    /// write("proc/self/mountinfo", "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+    /// write("sys/fs/cgroup/app/cpu.max", "800000 100000\n");
+    /// let b = BudgetProbe::new().root(&root).max_cores(None).affinity("0-3".parse().unwrap()).read().unwrap();
+    /// assert_eq!(b.quota().unwrap().cores(), 8); // found...
+    /// assert_eq!((b.cores(), b.reason()), (4, &BudgetReason::Affinity)); // ...but not deciding
+    /// std::fs::remove_dir_all(&root).unwrap();
+    /// ```
     pub fn quota(&self) -> Option<&QuotaLimit> {
         self.quota.as_ref()
     }
@@ -326,6 +451,12 @@ impl Default for BudgetProbe {
 
 impl BudgetProbe {
     /// Reads this process's budget from `/`, override from the environment.
+    ///
+    /// ```
+    /// use corewise::budget::BudgetProbe;
+    /// let b = BudgetProbe::new().read().unwrap();
+    /// assert!(b.cores() >= 1 && b.cores() <= b.cpus().len());
+    /// ```
     pub fn new() -> Self {
         BudgetProbe {
             pid: None,
@@ -350,6 +481,14 @@ impl BudgetProbe {
     }
 
     /// Reads process `pid`'s budget instead.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetError, BudgetProbe};
+    /// let me = std::process::id();
+    /// let mine = BudgetProbe::for_pid(me).max_cores(None).read().unwrap();
+    /// assert_eq!(mine.cpus(), BudgetProbe::new().max_cores(None).read().unwrap().cpus());
+    /// assert!(matches!(BudgetProbe::for_pid(0).read(), Err(BudgetError::Config(_))));
+    /// ```
     pub fn for_pid(pid: u32) -> Self {
         BudgetProbe {
             pid: Some(pid),
@@ -360,6 +499,26 @@ impl BudgetProbe {
     /// Reads `/proc` and the cgroup mounts under `root` instead of `/`
     /// (for tests with a fake tree; mount points from mountinfo are taken
     /// relative to it).
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetReason};
+    /// let root = std::env::temp_dir().join(format!("corewise-doc-{}-root", std::process::id()));
+    /// let write = |rel: &str, text: &str| {
+    ///     let p = root.join(rel);
+    ///     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    ///     std::fs::write(p, text).unwrap();
+    /// };
+    /// // A fake cgroup v2 tree: the process in /a/b, whose parent allows CPUs 0-1.
+    /// write("proc/self/cgroup", "0::/a/b\n");
+    /// write("proc/self/mountinfo", "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+    /// write("sys/devices/system/cpu/online", "0-7\n");
+    /// write("sys/fs/cgroup/a/cpuset.cpus.effective", "0-1\n");
+    /// write("sys/fs/cgroup/a/b/cpuset.cpus.effective", "0-1\n");
+    /// let b = BudgetProbe::new().root(&root).max_cores(None).affinity("0-7".parse().unwrap()).read().unwrap();
+    /// assert_eq!(b.cpus().to_string(), "0-1");
+    /// assert_eq!(b.reason(), &BudgetReason::Cpuset { path: root.join("sys/fs/cgroup/a") });
+    /// std::fs::remove_dir_all(&root).unwrap();
+    /// ```
     pub fn root(mut self, root: impl Into<PathBuf>) -> Self {
         self.root = root.into();
         self
@@ -367,18 +526,45 @@ impl BudgetProbe {
 
     /// Uses `max` as the override instead of reading [`MAX_CORES_ENV`]
     /// (`None`: no override).
+    ///
+    /// ```
+    /// use corewise::budget::BudgetProbe;
+    /// let all = BudgetProbe::new().max_cores(None).read().unwrap();
+    /// let one = BudgetProbe::new().max_cores(Some(1)).read().unwrap();
+    /// assert_eq!(one.cores(), 1);
+    /// assert_eq!(one.cpus(), all.cpus()); // the override limits the count, not the CPUs
+    /// ```
     pub fn max_cores(mut self, max: Option<usize>) -> Self {
         self.max_cores = MaxCores::Fixed(max);
         self
     }
 
     /// Uses `cpus` as the affinity mask instead of asking the kernel.
+    ///
+    /// ```
+    /// use corewise::budget::BudgetProbe;
+    /// let b = BudgetProbe::new().max_cores(None).affinity("0".parse().unwrap()).read().unwrap();
+    /// assert_eq!(b.cpus().to_vec(), [0]);
+    /// assert_eq!(b.cores(), 1);
+    /// ```
     pub fn affinity(mut self, cpus: CpuList) -> Self {
         self.affinity = Some(cpus);
         self
     }
 
     /// Reads the budget now.
+    ///
+    /// ```
+    /// use corewise::budget::BudgetProbe;
+    /// // An empty directory as the file-system root: no cgroup limits at all.
+    /// let root = std::env::temp_dir().join(format!("corewise-doc-{}-read", std::process::id()));
+    /// std::fs::create_dir_all(&root).unwrap();
+    /// let probe = BudgetProbe::new().root(&root).max_cores(None).affinity("0-5".parse().unwrap());
+    /// let b = probe.read().unwrap();
+    /// assert_eq!(b.cores(), 6);
+    /// assert_eq!(b.to_string(), "6 cores of CPUs 0-5 (limited by affinity)");
+    /// std::fs::remove_dir_all(&root).unwrap();
+    /// ```
     pub fn read(&self) -> Result<CpuBudget, BudgetError> {
         let max_cores = match &self.max_cores {
             MaxCores::Env => env_max_cores()?,

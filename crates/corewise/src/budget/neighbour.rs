@@ -131,6 +131,20 @@ impl NeighbourConfig {
 }
 
 /// One reading of the CPU-time counters.
+///
+/// ```
+/// use corewise::budget::{NeighbourConfig, NeighbourShare};
+/// // A stand-in for a cgroup's `cpuacct.usage`: the busy time is ours to set.
+/// let dir = std::env::temp_dir().join(format!("corewise-doc-{}-times", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// std::fs::write(dir.join("cpuacct.usage"), "5000000\n").unwrap();
+/// let share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap().host_cgroup(&dir).unwrap();
+/// let t = share.read_times().unwrap();
+/// assert_eq!(t.busy_ns, 5_000_000);
+/// assert!(t.self_ns > 0); // this process has run
+/// assert!(t.at <= std::time::Instant::now());
+/// std::fs::remove_dir_all(&dir).unwrap();
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuTimes {
     /// CPU time of the process, in nanoseconds.
@@ -411,6 +425,15 @@ pub struct NeighbourShare {
 
 impl NeighbourShare {
     /// Starts measuring this process; the first cap is the whole `budget`.
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// let share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap();
+    /// assert_eq!(share.cap(), 2); // the whole budget until the first update
+    /// assert_eq!(share.share(), None);
+    /// let bad = NeighbourConfig { overcommit: 0.0, ..NeighbourConfig::default() };
+    /// assert!(NeighbourShare::new(2, bad).is_err());
+    /// ```
     pub fn new(budget: usize, config: NeighbourConfig) -> Result<Self, BudgetError> {
         Self::build(OwnClock::Process, Path::new("/"), budget, config)
     }
@@ -534,6 +557,14 @@ impl NeighbourShare {
     }
 
     /// Reads the counters now, without updating anything.
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// let share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap();
+    /// let (a, b) = (share.read_times().unwrap(), share.read_times().unwrap());
+    /// // Both are counters: they never go back.
+    /// assert!(b.self_ns >= a.self_ns && b.busy_ns >= a.busy_ns && b.at >= a.at);
+    /// ```
     pub fn read_times(&self) -> Result<CpuTimes, BudgetError> {
         let busy_ns = self.host.read_ns()?;
         let self_ns = self.own.read_ns()?;
@@ -547,6 +578,22 @@ impl NeighbourShare {
     /// Starts the next window now without taking a sample (after a pause
     /// in which the process was idle: a window spanning it would read as a
     /// tiny share).
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// // A stand-in for a cgroup's `cpuacct.usage`: the busy time is ours to set.
+    /// let dir = std::env::temp_dir().join(format!("corewise-doc-{}-rebase", std::process::id()));
+    /// std::fs::create_dir_all(&dir).unwrap();
+    /// std::fs::write(dir.join("cpuacct.usage"), "0\n").unwrap();
+    /// let mut share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap().host_cgroup(&dir).unwrap();
+    /// // Neighbours were busy for 10 s while this process paused...
+    /// std::fs::write(dir.join("cpuacct.usage"), "10000000000\n").unwrap();
+    /// share.rebase().unwrap(); // ...which the next window leaves out.
+    /// std::thread::sleep(std::time::Duration::from_millis(2));
+    /// share.update().unwrap();
+    /// assert_eq!(share.share(), Some(1.0)); // an idle window: alone
+    /// std::fs::remove_dir_all(&dir).unwrap();
+    /// ```
     pub fn rebase(&mut self) -> Result<(), BudgetError> {
         self.last = self.read_times()?;
         Ok(())
@@ -556,6 +603,22 @@ impl NeighbourShare {
     /// update to the filter and returns the cap. Less than a tenth of the
     /// window since then carries no information: the cap is left as it was
     /// and the window keeps growing.
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// // A stand-in for a cgroup's `cpuacct.usage`: the busy time is ours to set.
+    /// let dir = std::env::temp_dir().join(format!("corewise-doc-{}-update", std::process::id()));
+    /// std::fs::create_dir_all(&dir).unwrap();
+    /// std::fs::write(dir.join("cpuacct.usage"), "0\n").unwrap();
+    /// let config = NeighbourConfig { smoothing: 1.0, ..NeighbourConfig::default() };
+    /// let mut share = NeighbourShare::new(2, config).unwrap().host_cgroup(&dir).unwrap();
+    /// // Neighbours burn 10 s of CPU time within this window: a tiny share.
+    /// std::thread::sleep(std::time::Duration::from_millis(2));
+    /// std::fs::write(dir.join("cpuacct.usage"), "10000000000\n").unwrap();
+    /// assert_eq!(share.update().unwrap(), 1);
+    /// assert!(share.share().unwrap() < 0.01);
+    /// std::fs::remove_dir_all(&dir).unwrap();
+    /// ```
     pub fn update(&mut self) -> Result<usize, BudgetError> {
         let now = self.read_times()?;
         let elapsed = now.at.saturating_duration_since(self.last.at);
@@ -605,6 +668,17 @@ impl NeighbourShare {
 
     /// Sleeps until a full window has passed since the last update, then
     /// [`update`](Self::update)s.
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// use std::time::{Duration, Instant};
+    /// let config = NeighbourConfig { window: Duration::from_millis(5), ..NeighbourConfig::default() };
+    /// let mut share = NeighbourShare::new(2, config).unwrap();
+    /// let t = Instant::now();
+    /// let cap = share.sample().unwrap(); // sleeps out the window first
+    /// assert!(t.elapsed() >= Duration::from_millis(4));
+    /// assert!((1..=2).contains(&cap));
+    /// ```
     pub fn sample(&mut self) -> Result<usize, BudgetError> {
         let since = self.last.at.elapsed();
         if since < self.config.window {
@@ -614,51 +688,152 @@ impl NeighbourShare {
     }
 
     /// The cap from the last update (the budget before the first).
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// // A stand-in for a cgroup's `cpuacct.usage`: the busy time is ours to set.
+    /// let dir = std::env::temp_dir().join(format!("corewise-doc-{}-cap", std::process::id()));
+    /// std::fs::create_dir_all(&dir).unwrap();
+    /// std::fs::write(dir.join("cpuacct.usage"), "0\n").unwrap();
+    /// let mut share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap().host_cgroup(&dir).unwrap();
+    /// assert_eq!(share.cap(), 2);
+    /// std::thread::sleep(std::time::Duration::from_millis(2));
+    /// std::fs::write(dir.join("cpuacct.usage"), "10000000000\n").unwrap();
+    /// let cap = share.update().unwrap();
+    /// assert_eq!((cap, share.cap()), (1, 1));
+    /// std::fs::remove_dir_all(&dir).unwrap();
+    /// ```
     pub fn cap(&self) -> usize {
         self.filter.cap().min(self.budget)
     }
 
     /// The raw share of the last window (`None` before the first update).
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// // A stand-in for a cgroup's `cpuacct.usage` that nobody advances: an idle host.
+    /// let dir = std::env::temp_dir().join(format!("corewise-doc-{}-rawshare", std::process::id()));
+    /// std::fs::create_dir_all(&dir).unwrap();
+    /// std::fs::write(dir.join("cpuacct.usage"), "0\n").unwrap();
+    /// let mut share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap().host_cgroup(&dir).unwrap();
+    /// assert_eq!(share.share(), None);
+    /// std::thread::sleep(std::time::Duration::from_millis(2));
+    /// share.update().unwrap();
+    /// assert_eq!(share.share(), Some(1.0)); // idle: no neighbours to crowd
+    /// std::fs::remove_dir_all(&dir).unwrap();
+    /// ```
     pub fn share(&self) -> Option<f64> {
         self.share
     }
 
     /// The smoothed share the cap follows (`None` before the first update).
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// // A stand-in for a cgroup's `cpuacct.usage`: the busy time is ours to set.
+    /// let dir = std::env::temp_dir().join(format!("corewise-doc-{}-smooth", std::process::id()));
+    /// std::fs::create_dir_all(&dir).unwrap();
+    /// std::fs::write(dir.join("cpuacct.usage"), "0\n").unwrap();
+    /// let config = NeighbourConfig { smoothing: 0.5, ..NeighbourConfig::default() };
+    /// let mut share = NeighbourShare::new(2, config).unwrap().host_cgroup(&dir).unwrap();
+    /// assert_eq!(share.smoothed(), None);
+    /// std::thread::sleep(std::time::Duration::from_millis(2));
+    /// share.update().unwrap(); // idle window: share 1
+    /// std::thread::sleep(std::time::Duration::from_millis(2));
+    /// std::fs::write(dir.join("cpuacct.usage"), "10000000000\n").unwrap();
+    /// share.update().unwrap(); // busy neighbours: share about 0
+    /// let s = share.smoothed().unwrap();
+    /// assert!((0.5..0.51).contains(&s), "{s}"); // halfway with a weight of 0.5
+    /// std::fs::remove_dir_all(&dir).unwrap();
+    /// ```
     pub fn smoothed(&self) -> Option<f64> {
         self.filter.smoothed()
     }
 
     /// The CPUs the share is counted over (the `CPUs` of the formula): the
     /// host's, or those of [`restrict_to`](Self::restrict_to).
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// let share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap();
+    /// // The host's CPUs: at least those this process may use.
+    /// assert!(share.host_cpus() >= std::thread::available_parallelism().unwrap().get());
+    /// ```
     pub fn host_cpus(&self) -> usize {
         self.host_cpus
     }
 
     /// Whether `cpu_all` has nanosecond resolution (the cgroup counter)
     /// rather than clock ticks (`/proc/stat`).
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// let dir = std::env::temp_dir().join(format!("corewise-doc-{}-ns", std::process::id()));
+    /// std::fs::create_dir_all(&dir).unwrap();
+    /// std::fs::write(dir.join("cpuacct.usage"), "0\n").unwrap();
+    /// let share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap();
+    /// // The host counter is `cpuacct.usage` (ns) or `/proc/stat` (ticks); a
+    /// // cgroup's counter is always in ns.
+    /// assert!(share.host_cgroup(&dir).unwrap().host_counter_is_ns());
+    /// std::fs::remove_dir_all(&dir).unwrap();
+    /// ```
     pub fn host_counter_is_ns(&self) -> bool {
         self.host.is_ns()
     }
 
     /// The budget the cap is clamped to.
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// let share = NeighbourShare::new(3, NeighbourConfig::default()).unwrap();
+    /// assert_eq!(share.budget(), 3);
+    /// assert_eq!(NeighbourShare::new(0, NeighbourConfig::default()).unwrap().budget(), 1);
+    /// ```
     pub fn budget(&self) -> usize {
         self.budget
     }
 
     /// Changes the budget (for example after [`crate::budget::BudgetWatcher`]
     /// saw a new one); the current cap is clamped to it at once.
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// let mut share = NeighbourShare::new(4, NeighbourConfig::default()).unwrap();
+    /// assert_eq!(share.cap(), 4);
+    /// share.set_budget(2);
+    /// assert_eq!((share.budget(), share.cap()), (2, 2)); // clamped at once
+    /// ```
     pub fn set_budget(&mut self, budget: usize) {
         self.budget = budget.max(1);
         self.filter.set_budget(self.budget);
     }
 
     /// The settings.
+    ///
+    /// ```
+    /// use corewise::budget::{NeighbourConfig, NeighbourShare};
+    /// let config = NeighbourConfig { overcommit: 1.5, ..NeighbourConfig::default() };
+    /// let share = NeighbourShare::new(2, config).unwrap();
+    /// assert_eq!(share.config(), &config);
+    /// ```
     pub fn config(&self) -> &NeighbourConfig {
         &self.config
     }
 
     /// Changes the settings (validated as in [`new`](Self::new)); the
     /// filter starts over.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetError, NeighbourConfig, NeighbourShare};
+    /// use std::time::Duration;
+    /// let mut share = NeighbourShare::new(2, NeighbourConfig::default()).unwrap();
+    /// let slower = NeighbourConfig { window: Duration::from_millis(50), ..NeighbourConfig::default() };
+    /// share.set_config(slower).unwrap();
+    /// assert_eq!(share.config().window, Duration::from_millis(50));
+    /// let bad = NeighbourConfig { smoothing: 0.0, ..NeighbourConfig::default() };
+    /// assert!(matches!(share.set_config(bad), Err(BudgetError::Config(_))));
+    /// assert_eq!(share.config(), &slower); // a rejected config changes nothing
+    /// ```
     pub fn set_config(&mut self, config: NeighbourConfig) -> Result<(), BudgetError> {
         config.validate()?;
         self.config = config;

@@ -35,6 +35,15 @@ use std::time::{Duration, Instant};
 use super::{BudgetError, BudgetProbe, CpuBudget, NeighbourConfig, NeighbourShare};
 
 /// How often the budget is re-read unless configured otherwise.
+///
+/// ```
+/// use corewise::budget::{BudgetWatcher, DEFAULT_REFRESH_INTERVAL};
+/// use std::time::Duration;
+/// assert_eq!(DEFAULT_REFRESH_INTERVAL, Duration::from_secs(1));
+/// // A watcher with the default interval has nothing due for a second.
+/// let w = BudgetWatcher::builder().build().unwrap();
+/// assert!(!w.handle().refresh_if_due());
+/// ```
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Set in [`Shared::awake`] when the watcher stops, so that a waiting
@@ -241,18 +250,57 @@ impl std::fmt::Debug for BudgetHandle {
 
 impl BudgetHandle {
     /// The current budget's core count: one relaxed atomic load.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetWatcher};
+    /// let w = BudgetWatcher::builder().probe(BudgetProbe::new().max_cores(Some(1))).build().unwrap();
+    /// let h = w.handle().clone();
+    /// assert_eq!(std::thread::spawn(move || h.cores()).join().unwrap(), 1);
+    /// ```
     pub fn cores(&self) -> usize {
         self.shared.cores.load(Ordering::Relaxed)
     }
 
     /// `min(cores, neighbour cap)` when a neighbour share is configured,
     /// else [`cores`](Self::cores): one relaxed atomic load.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetWatcher, NeighbourConfig};
+    /// let plain = BudgetWatcher::builder().build().unwrap();
+    /// assert_eq!(plain.handle().active_cores(), plain.handle().cores()); // no neighbour share
+    /// let aware = BudgetWatcher::builder()
+    ///     .neighbour(Some(NeighbourConfig::default()))
+    ///     .build()
+    ///     .unwrap();
+    /// let h = aware.handle();
+    /// assert!(h.active_cores() >= 1 && h.active_cores() <= h.cores());
+    /// ```
     pub fn active_cores(&self) -> usize {
         self.shared.active.load(Ordering::Relaxed)
     }
 
     /// Increments whenever the published budget changes (CPU list, count
     /// or reason); compare with an old value to notice changes.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetWatcher};
+    /// let root = std::env::temp_dir().join(format!("corewise-doc-{}-gen", std::process::id()));
+    /// std::fs::create_dir_all(root.join("proc/self")).unwrap();
+    /// let probe = BudgetProbe::new().root(&root).max_cores(None).affinity("0-3".parse().unwrap());
+    /// let w = BudgetWatcher::builder().probe(probe).build().unwrap();
+    /// let h = w.handle();
+    /// let seen = h.generation();
+    /// h.refresh_now().unwrap();
+    /// assert_eq!(h.generation(), seen); // same budget: nothing new
+    /// // The process moves into a cgroup with a quota of one CPU.
+    /// std::fs::write(root.join("proc/self/cgroup"), "0::/app\n").unwrap();
+    /// std::fs::write(root.join("proc/self/mountinfo"), "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n").unwrap();
+    /// std::fs::create_dir_all(root.join("sys/fs/cgroup/app")).unwrap();
+    /// std::fs::write(root.join("sys/fs/cgroup/app/cpu.max"), "100000 100000\n").unwrap();
+    /// h.refresh_now().unwrap();
+    /// assert_eq!((h.generation(), h.cores()), (seen + 1, 1));
+    /// std::fs::remove_dir_all(&root).unwrap();
+    /// ```
     pub fn generation(&self) -> u64 {
         self.shared.generation.load(Ordering::Acquire)
     }
@@ -282,12 +330,35 @@ impl BudgetHandle {
     }
 
     /// The whole current budget (takes a short lock).
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetReason, BudgetWatcher};
+    /// let w = BudgetWatcher::builder().probe(BudgetProbe::new().max_cores(None)).build().unwrap();
+    /// let b = w.handle().snapshot();
+    /// assert_eq!(b.cores(), w.handle().cores());
+    /// assert!(!matches!(b.reason(), BudgetReason::EnvOverride { .. }));
+    /// ```
     pub fn snapshot(&self) -> Arc<CpuBudget> {
         lock(&self.shared.snapshot).clone()
     }
 
     /// The error of the last re-read, if it failed (the budget then stays
     /// at its last good value).
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetError, BudgetProbe, BudgetWatcher};
+    /// let root = std::env::temp_dir().join(format!("corewise-doc-{}-lasterr", std::process::id()));
+    /// std::fs::create_dir_all(root.join("proc/self")).unwrap();
+    /// let probe = BudgetProbe::new().root(&root).max_cores(None).affinity("0-3".parse().unwrap());
+    /// let w = BudgetWatcher::builder().probe(probe).build().unwrap();
+    /// assert!(w.handle().last_error().is_none());
+    /// std::fs::write(root.join("proc/self/cgroup"), "garbage\n").unwrap();
+    /// assert!(w.handle().refresh_now().is_err());
+    /// let err = w.handle().last_error().unwrap();
+    /// assert!(matches!(*err, BudgetError::Parse { .. }), "{err}");
+    /// assert_eq!(w.cores(), 4); // the last good budget stays
+    /// std::fs::remove_dir_all(&root).unwrap();
+    /// ```
     pub fn last_error(&self) -> Option<Arc<BudgetError>> {
         lock(&self.shared.last_error).clone()
     }
@@ -367,6 +438,14 @@ impl BudgetHandle {
 
     /// Re-reads the budget now (waiting for a concurrent refresh), and
     /// returns it or the error.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetWatcher};
+    /// let w = BudgetWatcher::builder().probe(BudgetProbe::new().max_cores(Some(1))).build().unwrap();
+    /// let b = w.handle().refresh_now().unwrap();
+    /// assert_eq!(b.cores(), 1);
+    /// assert_eq!(*b, *w.snapshot());
+    /// ```
     pub fn refresh_now(&self) -> Result<Arc<CpuBudget>, Arc<BudgetError>> {
         let mut w = lock(&self.shared.worker);
         self.shared.tick(&mut w, true)?;
@@ -376,6 +455,18 @@ impl BudgetHandle {
 }
 
 /// Settings for a [`BudgetWatcher`].
+///
+/// ```
+/// use corewise::budget::{BudgetProbe, BudgetWatcher, NeighbourConfig};
+/// use std::time::Duration;
+/// let w = BudgetWatcher::builder()
+///     .probe(BudgetProbe::new().max_cores(Some(1)))
+///     .interval(Duration::from_millis(100))
+///     .neighbour(Some(NeighbourConfig::default()))
+///     .build()
+///     .unwrap();
+/// assert_eq!((w.cores(), w.active_cores()), (1, 1));
+/// ```
 #[derive(Debug, Clone)]
 pub struct WatcherBuilder {
     probe: BudgetProbe,
@@ -387,6 +478,16 @@ pub struct WatcherBuilder {
 impl WatcherBuilder {
     /// Reads the budget with `probe` (default: this process,
     /// [`BudgetProbe::new`]).
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetWatcher};
+    /// let root = std::env::temp_dir().join(format!("corewise-doc-{}-wprobe", std::process::id()));
+    /// std::fs::create_dir_all(&root).unwrap();
+    /// let probe = BudgetProbe::new().root(&root).max_cores(None).affinity("0-2".parse().unwrap());
+    /// let w = BudgetWatcher::builder().probe(probe).build().unwrap();
+    /// assert_eq!(w.cores(), 3);
+    /// std::fs::remove_dir_all(&root).unwrap();
+    /// ```
     pub fn probe(mut self, probe: BudgetProbe) -> Self {
         self.probe = probe;
         self
@@ -394,12 +495,32 @@ impl WatcherBuilder {
 
     /// Re-reads the budget every `interval` (default
     /// [`DEFAULT_REFRESH_INTERVAL`]; must be > 0).
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetError, BudgetWatcher};
+    /// use std::time::Duration;
+    /// let w = BudgetWatcher::builder().interval(Duration::from_millis(1)).build().unwrap();
+    /// std::thread::sleep(Duration::from_millis(2));
+    /// assert!(w.handle().refresh_if_due()); // a re-read fell due
+    /// let zero = BudgetWatcher::builder().interval(Duration::ZERO).build();
+    /// assert!(matches!(zero, Err(BudgetError::Config(_))));
+    /// ```
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
         self
     }
 
     /// Also tracks the neighbour share with `config` (default: off).
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetWatcher, NeighbourConfig};
+    /// use std::time::Duration;
+    /// let config = NeighbourConfig { window: Duration::from_millis(2), ..NeighbourConfig::default() };
+    /// let w = BudgetWatcher::builder().neighbour(Some(config)).build().unwrap();
+    /// std::thread::sleep(Duration::from_millis(3));
+    /// assert!(w.handle().refresh_if_due()); // a share window ended
+    /// assert!(w.active_cores() >= 1 && w.active_cores() <= w.cores());
+    /// ```
     pub fn neighbour(mut self, config: Option<NeighbourConfig>) -> Self {
         self.neighbour = config;
         self
@@ -425,6 +546,12 @@ impl WatcherBuilder {
 
     /// A watcher without a thread: the runtime calls
     /// [`BudgetHandle::refresh_if_due`]. Fails if the first read fails.
+    ///
+    /// ```
+    /// let w = corewise::budget::BudgetWatcher::builder().build().unwrap();
+    /// assert!(!w.has_thread()); // the owner calls `refresh_if_due`
+    /// assert!(w.cores() >= 1);
+    /// ```
     pub fn build(self) -> Result<BudgetWatcher, BudgetError> {
         if self.interval.is_zero() {
             return Err(BudgetError::Config("refresh interval must be > 0".into()));
@@ -484,6 +611,17 @@ impl WatcherBuilder {
 
     /// A watcher with a background OS thread (`corewise-budget`) that
     /// refreshes on schedule; dropping the watcher stops it.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetWatcher};
+    /// let w = BudgetWatcher::builder()
+    ///     .probe(BudgetProbe::new().max_cores(Some(1)))
+    ///     .spawn()
+    ///     .unwrap();
+    /// assert!(w.has_thread());
+    /// assert_eq!(w.cores(), 1);
+    /// drop(w); // stops and joins the thread
+    /// ```
     pub fn spawn(self) -> Result<BudgetWatcher, BudgetError> {
         let mut watcher = self.build()?;
         let shared = watcher.handle.shared.clone();
@@ -544,6 +682,13 @@ pub struct BudgetWatcher {
 impl BudgetWatcher {
     /// Settings, starting from this process, a 1 s interval and no
     /// neighbour share.
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetWatcher};
+    /// let w = BudgetWatcher::builder().probe(BudgetProbe::new().max_cores(Some(1))).build().unwrap();
+    /// assert_eq!(w.cores(), 1);
+    /// assert!(!w.has_thread());
+    /// ```
     pub fn builder() -> WatcherBuilder {
         WatcherBuilder {
             probe: BudgetProbe::new(),
@@ -555,31 +700,68 @@ impl BudgetWatcher {
 
     /// `builder().spawn()`: this process, re-read every second by a
     /// background thread.
+    ///
+    /// ```
+    /// let w = corewise::budget::BudgetWatcher::spawn().unwrap();
+    /// assert!(w.has_thread());
+    /// assert_eq!(w.cores(), w.snapshot().cores());
+    /// ```
     pub fn spawn() -> Result<Self, BudgetError> {
         Self::builder().spawn()
     }
 
     /// The reader to hand to kernel threads.
+    ///
+    /// ```
+    /// let w = corewise::budget::BudgetWatcher::builder().build().unwrap();
+    /// let h = w.handle().clone(); // for another thread
+    /// let cores = std::thread::spawn(move || h.cores()).join().unwrap();
+    /// assert_eq!(cores, w.cores());
+    /// ```
     pub fn handle(&self) -> &BudgetHandle {
         &self.handle
     }
 
     /// See [`BudgetHandle::cores`].
+    ///
+    /// ```
+    /// use corewise::budget::{BudgetProbe, BudgetWatcher};
+    /// let w = BudgetWatcher::builder().probe(BudgetProbe::new().max_cores(Some(1))).build().unwrap();
+    /// assert_eq!(w.cores(), 1);
+    /// ```
     pub fn cores(&self) -> usize {
         self.handle.cores()
     }
 
     /// See [`BudgetHandle::active_cores`].
+    ///
+    /// ```
+    /// let w = corewise::budget::BudgetWatcher::builder().build().unwrap();
+    /// assert_eq!(w.active_cores(), w.cores()); // no neighbour share configured
+    /// ```
     pub fn active_cores(&self) -> usize {
         self.handle.active_cores()
     }
 
     /// See [`BudgetHandle::snapshot`].
+    ///
+    /// ```
+    /// let w = corewise::budget::BudgetWatcher::builder().build().unwrap();
+    /// let b = w.snapshot();
+    /// assert_eq!(b.cores(), w.cores());
+    /// assert!(b.cores() <= b.cpus().len());
+    /// ```
     pub fn snapshot(&self) -> Arc<CpuBudget> {
         self.handle.snapshot()
     }
 
     /// Whether a background thread refreshes this watcher.
+    ///
+    /// ```
+    /// use corewise::budget::BudgetWatcher;
+    /// assert!(BudgetWatcher::spawn().unwrap().has_thread());
+    /// assert!(!BudgetWatcher::builder().build().unwrap().has_thread());
+    /// ```
     pub fn has_thread(&self) -> bool {
         self.thread.is_some()
     }
