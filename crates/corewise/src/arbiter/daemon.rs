@@ -108,6 +108,15 @@ use std::time::{Duration, Instant};
 
 /// How long an idle dispatcher sleeps at most before it reads the shared
 /// page again (see the module docs for the trade-off).
+///
+/// ```
+/// use corewise::arbiter::{CoreArbiter, Local, DEFAULT_RELEASE_POLL};
+/// use std::time::Duration;
+/// assert_eq!(DEFAULT_RELEASE_POLL, Duration::from_millis(2));
+/// // The daemon's client polls this often; the in-process arbiter tells its
+/// // kernel threads itself and needs no bound.
+/// assert_eq!(Local::new(vec![0]).release_poll(), None);
+/// ```
 pub const DEFAULT_RELEASE_POLL: Duration = Duration::from_millis(2);
 
 /// The same bound while the daemon is gone: kernel threads running without
@@ -152,6 +161,16 @@ struct Slot {
 
 /// The [`CoreArbiter`] backed by the `corewise-arbiter` daemon (see the
 /// module docs).
+///
+/// ```no_run
+/// // Needs a `corewise-arbiter` daemon listening on the socket; the doctest
+/// // only compiles.
+/// use corewise::arbiter::{ArbiterKind, CoreArbiter, Daemon};
+/// let d = Daemon::connect("/run/corewise-arbiter.sock", 2, 0)?;
+/// assert_eq!(d.kind(), ArbiterKind::Daemon);
+/// assert!(!d.daemon_gone());
+/// # Ok::<(), corewise::arbiter::ArbiterError>(())
+/// ```
 pub struct Daemon {
     socket: PathBuf,
     /// The application's connection; taken at shutdown.
@@ -234,6 +253,16 @@ impl Daemon {
 
     /// The same arbiter for a runtime of `kthreads` kernel threads (call it
     /// before the runtime starts them).
+    ///
+    /// ```no_run
+    /// // Needs a `corewise-arbiter` daemon listening on the socket; the doctest
+    /// // only compiles.
+    /// use corewise::arbiter::{CoreArbiter, Daemon};
+    /// let d = Daemon::connect("/run/corewise-arbiter.sock", 1, 0)?.with_kthreads(4);
+    /// d.set_requested_cores([4, 0, 0, 0, 0, 0, 0, 0]);
+    /// assert!(d.daemon_cores() <= 3); // kernel thread 0 is the floor, not a daemon core
+    /// # Ok::<(), corewise::arbiter::ArbiterError>(())
+    /// ```
     pub fn with_kthreads(mut self, kthreads: usize) -> Self {
         self.slots = (0..kthreads.max(1)).map(|_| Slot::default()).collect();
         self
@@ -248,11 +277,29 @@ impl Daemon {
 
     /// Whether the daemon is known to be gone (it closed a connection or
     /// announced its exit) and not reconnected yet.
+    ///
+    /// ```no_run
+    /// // Needs a `corewise-arbiter` daemon listening on the socket; the doctest
+    /// // only compiles.
+    /// use corewise::arbiter::Daemon;
+    /// let d = Daemon::connect("/run/corewise-arbiter.sock", 2, 0)?;
+    /// assert!(!d.daemon_gone()); // connected just now
+    /// # Ok::<(), corewise::arbiter::ArbiterError>(())
+    /// ```
     pub fn daemon_gone(&self) -> bool {
         self.gone.load(Ordering::Acquire)
     }
 
     /// Daemon cores held now (the floor not counted).
+    ///
+    /// ```no_run
+    /// // Needs a `corewise-arbiter` daemon listening on the socket; the doctest
+    /// // only compiles.
+    /// use corewise::arbiter::{CoreArbiter, Daemon};
+    /// let d = Daemon::connect("/run/corewise-arbiter.sock", 2, 0)?;
+    /// assert_eq!(d.daemon_cores(), 0); // nothing asked for yet
+    /// # Ok::<(), corewise::arbiter::ArbiterError>(())
+    /// ```
     pub fn daemon_cores(&self) -> usize {
         self.slots
             .iter()

@@ -63,6 +63,17 @@ pub struct Local {
 
 impl Local {
     /// An arbiter over `cpus` (kernel thread `k` gets `cpus[k]`).
+    ///
+    /// ```
+    /// use corewise::arbiter::{CoreArbiter, Local};
+    /// let cpus: Vec<usize> = corewise::cpu_budget().unwrap().cpus().iter().take(2).collect();
+    /// let arbiter = Local::new(cpus.clone());
+    /// arbiter.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0]);
+    /// // Kernel thread 0 is granted the first CPU; the others wait.
+    /// let got = std::thread::scope(|s| s.spawn(|| arbiter.block_until_core_available(0)).join().unwrap());
+    /// assert_eq!(got.unwrap(), Some(cpus[0]));
+    /// assert!(arbiter.must_release_core(1));
+    /// ```
     pub fn new(cpus: Vec<usize>) -> Self {
         let cpus_len = cpus.len();
         Self {

@@ -44,9 +44,30 @@ use thiserror::Error;
 /// The environment variable naming the daemon's socket; it selects the
 /// [`Daemon`] arbiter when the builder's choice is [`ArbiterChoice::Auto`].
 /// Unset or empty means [`Local`].
+///
+/// ```
+/// use corewise::arbiter::{ArbiterKind, ARBITER_ENV};
+/// assert_eq!(ARBITER_ENV, "COREWISE_ARBITER");
+/// // Set by a deployment to a daemon that is not running: one warning, and the
+/// // runtime takes its cores in process.
+/// std::env::set_var(ARBITER_ENV, "/nonexistent/corewise-arbiter.sock");
+/// let rt = corewise::Runtime::new().unwrap();
+/// assert_eq!(rt.arbiter_kind(), ArbiterKind::Local);
+/// ```
 pub const ARBITER_ENV: &str = "COREWISE_ARBITER";
 
 /// An arbiter failure.
+///
+/// ```
+/// use corewise::arbiter::{ArbiterError, CoreArbiter, Daemon, Local};
+/// let err = Local::new(vec![]).block_until_core_available(0).unwrap_err();
+/// assert!(matches!(err, ArbiterError::NoSuchThread(0)));
+/// let Err(err) = Daemon::connect("/nonexistent/corewise-arbiter.sock", 1, 0) else {
+///     panic!("no daemon listens there")
+/// };
+/// assert!(matches!(err, ArbiterError::Daemon(_)));
+/// assert!(err.to_string().contains("/nonexistent/corewise-arbiter.sock"));
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ArbiterError {
@@ -67,6 +88,17 @@ pub enum ArbiterError {
 }
 
 /// Which implementation an arbiter is.
+///
+/// ```
+/// use corewise::{ArbiterChoice, ArbiterKind};
+/// let rt = corewise::Runtime::builder()
+///     .arbiter(ArbiterChoice::DaemonOrLocal("/nonexistent/corewise-arbiter.sock".into()))
+///     .build()
+///     .unwrap();
+/// // No daemon there: the cores come from the in-process arbiter.
+/// assert_eq!(rt.arbiter_kind(), ArbiterKind::Local);
+/// assert_eq!(rt.stats().arbiter, ArbiterKind::Local);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ArbiterKind {
@@ -104,6 +136,32 @@ pub enum ArbiterChoice {
 }
 
 /// The arbiter protocol, as the runtime's kernel threads use it.
+///
+/// ```
+/// use corewise::arbiter::{ArbiterKind, CoreArbiter, Local};
+/// use std::sync::Arc;
+/// let cpu = corewise::cpu_budget().unwrap().cpus().iter().next().unwrap();
+/// let arbiter: Arc<dyn CoreArbiter> = Arc::new(Local::new(vec![cpu]));
+/// assert_eq!(arbiter.kind(), ArbiterKind::Local);
+/// arbiter.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0]);
+/// assert_eq!(arbiter.granted(), 1);
+/// // A kernel thread's loop: wait for a core, run while it may, give it back.
+/// let (a, (tx, rx)) = (arbiter.clone(), std::sync::mpsc::channel());
+/// let kthread = std::thread::spawn(move || {
+///     let got = a.block_until_core_available(0).unwrap();
+///     tx.send(()).unwrap();
+///     while !a.must_release_core(0) {
+///         std::thread::yield_now(); // the dispatcher would run threads here
+///     }
+///     a.core_released(0);
+///     got
+/// });
+/// rx.recv().unwrap(); // it holds the core
+/// arbiter.set_requested_cores([0; corewise::PRIORITIES]); // and is asked to give it back
+/// assert_eq!(kthread.join().unwrap(), Some(cpu));
+/// arbiter.shutdown();
+/// assert_eq!(arbiter.block_until_core_available(0).unwrap(), None);
+/// ```
 pub trait CoreArbiter: Send + Sync + 'static {
     /// The application wants `per_priority[i]` cores at priority `i`.
     fn set_requested_cores(&self, per_priority: [u32; PRIORITIES]);
