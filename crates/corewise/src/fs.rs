@@ -55,40 +55,115 @@ pub struct OpenOptions {
 
 impl OpenOptions {
     /// No access, no creation.
+    ///
+    /// ```
+    /// use corewise::fs::OpenOptions;
+    /// let p = std::env::temp_dir().join(format!("cw-doc-optnew-{}", std::process::id()));
+    /// std::fs::write(&p, b"x").unwrap();
+    /// // No access asked for: the open fails, as with std.
+    /// assert!(OpenOptions::new().open(&p).is_err());
+    /// assert!(OpenOptions::new().read(true).open(&p).is_ok());
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
     /// Open for reading.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-optread-{}", std::process::id()));
+    /// std::fs::write(&p, b"data").unwrap();
+    /// let f = corewise::fs::File::options().read(true).open(&p).unwrap();
+    /// let mut buf = [0u8; 4];
+    /// assert_eq!(f.read(&mut buf).unwrap(), 4);
+    /// assert!(f.write(b"no").is_err()); // opened for reading only
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn read(&mut self, on: bool) -> &mut Self {
         self.read = on;
         self
     }
     /// Open for writing.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-optwrite-{}", std::process::id()));
+    /// std::fs::write(&p, b"....").unwrap();
+    /// let f = corewise::fs::File::options().write(true).open(&p).unwrap();
+    /// f.write_all_at(b"ab", 1).unwrap(); // no truncation: the rest stays
+    /// assert_eq!(std::fs::read(&p).unwrap(), b".ab.");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn write(&mut self, on: bool) -> &mut Self {
         self.write = on;
         self
     }
     /// Every write appends.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-optappend-{}", std::process::id()));
+    /// std::fs::write(&p, b"log:").unwrap();
+    /// let f = corewise::fs::File::options().append(true).open(&p).unwrap();
+    /// f.write(b" one").unwrap();
+    /// f.write(b" two").unwrap();
+    /// assert_eq!(std::fs::read_to_string(&p).unwrap(), "log: one two");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn append(&mut self, on: bool) -> &mut Self {
         self.append = on;
         self
     }
     /// Truncate to 0 bytes on open.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-opttrunc-{}", std::process::id()));
+    /// std::fs::write(&p, b"old contents").unwrap();
+    /// let f = corewise::fs::File::options().write(true).truncate(true).open(&p).unwrap();
+    /// assert_eq!(f.metadata().unwrap().len(), 0);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn truncate(&mut self, on: bool) -> &mut Self {
         self.truncate = on;
         self
     }
     /// Create if missing.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-optcreate-{}", std::process::id()));
+    /// let _ = std::fs::remove_file(&p);
+    /// assert!(corewise::fs::File::options().write(true).open(&p).is_err()); // missing
+    /// let f = corewise::fs::File::options().write(true).create(true).open(&p).unwrap();
+    /// assert!(f.metadata().unwrap().is_file());
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn create(&mut self, on: bool) -> &mut Self {
         self.create = on;
         self
     }
     /// Create, failing if it exists.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-optnew2-{}", std::process::id()));
+    /// let _ = std::fs::remove_file(&p);
+    /// let opts = || corewise::fs::File::options().write(true).create_new(true).open(&p);
+    /// assert!(opts().is_ok());
+    /// assert_eq!(opts().unwrap_err().kind(), std::io::ErrorKind::AlreadyExists);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn create_new(&mut self, on: bool) -> &mut Self {
         self.create_new = on;
         self
     }
     /// Permission bits for a new file (default 0o666, less the umask).
+    ///
+    /// ```
+    /// use std::os::unix::fs::PermissionsExt;
+    /// let p = std::env::temp_dir().join(format!("cw-doc-optmode-{}", std::process::id()));
+    /// let _ = std::fs::remove_file(&p);
+    /// let f = corewise::fs::File::options().write(true).create(true).mode(0o600).open(&p).unwrap();
+    /// // The umask can only take bits away: nobody but the owner gets any.
+    /// assert_eq!(f.metadata().unwrap().permissions().mode() & 0o077, 0);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn mode(&mut self, mode: u32) -> &mut Self {
         self.mode = Some(mode);
         self
@@ -122,6 +197,18 @@ impl OpenOptions {
     }
 
     /// Opens `path` (through the ring when there is one).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let p = std::env::temp_dir().join(format!("cw-doc-optopen-{}", std::process::id()));
+    /// std::fs::write(&p, b"ring").unwrap();
+    /// // From a user thread the open goes through the core's ring (or a syscall thread).
+    /// let n = rt
+    ///     .block_on(|| corewise::fs::File::options().read(true).open(&p).unwrap().metadata().unwrap().len())
+    ///     .unwrap();
+    /// assert_eq!(n, 4);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn open(&self, path: impl AsRef<Path>) -> io::Result<File> {
         let flags = self.flags()?;
         let path = CString::new(path.as_ref().as_os_str().as_bytes())
@@ -168,11 +255,32 @@ pub struct File {
 
 impl File {
     /// Opens `path` read-only.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-open-{}", std::process::id()));
+    /// std::fs::write(&p, b"abc").unwrap();
+    /// let f = corewise::fs::File::open(&p).unwrap();
+    /// let mut buf = [0u8; 3];
+    /// f.read_exact_at(&mut buf, 0).unwrap();
+    /// assert_eq!(&buf, b"abc");
+    /// assert_eq!(corewise::fs::File::open(p.with_extension("missing")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn open(path: impl AsRef<Path>) -> io::Result<Self> {
         OpenOptions::new().read(true).open(path)
     }
 
     /// Creates (or truncates) `path` for writing.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-create-{}", std::process::id()));
+    /// std::fs::write(&p, b"previous").unwrap();
+    /// let f = corewise::fs::File::create(&p).unwrap(); // truncates
+    /// assert_eq!(f.metadata().unwrap().len(), 0);
+    /// f.write(b"new").unwrap();
+    /// assert_eq!(std::fs::read(&p).unwrap(), b"new");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn create(path: impl AsRef<Path>) -> io::Result<Self> {
         OpenOptions::new()
             .write(true)
@@ -182,6 +290,16 @@ impl File {
     }
 
     /// Options for opening a file.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-options-{}", std::process::id()));
+    /// let f = corewise::fs::File::options().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+    /// f.write_all_at(b"rw", 0).unwrap();
+    /// let mut buf = [0u8; 2];
+    /// f.read_exact_at(&mut buf, 0).unwrap();
+    /// assert_eq!(&buf, b"rw");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn options() -> OpenOptions {
         OpenOptions::new()
     }
@@ -193,6 +311,23 @@ impl File {
     }
 
     /// Reads at the file position, advancing it.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let p = std::env::temp_dir().join(format!("cw-doc-fread-{}", std::process::id()));
+    /// std::fs::write(&p, b"abcdef").unwrap();
+    /// let parts = rt
+    ///     .block_on(|| {
+    ///         let f = corewise::fs::File::open(&p).unwrap();
+    ///         let mut buf = [0u8; 4];
+    ///         let first = f.read(&mut buf).unwrap(); // advances the position
+    ///         let second = f.read(&mut buf).unwrap();
+    ///         (first, second, buf[..second].to_vec())
+    ///     })
+    ///     .unwrap();
+    /// assert_eq!(parts, (4, 2, b"ef".to_vec()));
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         let kind = Kind::Read {
             fd: self.as_raw_fd(),
@@ -205,6 +340,19 @@ impl File {
     }
 
     /// Writes at the file position (the end, in append mode).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let p = std::env::temp_dir().join(format!("cw-doc-fwrite-{}", std::process::id()));
+    /// rt.block_on(|| {
+    ///     let f = corewise::fs::File::create(&p).unwrap();
+    ///     assert_eq!(f.write(b"abc").unwrap(), 3);
+    ///     assert_eq!(f.write(b"def").unwrap(), 3); // after the first
+    /// })
+    /// .unwrap();
+    /// assert_eq!(std::fs::read(&p).unwrap(), b"abcdef");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
         let kind = Kind::Write {
             fd: self.as_raw_fd(),
@@ -217,6 +365,19 @@ impl File {
     }
 
     /// Reads at `offset` without moving the file position.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-readat-{}", std::process::id()));
+    /// std::fs::write(&p, b"0123456789").unwrap();
+    /// let f = corewise::fs::File::open(&p).unwrap();
+    /// let mut buf = [0u8; 3];
+    /// assert_eq!(f.read_at(&mut buf, 7).unwrap(), 3);
+    /// assert_eq!(&buf, b"789");
+    /// assert_eq!(f.read_at(&mut buf, 10).unwrap(), 0); // at the end
+    /// assert_eq!(f.read(&mut buf).unwrap(), 3); // the position did not move
+    /// assert_eq!(&buf, b"012");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let kind = Kind::Read {
             fd: self.as_raw_fd(),
@@ -228,6 +389,15 @@ impl File {
     }
 
     /// Writes at `offset` without moving the file position.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-writeat-{}", std::process::id()));
+    /// let f = corewise::fs::File::create(&p).unwrap();
+    /// assert_eq!(f.write_at(b"world", 6).unwrap(), 5);
+    /// assert_eq!(f.write_at(b"hello ", 0).unwrap(), 6);
+    /// assert_eq!(std::fs::read(&p).unwrap(), b"hello world");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
         let kind = Kind::Write {
             fd: self.as_raw_fd(),
@@ -240,6 +410,18 @@ impl File {
     }
 
     /// Reads exactly `buf.len()` bytes at `offset`.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-readexact-{}", std::process::id()));
+    /// std::fs::write(&p, b"header:body").unwrap();
+    /// let f = corewise::fs::File::open(&p).unwrap();
+    /// let mut body = [0u8; 4];
+    /// f.read_exact_at(&mut body, 7).unwrap();
+    /// assert_eq!(&body, b"body");
+    /// let err = f.read_exact_at(&mut body, 9).unwrap_err(); // only 2 bytes there
+    /// assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
         while !buf.is_empty() {
             match self.read_at(buf, offset)? {
@@ -254,6 +436,15 @@ impl File {
     }
 
     /// Writes all of `buf` at `offset`.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-writeall-{}", std::process::id()));
+    /// let f = corewise::fs::File::create(&p).unwrap();
+    /// let block = vec![7u8; 100_000];
+    /// f.write_all_at(&block, 4096).unwrap();
+    /// assert_eq!(f.metadata().unwrap().len(), 4096 + 100_000);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn write_all_at(&self, mut buf: &[u8], mut offset: u64) -> io::Result<()> {
         while !buf.is_empty() {
             match self.write_at(buf, offset)? {
@@ -268,16 +459,50 @@ impl File {
     }
 
     /// Scatter read at the file position.
+    ///
+    /// ```
+    /// use std::io::IoSliceMut;
+    /// let p = std::env::temp_dir().join(format!("cw-doc-readv-{}", std::process::id()));
+    /// std::fs::write(&p, b"headbody").unwrap();
+    /// let f = corewise::fs::File::open(&p).unwrap();
+    /// let (mut head, mut body) = ([0u8; 4], [0u8; 4]);
+    /// let n = f.read_vectored(&mut [IoSliceMut::new(&mut head), IoSliceMut::new(&mut body)]).unwrap();
+    /// assert_eq!((n, &head, &body), (8, b"head", b"body"));
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn read_vectored(&self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         self.state.read_vectored(self.as_raw_fd(), bufs, false)
     }
 
     /// Gather write at the file position.
+    ///
+    /// ```
+    /// use std::io::IoSlice;
+    /// let p = std::env::temp_dir().join(format!("cw-doc-writev-{}", std::process::id()));
+    /// let f = corewise::fs::File::create(&p).unwrap();
+    /// let n = f.write_vectored(&[IoSlice::new(b"key="), IoSlice::new(b"value")]).unwrap();
+    /// assert_eq!(n, 9);
+    /// assert_eq!(std::fs::read(&p).unwrap(), b"key=value");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.state.write_vectored(self.as_raw_fd(), bufs, false)
     }
 
     /// Flushes data and metadata to the device (`fsync`).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let p = std::env::temp_dir().join(format!("cw-doc-syncall-{}", std::process::id()));
+    /// rt.block_on(|| {
+    ///     let f = corewise::fs::File::create(&p).unwrap();
+    ///     f.write(b"durable").unwrap();
+    ///     f.sync_all().unwrap(); // data and metadata on the device
+    /// })
+    /// .unwrap();
+    /// assert_eq!(std::fs::read(&p).unwrap(), b"durable");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn sync_all(&self) -> io::Result<()> {
         let kind = Kind::Fsync {
             fd: self.as_raw_fd(),
@@ -288,6 +513,15 @@ impl File {
     }
 
     /// Flushes data to the device (`fdatasync`).
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-syncdata-{}", std::process::id()));
+    /// let f = corewise::fs::File::create(&p).unwrap();
+    /// f.write_all_at(b"record", 0).unwrap();
+    /// f.sync_data().unwrap(); // the data, without metadata such as the mtime
+    /// assert_eq!(std::fs::read(&p).unwrap(), b"record");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn sync_data(&self) -> io::Result<()> {
         let kind = Kind::Fsync {
             fd: self.as_raw_fd(),
@@ -298,21 +532,67 @@ impl File {
     }
 
     /// The file's metadata (`fstat`).
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-fmeta-{}", std::process::id()));
+    /// std::fs::write(&p, b"12345").unwrap();
+    /// let m = corewise::fs::File::open(&p).unwrap().metadata().unwrap();
+    /// assert!(m.is_file());
+    /// assert_eq!(m.len(), 5);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn metadata(&self) -> io::Result<std::fs::Metadata> {
         self.file.metadata()
     }
 
     /// Truncates or extends the file (`ftruncate`).
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-setlen-{}", std::process::id()));
+    /// let f = corewise::fs::File::create(&p).unwrap();
+    /// f.write(b"0123456789").unwrap();
+    /// f.set_len(4).unwrap();
+    /// assert_eq!(std::fs::read(&p).unwrap(), b"0123");
+    /// f.set_len(6).unwrap(); // extended with zeros
+    /// assert_eq!(std::fs::read(&p).unwrap(), b"0123\0\0");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn set_len(&self, size: u64) -> io::Result<()> {
         self.file.set_len(size)
     }
 
     /// Timeout of each read (applies where the kernel can wait, e.g. pipes).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let p = std::env::temp_dir().join(format!("cw-doc-timeout-{}", std::process::id()));
+    /// std::fs::write(&p, b"data").unwrap();
+    /// let f = corewise::fs::File::open(&p).unwrap();
+    /// f.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    /// // A regular file's data is there: the read does not wait for it.
+    /// assert_eq!(f.read(&mut [0u8; 4]).unwrap(), 4);
+    /// let zero = f.set_read_timeout(Some(Duration::ZERO)).unwrap_err();
+    /// assert_eq!(zero.kind(), std::io::ErrorKind::InvalidInput);
+    /// f.set_read_timeout(None).unwrap(); // no timeout
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn set_read_timeout(&self, d: Option<std::time::Duration>) -> io::Result<()> {
         self.state.set_read_timeout(d)
     }
 
     /// A handle that cancels this file's blocking calls.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-fcancel-{}", std::process::id()));
+    /// std::fs::write(&p, b"data").unwrap();
+    /// let f = corewise::fs::File::open(&p).unwrap();
+    /// let c = f.canceller();
+    /// assert_eq!(f.read(&mut [0u8; 2]).unwrap(), 2);
+    /// c.cancel(); // from any thread; later calls fail too
+    /// let err = f.read(&mut [0u8; 2]).unwrap_err();
+    /// assert!(corewise::io::is_cancelled(&err));
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
     pub fn canceller(&self) -> Canceller {
         self.state.canceller()
     }
