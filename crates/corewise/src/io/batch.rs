@@ -22,10 +22,37 @@ use std::time::{Duration, Instant};
 
 /// Names one operation of a [`Batch`] until its completion is taken (the
 /// batch then reuses the number for a later operation).
+///
+/// ```
+/// use corewise::io::{Batch, Token};
+/// let (a, b) = corewise::net::UnixStream::pair().unwrap();
+/// let mut batch = Batch::new();
+/// let first: Token = batch.write(&a, b"x".to_vec());
+/// let second = batch.read(&b, 1);
+/// assert_ne!(first, second);
+/// // Completions come back under their tokens.
+/// let done: Vec<Token> = batch.wait_all().into_iter().map(|(t, _)| t).collect();
+/// assert_eq!(done, [first, second]);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Token(pub usize);
 
 /// The outcome of one batch operation.
+///
+/// ```
+/// use corewise::io::{Batch, Completion};
+/// let (a, b) = corewise::net::UnixStream::pair().unwrap();
+/// let mut batch = Batch::new();
+/// batch.write(&a, b"ping".to_vec());
+/// batch.read(&b, 16);
+/// for (_, c) in batch.wait_all() {
+///     match c {
+///         Completion::Written(n, buf) => assert_eq!((n.unwrap(), buf), (4, b"ping".to_vec())),
+///         Completion::Read(n, buf) => assert_eq!(&buf[..n.unwrap()], b"ping"),
+///         other => panic!("no accept was asked for: {other:?}"),
+///     }
+/// }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Completion {
@@ -136,6 +163,12 @@ impl std::fmt::Debug for Batch<'_> {
 
 impl<'a> Batch<'a> {
     /// An empty batch for the calling thread.
+    ///
+    /// ```
+    /// let batch = corewise::io::Batch::new();
+    /// assert!(batch.is_empty());
+    /// assert_eq!(batch.len(), 0);
+    /// ```
     pub fn new() -> Self {
         Self {
             entries: Vec::new(),
@@ -147,16 +180,50 @@ impl<'a> Batch<'a> {
     }
 
     /// Operations not yet taken by a wait.
+    ///
+    /// ```
+    /// let (a, b) = corewise::net::UnixStream::pair().unwrap();
+    /// let mut batch = corewise::io::Batch::new();
+    /// batch.write(&a, b"1".to_vec());
+    /// batch.read(&b, 1);
+    /// assert_eq!(batch.len(), 2);
+    /// batch.wait_any(None).unwrap();
+    /// assert_eq!(batch.len(), 1); // one taken, one left
+    /// ```
     pub fn len(&self) -> usize {
         self.left
     }
 
     /// Whether every operation has been taken.
+    ///
+    /// ```
+    /// let (a, _b) = corewise::net::UnixStream::pair().unwrap();
+    /// let mut batch = corewise::io::Batch::new();
+    /// batch.write(&a, b"1".to_vec());
+    /// assert!(!batch.is_empty());
+    /// batch.wait_all();
+    /// assert!(batch.is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.left == 0
     }
 
     /// Adds an accept on `listener`.
+    ///
+    /// ```
+    /// use corewise::io::{Batch, Completion};
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// rt.block_on(|| {
+    ///     let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    ///     let client = corewise::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    ///     let mut batch = Batch::new();
+    ///     batch.accept(&l);
+    ///     let (_, c) = batch.wait_any(None).unwrap().unwrap();
+    ///     let Completion::Accepted(Ok((_server, peer))) = c else { panic!("{c:?}") };
+    ///     assert_eq!(peer, client.local_addr().unwrap());
+    /// })
+    /// .unwrap();
+    /// ```
     pub fn accept(&mut self, listener: &'a TcpListener) -> Token {
         // SAFETY: zeroed sockaddr storage is a valid (empty) address.
         let mut addr: Box<(libc::sockaddr_storage, libc::socklen_t)> =
@@ -172,12 +239,49 @@ impl<'a> Batch<'a> {
     }
 
     /// Adds a read of up to `len` bytes from a socket.
+    ///
+    /// ```
+    /// use corewise::io::{Batch, Completion};
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// rt.block_on(|| {
+    ///     let (a, b) = corewise::net::UnixStream::pair().unwrap();
+    ///     let (c, d) = corewise::net::UnixStream::pair().unwrap();
+    ///     let mut batch = Batch::new();
+    ///     let from_b = batch.read(&b, 8);
+    ///     batch.read(&d, 8);
+    ///     c.write(b"d first").unwrap(); // only d has data: its read completes first
+    ///     let (t, done) = batch.wait_any(None).unwrap().unwrap();
+    ///     assert_ne!(t, from_b);
+    ///     let Completion::Read(Ok(n), buf) = done else { panic!("{done:?}") };
+    ///     assert_eq!(&buf[..n], b"d first");
+    ///     a.write(b"b").unwrap();
+    ///     assert_eq!(batch.wait_all().len(), 1);
+    /// })
+    /// .unwrap();
+    /// ```
     pub fn read(&mut self, socket: &'a impl AsRawFd, len: usize) -> Token {
         self.read_into(socket, vec![0u8; len])
     }
 
     /// Adds a read of up to `buf.len()` bytes into `buf` (handed back in
     /// the [`Completion`], so a loop can reuse its buffers).
+    ///
+    /// ```
+    /// use corewise::io::{Batch, Completion};
+    /// let (a, b) = corewise::net::UnixStream::pair().unwrap();
+    /// let mut buf = vec![0u8; 64]; // reads up to its length
+    /// for msg in [&b"one"[..], b"three"] {
+    ///     a.write(msg).unwrap();
+    ///     let mut batch = Batch::new();
+    ///     batch.read_into(&b, buf);
+    ///     let (_, done) = batch.wait_any(None).unwrap().unwrap();
+    ///     let Completion::Read(Ok(n), back) = done else { panic!("{done:?}") };
+    ///     assert_eq!(&back[..n], msg);
+    ///     assert_eq!(back.len(), n); // shortened to what was read
+    ///     buf = back;
+    ///     buf.resize(64, 0); // the same allocation for the next read
+    /// }
+    /// ```
     pub fn read_into(&mut self, socket: &'a impl AsRawFd, mut buf: Vec<u8>) -> Token {
         let len = buf.len();
         let fd = socket.as_raw_fd();
@@ -191,6 +295,19 @@ impl<'a> Batch<'a> {
     }
 
     /// Adds a write of `buf` to a socket (one `send`: it may be partial).
+    ///
+    /// ```
+    /// use corewise::io::{Batch, Completion};
+    /// let (a, b) = corewise::net::UnixStream::pair().unwrap();
+    /// let mut batch = Batch::new();
+    /// batch.write(&a, b"hello".to_vec());
+    /// let (_, done) = batch.wait_any(None).unwrap().unwrap();
+    /// let Completion::Written(Ok(n), buf) = done else { panic!("{done:?}") };
+    /// assert_eq!((n, buf.as_slice()), (5, &b"hello"[..]));
+    /// let mut got = [0u8; 5];
+    /// assert_eq!(b.read(&mut got).unwrap(), 5);
+    /// assert_eq!(&got, b"hello");
+    /// ```
     pub fn write(&mut self, socket: &'a impl AsRawFd, buf: Vec<u8>) -> Token {
         let fd = socket.as_raw_fd();
         let kind = Kind::Send {
@@ -236,6 +353,22 @@ impl<'a> Batch<'a> {
 
     /// Waits until every remaining operation has completed and returns
     /// them all, in token order.
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// rt.block_on(|| {
+    ///     let pairs: Vec<_> = (0..3).map(|_| corewise::net::UnixStream::pair().unwrap()).collect();
+    ///     let mut batch = corewise::io::Batch::new();
+    ///     for (a, _) in &pairs {
+    ///         batch.write(a, b"x".to_vec());
+    ///     }
+    ///     let done = batch.wait_all();
+    ///     assert_eq!(done.len(), 3);
+    ///     assert!(done.windows(2).all(|w| w[0].0 < w[1].0)); // in token order
+    ///     assert!(batch.is_empty());
+    /// })
+    /// .unwrap();
+    /// ```
     pub fn wait_all(&mut self) -> Vec<(Token, Completion)> {
         let _entry = crate::sched::handoff::Entry::enter();
         let mut out = Vec::with_capacity(self.left);
@@ -249,6 +382,16 @@ impl<'a> Batch<'a> {
     /// Waits until one operation completes (or `timeout` passes: an error
     /// of kind `TimedOut`; the operations stay pending). `Ok(None)` when
     /// nothing is left.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let (_a, b) = corewise::net::UnixStream::pair().unwrap();
+    /// let mut batch = corewise::io::Batch::new();
+    /// batch.read(&b, 1); // nothing is ever written
+    /// let err = batch.wait_any(Some(Duration::from_millis(5))).unwrap_err();
+    /// assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+    /// assert_eq!(batch.len(), 1); // still pending
+    /// ```
     pub fn wait_any(
         &mut self,
         timeout: Option<Duration>,

@@ -15,6 +15,15 @@ use std::sync::{Arc, Mutex};
 
 /// The error of an operation that was cancelled: `io::ErrorKind::Other`
 /// with this as its inner error (see [`is_cancelled`]).
+///
+/// ```
+/// use corewise::io::{is_cancelled, Cancelled};
+/// let (a, _b) = corewise::net::UnixStream::pair().unwrap();
+/// a.canceller().cancel();
+/// let err = a.read(&mut [0u8; 1]).unwrap_err();
+/// assert!(is_cancelled(&err));
+/// assert_eq!(err.get_ref().unwrap().downcast_ref::<Cancelled>(), Some(&Cancelled));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("operation cancelled")]
 pub struct Cancelled;
@@ -126,11 +135,30 @@ impl Canceller {
     }
 
     /// Cancels pending and future operations on the object.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let (a, _b) = corewise::net::UnixStream::pair().unwrap();
+    /// let c = a.canceller(); // before the read starts
+    /// let reader = rt.spawn(move || a.read(&mut [0u8; 1])).unwrap();
+    /// std::thread::sleep(Duration::from_millis(2));
+    /// c.cancel(); // the blocked read returns
+    /// assert!(corewise::io::is_cancelled(&reader.join().unwrap().unwrap_err()));
+    /// ```
     pub fn cancel(&self) {
         self.state.cancel();
     }
 
     /// Whether [`cancel`](Self::cancel) was called.
+    ///
+    /// ```
+    /// let (a, _b) = corewise::net::UnixStream::pair().unwrap();
+    /// let c = a.canceller();
+    /// assert!(!c.is_cancelled());
+    /// c.clone().cancel(); // clones share the mark
+    /// assert!(c.is_cancelled());
+    /// ```
     pub fn is_cancelled(&self) -> bool {
         self.state.is_cancelled()
     }
