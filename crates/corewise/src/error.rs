@@ -15,8 +15,9 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SpawnError {
-    /// The runtime's limit on live threads (`Builder::max_threads`) is
-    /// reached: a thread must end first (`spawn_wait` waits for that).
+    /// The runtime's limit on live threads (`Builder::max_threads`, which
+    /// counts the threads beyond those its cores' slots hold) is reached:
+    /// a thread must end first (`spawn_wait` waits for that).
     #[error("the runtime's limit of {limit} user threads is reached (Builder::max_threads)")]
     ThreadLimit {
         /// The limit.
@@ -139,18 +140,3 @@ impl JoinError {
         }
     }
 }
-
-/// An operation gave up at its deadline.
-///
-/// ```
-/// // A value an operation with a deadline can return; it is an ordinary error.
-/// fn wait(ready: bool) -> Result<u8, corewise::Timeout> {
-///     if ready { Ok(1) } else { Err(corewise::Timeout) }
-/// }
-/// assert_eq!(wait(false), Err(corewise::Timeout));
-/// let err: Box<dyn std::error::Error> = wait(false).unwrap_err().into();
-/// assert_eq!(err.to_string(), "timed out");
-/// ```
-#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
-#[error("timed out")]
-pub struct Timeout;

@@ -85,7 +85,7 @@ mod scope;
 #[cfg(not(loom))]
 pub mod thread;
 
-pub use error::{BuildError, JoinError, PanicPayload, SpawnError, Timeout};
+pub use error::{BuildError, JoinError, PanicPayload, SpawnError};
 pub use policy::{
     CoreLoad, CoreMask, CorePolicy, CoreView, DefaultPolicy, PolicyConfig, ThreadClass, PRIORITIES,
 };

@@ -221,11 +221,18 @@ impl Default for Builder {
 }
 
 impl Builder {
-    /// The most user threads that may live at once (default: one per 16 KiB
-    /// of physical memory, at least 65 536). A spawn beyond it fails with
-    /// [`SpawnError::ThreadLimit`], or waits with `spawn_wait`. Each thread
+    /// The most user threads that may live at once outside the cores'
+    /// dispatch slots (default: one per 16 KiB of physical memory, at least
+    /// 65 536). A spawn beyond it fails with [`SpawnError::ThreadLimit`],
+    /// or waits with `spawn_wait` (or `wait_at_limit`). Each thread
     /// reserves a stack of `stack_size` bytes of address space; only the
     /// pages it touches use memory.
+    ///
+    /// The limit bounds memory, so it counts the thread contexts made
+    /// beyond the 56 each core keeps in its slots (those exist once, are
+    /// reused, and counting them would put a shared counter on every
+    /// spawn): up to 56 threads per core more than `n` may live, and a
+    /// small `n` is a limit on threads that wait, not on all of them.
     ///
     /// ```
     /// let rt = corewise::Runtime::builder().max_threads(1_000_000).build().unwrap();
