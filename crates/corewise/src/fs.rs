@@ -30,7 +30,6 @@ use std::io::{self, IoSlice, IoSliceMut, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::time::Instant;
 
 /// How to open a file, as `std::fs::OpenOptions`.
 ///
@@ -304,12 +303,6 @@ impl File {
         OpenOptions::new()
     }
 
-    fn run_read(&self, kind: Kind) -> io::Result<usize> {
-        let deadline = self.state.read_timeout().map(|d| Instant::now() + d);
-        // SAFETY: every caller passes buffers borrowed for the whole call.
-        unsafe { op::run(kind, deadline, None) }
-    }
-
     /// Reads at the file position, advancing it.
     ///
     /// ```
@@ -385,7 +378,8 @@ impl File {
             len: buf.len(),
             off: Some(offset),
         };
-        self.run_read(kind)
+        // SAFETY: `buf` is borrowed for the whole call.
+        unsafe { self.state.read(kind) }
     }
 
     /// Writes at `offset` without moving the file position.
@@ -590,6 +584,8 @@ impl File {
     /// assert_eq!(f.read(&mut [0u8; 2]).unwrap(), 2);
     /// c.cancel(); // from any thread; later calls fail too
     /// let err = f.read(&mut [0u8; 2]).unwrap_err();
+    /// assert!(corewise::io::is_cancelled(&err));
+    /// let err = f.read_at(&mut [0u8; 2], 0).unwrap_err();
     /// assert!(corewise::io::is_cancelled(&err));
     /// std::fs::remove_file(&p).unwrap();
     /// ```

@@ -58,8 +58,9 @@ pub struct Token(pub usize);
 pub enum Completion {
     /// An accept: the new connection and its peer.
     Accepted(io::Result<(TcpStream, SocketAddr)>),
-    /// A read: bytes read (0 at end of stream) and the buffer, whose first
-    /// that many bytes hold them.
+    /// A read: bytes read (0 at end of stream) and the buffer, cut to the
+    /// bytes read when it succeeded (its capacity kept, so `resize` it
+    /// before reading into it again); handed back whole after an error.
     Read(io::Result<usize>, Vec<u8>),
     /// A write: bytes written and the buffer, handed back.
     Written(io::Result<usize>, Vec<u8>),
