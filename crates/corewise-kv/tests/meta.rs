@@ -168,6 +168,16 @@ fn run(mode: &str) {
              CLIENT_ERROR bad token in command line format\r\nHD t-1\r\n"
         ),
     );
+    // A key token over 250 bytes, base64 or not, is a bad command line;
+    // ms then skips no data block (it is read as a command).
+    let k251 = "k".repeat(251);
+    let b252 = "QUJD".repeat(63);
+    check(
+        &format!("ms {k251} 1\r\nx\r\nms {b252} 1 b\r\nx\r\nmg {b252} b v\r\nmd {b252} b\r\n"),
+        "CLIENT_ERROR bad command line format\r\nERROR\r\n\
+         CLIENT_ERROR bad command line format\r\nERROR\r\n\
+         CLIENT_ERROR bad command line format\r\nCLIENT_ERROR bad command line format\r\n",
+    );
     // 17 flags are read, 18 are too many (17 for ms, whose data block is
     // then read as a command).
     let f17 = "v c f h k l s t u O1 T1 N1 R1 q P L Zz";

@@ -476,6 +476,12 @@ impl Decoder {
         let (Some(key), Some(len)) = (toks.next_token(), toks.next_token()) else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
+        // memcached checks the key's length before it reads the data
+        // length: a key token over 250 bytes skips nothing, and the data
+        // block is read as a command.
+        if key.len() > KEY_MAX {
+            return (0, Decoded::Error(ProtoError::BadFormat));
+        }
         // A length memcached's int32 cannot hold with its CRLF is a bad
         // command line (nothing is skipped), as for `set`.
         let Some(len) = parse_num::<i64>(len)
@@ -535,7 +541,8 @@ fn decoded_len(key: &[u8]) -> usize {
 
 fn meta_key_ok(key: &[u8], base64: bool) -> bool {
     if base64 {
-        !key.is_empty() && key.len() <= KEY_MAX.div_ceil(3) * 4
+        // memcached limits the key token as sent, encoded or not.
+        !key.is_empty() && key.len() <= KEY_MAX
     } else {
         key_ok(key)
     }
