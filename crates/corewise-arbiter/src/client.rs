@@ -40,6 +40,14 @@ use crate::shm::{SharedPageReader, ShmError};
 use crate::topology::CoreId;
 
 /// Errors seen by clients.
+///
+/// ```
+/// use corewise_arbiter::client::{Client, ClientError};
+/// let nowhere = std::env::temp_dir().join(format!("no-arbiter-{}.sock", std::process::id()));
+/// let err = Client::connect(&nowhere).err().unwrap();
+/// assert!(matches!(err, ClientError::Connect { .. }));
+/// assert!(err.to_string().starts_with("cannot connect to the core arbiter"));
+/// ```
 #[derive(Debug, Error)]
 pub enum ClientError {
     /// Could not connect to the daemon's socket.
@@ -185,12 +193,107 @@ struct Inner {
 
 /// A connection of one application to the daemon. Cheap to clone; share it
 /// with every kernel thread.
+///
+/// ```
+/// # // Two CPUs this thread may run on that are not hyperthreads of one core
+/// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+/// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+/// #     use corewise_arbiter::topology::{CpuList, Topology};
+/// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+/// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+/// #     let topo = Topology::read(&allowed);
+/// #     let first = allowed.cores().next()?;
+/// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+/// #     Some([first, other].into_iter().collect())
+/// # }
+/// # // An in-process daemon on a temporary socket with the affinity-only
+/// # // backend (no cgroups, no root needed).
+/// # fn test_daemon(
+/// #     name: &str,
+/// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+/// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+/// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+/// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+/// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+/// #     let mut opts = Options {
+/// #         socket: socket.clone(),
+/// #         backend: Backend::Affinity,
+/// #         cpus: Some(cpus),
+/// #         warm_window: std::time::Duration::ZERO,
+/// #         ..Options::default()
+/// #     };
+/// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// #     tune(&mut opts);
+/// #     Ok(Some((spawn(opts)?, socket)))
+/// # }
+/// use corewise_arbiter::client::Client;
+/// # let Some((daemon, socket)) = test_daemon("client", |_| {})? else { return Ok(()) };
+/// // `socket`: where a daemon listens (here one started in-process).
+/// let app = Client::connect(&socket)?;
+/// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+/// let worker = app.clone();
+/// let held = std::thread::spawn(move || -> Result<Vec<u32>, corewise_arbiter::ClientError> {
+///     let mut me = worker.thread()?;
+///     let core = me.block_until_core_available()?;
+///     assert_eq!(rustix::thread::sched_getcpu() as u32, core);
+///     Ok(worker.owned_cores())
+/// })
+/// .join()
+/// .unwrap()?;
+/// assert_eq!(held.len(), 1);
+/// # drop(app);
+/// # daemon.stop()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
 }
 
 /// The daemon's answer to [`Client::set_requested_cores`].
+///
+/// ```
+/// # // Two CPUs this thread may run on that are not hyperthreads of one core
+/// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+/// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+/// #     use corewise_arbiter::topology::{CpuList, Topology};
+/// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+/// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+/// #     let topo = Topology::read(&allowed);
+/// #     let first = allowed.cores().next()?;
+/// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+/// #     Some([first, other].into_iter().collect())
+/// # }
+/// # // An in-process daemon on a temporary socket with the affinity-only
+/// # // backend (no cgroups, no root needed).
+/// # fn test_daemon(
+/// #     name: &str,
+/// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+/// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+/// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+/// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+/// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+/// #     let mut opts = Options {
+/// #         socket: socket.clone(),
+/// #         backend: Backend::Affinity,
+/// #         cpus: Some(cpus),
+/// #         warm_window: std::time::Duration::ZERO,
+/// #         ..Options::default()
+/// #     };
+/// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// #     tune(&mut opts);
+/// #     Ok(Some((spawn(opts)?, socket)))
+/// # }
+/// use corewise_arbiter::client::{Client, RequestAck};
+/// # let Some((daemon, socket)) = test_daemon("ack", |o| o.config.defaults.max_cores = 2)? else { return Ok(()) };
+/// // The daemon on `socket` lets this user hold 2 cores.
+/// let app = Client::connect(&socket)?;
+/// let ack = app.set_requested_cores([0, 1, 0, 3, 0, 0, 0, 0])?;
+/// assert_eq!(ack, RequestAck { effective: [0, 1, 0, 1, 0, 0, 0, 0], clipped: true });
+/// # drop(app);
+/// # daemon.stop()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestAck {
     /// The request as applied, after the user's limits.
@@ -211,6 +314,51 @@ pub fn connect(socket_path: impl AsRef<Path>) -> Result<Client, ClientError> {
 
 impl Client {
     /// Registers a new application with the daemon.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// use corewise_arbiter::client::Client;
+    /// # let Some((daemon, socket)) = test_daemon("connect", |_| {})? else { return Ok(()) };
+    /// // `socket`: where a daemon listens (here one started in-process).
+    /// let app = Client::connect(&socket)?;
+    /// assert!(app.is_connected());
+    /// assert!(app.owned_cores().is_empty());
+    /// let table = corewise_arbiter::client::status(&socket)?;
+    /// assert!(table.iter().any(|e| e.pid == std::process::id()));
+    /// # drop(app);
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connect(socket_path: impl AsRef<Path>) -> Result<Self, ClientError> {
         let path = socket_path.as_ref().to_path_buf();
         let mut control = Conn::open(&path)?;
@@ -236,6 +384,50 @@ impl Client {
     /// Sets how many cores the application wants at each priority level
     /// (index 0 is the highest priority). Returns the request as the daemon
     /// applies it; `clipped` says the user's limits cut it.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("request", |o| o.config.defaults.max_cores = 1)? else { return Ok(()) };
+    /// // The daemon on `socket` lets this user hold 1 core.
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// let ack = app.set_requested_cores([0, 0, 2, 0, 0, 0, 0, 0])?;
+    /// assert_eq!(ack.effective, [0, 0, 1, 0, 0, 0, 0, 0]);
+    /// assert!(ack.clipped);
+    /// assert!(!app.set_requested_cores([0; 8])?.clipped);
+    /// # drop(app);
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_requested_cores(
         &self,
         counts: [u32; PRIORITY_LEVELS],
@@ -255,6 +447,48 @@ impl Client {
     /// Opens the per-kernel-thread socket. Call it on the kernel thread that
     /// will later call [`CoreThread::block_until_core_available`]: the daemon
     /// confines the calling thread's id.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("thread", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// let me = app.thread()?; // on the kernel thread that will use the core
+    /// assert_eq!(me.tid(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// assert_eq!(me.core(), None);
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn thread(&self) -> Result<CoreThread, ClientError> {
         let mut conn = Conn::open(&self.inner.path)?;
         let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
@@ -276,21 +510,205 @@ impl Client {
     }
 
     /// Cores currently granted to this application (read from shared memory).
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("owned", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// let core = me.block_until_core_available()?;
+    /// assert_eq!(app.owned_cores(), vec![core]);
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn owned_cores(&self) -> Vec<CoreId> {
         self.inner.shm.granted_cores()
     }
 
     /// A core the daemon wants back, if any.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("to-release", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// let core = me.block_until_core_available()?;
+    /// assert_eq!(app.core_to_release(), None);
+    /// app.set_requested_cores([0; 8])?; // wants no core any more
+    /// assert_eq!(app.core_to_release(), Some(core));
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn core_to_release(&self) -> Option<CoreId> {
         self.inner.shm.core_to_release()
     }
 
     /// Number of cores the daemon wants back.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("release-count", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// me.block_until_core_available()?;
+    /// assert_eq!(app.release_count(), 0);
+    /// app.set_requested_cores([0; 8])?;
+    /// assert_eq!(app.release_count(), 1);
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn release_count(&self) -> u32 {
         self.inner.shm.release_count()
     }
 
     /// How many times a core was taken from this application by force.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// use std::time::{Duration, Instant};
+    /// # let Some((daemon, socket)) = test_daemon("preempted-count", |o| o.reclaim_timeout = Duration::from_millis(1))? else { return Ok(()) };
+    /// // The daemon on `socket` takes a core by force 1 ms after asking for it.
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// me.block_until_core_available()?;
+    /// app.set_requested_cores([0; 8])?; // ... and the thread does not release it
+    /// let t0 = Instant::now();
+    /// while app.preempted_count() == 0 {
+    ///     assert!(t0.elapsed() < Duration::from_secs(10), "never preempted");
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// }
+    /// assert_eq!(app.preempted_count(), 1);
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn preempted_count(&self) -> u32 {
         self.inner.shm.preempted()
     }
@@ -336,12 +754,100 @@ impl Client {
     }
 
     /// Whether the daemon announced it is exiting.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("shutting-down", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// assert!(!app.daemon_shutting_down());
+    /// daemon.stop()?;
+    /// assert!(app.daemon_shutting_down());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn daemon_shutting_down(&self) -> bool {
         self.inner.shm.shutdown()
     }
 }
 
 /// One kernel thread's connection: it sleeps here while it has no core.
+///
+/// ```
+/// # // Two CPUs this thread may run on that are not hyperthreads of one core
+/// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+/// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+/// #     use corewise_arbiter::topology::{CpuList, Topology};
+/// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+/// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+/// #     let topo = Topology::read(&allowed);
+/// #     let first = allowed.cores().next()?;
+/// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+/// #     Some([first, other].into_iter().collect())
+/// # }
+/// # // An in-process daemon on a temporary socket with the affinity-only
+/// # // backend (no cgroups, no root needed).
+/// # fn test_daemon(
+/// #     name: &str,
+/// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+/// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+/// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+/// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+/// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+/// #     let mut opts = Options {
+/// #         socket: socket.clone(),
+/// #         backend: Backend::Affinity,
+/// #         cpus: Some(cpus),
+/// #         warm_window: std::time::Duration::ZERO,
+/// #         ..Options::default()
+/// #     };
+/// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// #     tune(&mut opts);
+/// #     Ok(Some((spawn(opts)?, socket)))
+/// # }
+/// # let Some((daemon, socket)) = test_daemon("core-thread", |_| {})? else { return Ok(()) };
+/// let app = corewise_arbiter::connect(&socket)?;
+/// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+/// let mut me = app.thread()?;
+/// let core = me.block_until_core_available()?;
+/// // Run on `core` until the daemon wants it back.
+/// assert!(!me.must_release_core());
+/// app.set_requested_cores([0; 8])?;
+/// assert!(me.must_release_core());
+/// drop(me); // gives the core back
+/// # let _ = core;
+/// # drop(app);
+/// # daemon.stop()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct CoreThread {
     client: Client,
     conn: Conn,
@@ -353,6 +859,51 @@ pub struct CoreThread {
 impl CoreThread {
     /// Gives back the core this thread holds (if any) and sleeps until the
     /// daemon grants one; returns with the thread confined to that core.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("block", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// let core = me.block_until_core_available()?;
+    /// // The calling thread now runs on the granted core only.
+    /// assert_eq!(rustix::thread::sched_getcpu() as u32, core);
+    /// assert_eq!(me.core(), Some(core));
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn block_until_core_available(&mut self) -> Result<CoreId, ClientError> {
         self.core = None;
         self.conn.send(&Request::BlockUntilCoreAvailable)?;
@@ -411,6 +962,52 @@ impl CoreThread {
     /// Whether this thread must give its core back (shared-memory reads, no
     /// system call): the daemon asks for it, has already taken it by force
     /// (the thread then runs in the unmanaged set), or is shutting down.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("must-release", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// assert!(!me.must_release_core()); // holds nothing yet
+    /// me.block_until_core_available()?;
+    /// assert!(!me.must_release_core());
+    /// app.set_requested_cores([0; 8])?;
+    /// assert!(me.must_release_core());
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn must_release_core(&self) -> bool {
         match self.core {
@@ -420,6 +1017,57 @@ impl CoreThread {
     }
 
     /// Whether the core granted last was taken by force (a shared-memory read).
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// use std::time::{Duration, Instant};
+    /// # let Some((daemon, socket)) = test_daemon("was-preempted", |o| o.reclaim_timeout = Duration::from_millis(1))? else { return Ok(()) };
+    /// // The daemon on `socket` takes a core by force 1 ms after asking for it.
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// me.block_until_core_available()?;
+    /// assert!(!me.was_preempted());
+    /// app.set_requested_cores([0; 8])?; // the thread keeps running: taken by force
+    /// let t0 = Instant::now();
+    /// while !me.was_preempted() {
+    ///     assert!(t0.elapsed() < Duration::from_secs(10), "never preempted");
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// }
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn was_preempted(&self) -> bool {
         self.core
             .is_some_and(|c| self.client.inner.shm.holder(c) != self.tid)
@@ -427,21 +1075,204 @@ impl CoreThread {
 
     /// Core held since the last grant, as far as this thread knows (see
     /// [`Self::was_preempted`] for a forced reclaim).
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("core", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// assert_eq!(me.core(), None);
+    /// let granted = me.block_until_core_available()?;
+    /// assert_eq!(me.core(), Some(granted));
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn core(&self) -> Option<CoreId> {
         self.core
     }
 
     /// Linux thread id registered with the daemon.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("tid", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// let me = app.thread()?;
+    /// let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+    /// assert_eq!(me.tid(), tid);
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn tid(&self) -> u32 {
         self.tid
     }
 
     /// Forced reclaims this thread has been told about.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// use std::time::{Duration, Instant};
+    /// # let Some((daemon, socket)) = test_daemon("preempted", |o| o.reclaim_timeout = Duration::from_millis(1))? else { return Ok(()) };
+    /// // The daemon on `socket` takes a core by force 1 ms after asking for it.
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// me.block_until_core_available()?;
+    /// app.set_requested_cores([0; 8])?; // the thread keeps running: taken by force
+    /// let t0 = Instant::now();
+    /// while !me.was_preempted() {
+    ///     assert!(t0.elapsed() < Duration::from_secs(10), "never preempted");
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// }
+    /// assert_eq!(me.preempted(), 0); // not told yet
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// me.block_until_core_available()?; // reads the notice, then the new grant
+    /// assert_eq!(me.preempted(), 1);
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn preempted(&self) -> u32 {
         self.preempted
     }
 
     /// The application this thread belongs to.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("thread-client", |_| {})? else { return Ok(()) };
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// app.set_requested_cores([1, 0, 0, 0, 0, 0, 0, 0])?;
+    /// let mut me = app.thread()?;
+    /// let core = me.block_until_core_available()?;
+    /// assert_eq!(me.client().owned_cores(), vec![core]);
+    /// # drop((me, app));
+    /// # daemon.stop()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn client(&self) -> &Client {
         &self.client
     }
@@ -487,6 +1318,48 @@ pub fn status(socket_path: impl AsRef<Path>) -> Result<Vec<StatusEntry>, ClientE
 
 /// Sends raw bytes on a new connection (diagnostics and tests of the daemon's
 /// validation); returns whether the daemon closed the connection afterwards.
+///
+/// ```
+/// # // Two CPUs this thread may run on that are not hyperthreads of one core
+/// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+/// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+/// #     use corewise_arbiter::topology::{CpuList, Topology};
+/// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+/// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+/// #     let topo = Topology::read(&allowed);
+/// #     let first = allowed.cores().next()?;
+/// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+/// #     Some([first, other].into_iter().collect())
+/// # }
+/// # // An in-process daemon on a temporary socket with the affinity-only
+/// # // backend (no cgroups, no root needed).
+/// # fn test_daemon(
+/// #     name: &str,
+/// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+/// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+/// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+/// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+/// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+/// #     let mut opts = Options {
+/// #         socket: socket.clone(),
+/// #         backend: Backend::Affinity,
+/// #         cpus: Some(cpus),
+/// #         warm_window: std::time::Duration::ZERO,
+/// #         ..Options::default()
+/// #     };
+/// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// #     tune(&mut opts);
+/// #     Ok(Some((spawn(opts)?, socket)))
+/// # }
+/// use corewise_arbiter::client::send_raw;
+/// # let Some((daemon, socket)) = test_daemon("send-raw", |_| {})? else { return Ok(()) };
+/// // The daemon on `socket` drops a client that sends garbage.
+/// assert!(send_raw(&socket, b"GET / HTTP/1.1\r\n\r\n")?);
+/// // ... and still serves the others.
+/// assert!(corewise_arbiter::client::status(&socket).is_ok());
+/// # daemon.stop()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn send_raw(socket_path: impl AsRef<Path>, bytes: &[u8]) -> Result<bool, ClientError> {
     let mut c = Conn::open(socket_path.as_ref())?;
     let _ = c.stream.write_vectored(&[IoSlice::new(bytes)]);
