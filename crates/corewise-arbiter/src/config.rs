@@ -35,6 +35,14 @@ use thiserror::Error;
 use crate::protocol::PRIORITY_LEVELS;
 
 /// Errors loading a config file.
+///
+/// ```
+/// use corewise_arbiter::config::{Config, ConfigError};
+/// assert!(matches!(Config::parse("[defaults]\nmax_priority = 8\n"), Err(ConfigError::Invalid(_))));
+/// assert!(matches!(Config::parse("[defaults\n"), Err(ConfigError::Parse(_))));
+/// let missing = std::env::temp_dir().join(format!("no-such-config-{}.toml", std::process::id()));
+/// assert!(matches!(Config::load(&missing), Err(ConfigError::Io { .. })));
+/// ```
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The file could not be read.
@@ -54,6 +62,15 @@ pub enum ConfigError {
 }
 
 /// Limits applying to one user (all of its applications together).
+///
+/// ```
+/// use corewise_arbiter::config::Config;
+/// let c = Config::parse("[defaults]\nmax_cores = 4\nmax_priority = 2\n").unwrap();
+/// let l = c.limits_for(12345);
+/// assert_eq!((l.max_cores, l.max_priority), (4, 2));
+/// // Fields left out keep their defaults.
+/// assert_eq!(l.max_apps, corewise_arbiter::config::DEFAULT_MAX_APPS);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
@@ -79,11 +96,27 @@ pub struct Limits {
 
 /// Default of [`Limits::max_connections`]: every application and kernel
 /// thread allowed by the other two defaults, plus room for status queries.
+///
+/// ```
+/// use corewise_arbiter::config::{Limits, DEFAULT_MAX_CONNECTIONS};
+/// assert_eq!(Limits::default().max_connections, DEFAULT_MAX_CONNECTIONS);
+/// ```
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 1200;
 /// Default of [`Limits::max_apps`].
+///
+/// ```
+/// use corewise_arbiter::config::{Config, DEFAULT_MAX_APPS};
+/// let c = Config::parse("[defaults]\nmax_cores = 2\n").unwrap();
+/// assert_eq!(c.defaults.max_apps, DEFAULT_MAX_APPS);
+/// ```
 pub const DEFAULT_MAX_APPS: u32 = 64;
 /// Default of [`Limits::max_threads`] (one per kernel thread that may hold
 /// a core; a runtime needs at most one per managed core and application).
+///
+/// ```
+/// use corewise_arbiter::config::{Limits, DEFAULT_MAX_THREADS};
+/// assert_eq!(Limits::default().max_threads, DEFAULT_MAX_THREADS);
+/// ```
 pub const DEFAULT_MAX_THREADS: u32 = 1024;
 
 fn default_max_cores() -> u32 {
@@ -118,6 +151,13 @@ impl Default for Limits {
 /// and the members of `corewise` may use the arbiter until the administrator
 /// decides otherwise (the per-user limits still apply to everyone who may
 /// connect).
+///
+/// ```
+/// use corewise_arbiter::config::Config;
+/// let c = Config::parse("[socket]\nowner = \"0\"\ngroup = \"0\"\nmode = 0o666\n").unwrap();
+/// assert_eq!(c.socket.mode, Some(0o666));
+/// assert_eq!(c.socket.resolve().unwrap().mode, 0o666);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SocketConfig {
@@ -131,11 +171,31 @@ pub struct SocketConfig {
 }
 
 /// Default group of the socket when it exists.
+///
+/// ```
+/// use corewise_arbiter::config::{group_id, SocketConfig, DEFAULT_SOCKET_GROUP};
+/// let a = SocketConfig::default().resolve().unwrap();
+/// // The group `corewise` where it exists, else the daemon's own group.
+/// let expected = group_id(DEFAULT_SOCKET_GROUP).unwrap_or_else(|| rustix::process::getegid().as_raw());
+/// assert_eq!(a.gid, expected);
+/// ```
 pub const DEFAULT_SOCKET_GROUP: &str = "corewise";
 /// Default mode of the socket.
+///
+/// ```
+/// use corewise_arbiter::config::{SocketConfig, DEFAULT_SOCKET_MODE};
+/// assert_eq!(SocketConfig::default().resolve().unwrap().mode, DEFAULT_SOCKET_MODE);
+/// assert_eq!(DEFAULT_SOCKET_MODE & 0o007, 0); // no access for others
+/// ```
 pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
 
 /// The socket's owner, group and mode after defaults and name look-ups.
+///
+/// ```
+/// use corewise_arbiter::config::{SocketAccess, SocketConfig};
+/// let s = SocketConfig { owner: Some("0".into()), group: Some("0".into()), mode: None };
+/// assert_eq!(s.resolve().unwrap(), SocketAccess { uid: 0, gid: 0, mode: 0o660 });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SocketAccess {
     /// Owner uid.
@@ -187,6 +247,14 @@ impl SocketConfig {
 }
 
 /// The whole config file.
+///
+/// ```
+/// use corewise_arbiter::config::Config;
+/// let c = Config::parse("[defaults]\nmax_cores = 8\n[users.\"1000\"]\nmax_cores = 1\n").unwrap();
+/// assert_eq!(c.defaults.max_cores, 8);
+/// assert_eq!(c.users["1000"].max_cores, 1);
+/// assert_eq!(Config::default().users.len(), 0);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -202,6 +270,13 @@ pub struct Config {
 }
 
 /// The outcome of applying limits to a request.
+///
+/// ```
+/// use corewise_arbiter::config::{Clipped, Limits};
+/// let l = Limits { max_cores: 2, ..Limits::default() };
+/// assert_eq!(l.clip([1, 0, 0, 0, 0, 0, 0, 0]), Clipped { effective: [1, 0, 0, 0, 0, 0, 0, 0], clipped: false });
+/// assert_eq!(l.clip([0, 3, 0, 0, 0, 0, 0, 0]), Clipped { effective: [0, 2, 0, 0, 0, 0, 0, 0], clipped: true });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Clipped {
     /// The request as it will be applied.
@@ -265,6 +340,16 @@ impl Config {
     }
 
     /// Reads and parses a file.
+    ///
+    /// ```
+    /// use corewise_arbiter::config::Config;
+    /// let path = std::env::temp_dir().join(format!("arbiter-config-doc-{}.toml", std::process::id()));
+    /// std::fs::write(&path, "[defaults]\nmax_cores = 3\n")?;
+    /// let c = Config::load(&path)?;
+    /// assert_eq!(c.limits_for(4242).max_cores, 3);
+    /// std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: path.display().to_string(),
@@ -275,6 +360,14 @@ impl Config {
 
     /// Limits for `uid`: a numeric key first, then the user's name from
     /// /etc/passwd, then the defaults.
+    ///
+    /// ```
+    /// use corewise_arbiter::config::Config;
+    /// let c = Config::parse("[defaults]\nmax_cores = 4\n[users.root]\nmax_cores = 1\n[users.\"4242\"]\nmax_cores = 2\n").unwrap();
+    /// assert_eq!(c.limits_for(0).max_cores, 1); // by name from /etc/passwd
+    /// assert_eq!(c.limits_for(4242).max_cores, 2); // by number
+    /// assert_eq!(c.limits_for(4243).max_cores, 4); // the defaults
+    /// ```
     pub fn limits_for(&self, uid: u32) -> Limits {
         if let Some(l) = self.users.get(&uid.to_string()) {
             return *l;
@@ -303,6 +396,12 @@ fn id_entries(file: &str) -> Vec<(String, u32)> {
 }
 
 /// Looks a user name up in /etc/passwd (no NSS: the daemon stays simple).
+///
+/// ```
+/// use corewise_arbiter::config::user_name;
+/// assert_eq!(user_name(0).as_deref(), Some("root"));
+/// assert_eq!(user_name(u32::MAX - 7), None);
+/// ```
 pub fn user_name(uid: u32) -> Option<String> {
     id_entries("/etc/passwd")
         .into_iter()
