@@ -15,9 +15,24 @@ use thiserror::Error;
 
 /// CPU ids at or above this value are rejected by the parser (Linux's
 /// `CONFIG_NR_CPUS` tops out at 8192; this leaves room).
+///
+/// ```
+/// use corewise_arbiter::cpulist::{CpuList, MAX_CPU_ID};
+/// let mut l = CpuList::new();
+/// assert!(!l.insert(MAX_CPU_ID));
+/// assert!(l.insert(MAX_CPU_ID - 1));
+/// assert!(format!("0-{MAX_CPU_ID}").parse::<CpuList>().is_err());
+/// ```
 pub const MAX_CPU_ID: usize = 1 << 16;
 
 /// Why a CPU list could not be parsed.
+///
+/// ```
+/// use corewise_arbiter::cpulist::{CpuList, CpuListError};
+/// assert_eq!(CpuList::parse("4-2"), Err(CpuListError::Reversed { start: 4, end: 2 }));
+/// assert!(matches!(CpuList::parse("0,x"), Err(CpuListError::Invalid(_))));
+/// assert!(matches!(CpuList::parse("70000"), Err(CpuListError::OutOfRange(_))));
+/// ```
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CpuListError {
@@ -57,6 +72,13 @@ pub struct CpuList {
 
 impl CpuList {
     /// The empty list.
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// let l = CpuList::new();
+    /// assert!(l.is_empty());
+    /// assert_eq!(l.to_string(), "");
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
@@ -97,6 +119,14 @@ impl CpuList {
 
     /// Adds `cpu`; returns false (and adds nothing) if it is at or above
     /// [`MAX_CPU_ID`].
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// let mut l = CpuList::new();
+    /// assert!(l.insert(2));
+    /// assert!(l.insert(100));
+    /// assert_eq!(l.to_string(), "2,100");
+    /// ```
     pub fn insert(&mut self, cpu: usize) -> bool {
         if cpu >= MAX_CPU_ID {
             return false;
@@ -110,6 +140,14 @@ impl CpuList {
     }
 
     /// Removes `cpu` (if present).
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// let mut l: CpuList = "0-2".parse().unwrap();
+    /// l.remove(1);
+    /// l.remove(7); // not in the list: nothing happens
+    /// assert_eq!(l.to_string(), "0,2");
+    /// ```
     pub fn remove(&mut self, cpu: usize) {
         if let Some(w) = self.words.get_mut(cpu / 64) {
             *w &= !(1 << (cpu % 64));
@@ -120,6 +158,13 @@ impl CpuList {
     }
 
     /// Whether `cpu` is in the list.
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// let l: CpuList = "1,4-5".parse().unwrap();
+    /// assert!(l.contains(4));
+    /// assert!(!l.contains(2) && !l.contains(1000));
+    /// ```
     pub fn contains(&self, cpu: usize) -> bool {
         self.words
             .get(cpu / 64)
@@ -127,16 +172,38 @@ impl CpuList {
     }
 
     /// Number of CPUs in the list.
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// assert_eq!("0-3,8".parse::<CpuList>().unwrap().len(), 5);
+    /// assert_eq!(CpuList::new().len(), 0);
+    /// ```
     pub fn len(&self) -> usize {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
     /// Whether the list is empty.
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// let mut l: CpuList = "3".parse().unwrap();
+    /// assert!(!l.is_empty());
+    /// l.remove(3);
+    /// assert!(l.is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.words.iter().all(|&w| w == 0)
     }
 
     /// The CPUs in both lists.
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// let a: CpuList = "0-5".parse().unwrap();
+    /// let b: CpuList = "4-9".parse().unwrap();
+    /// assert_eq!(a.intersection(&b).to_string(), "4-5");
+    /// assert!(a.intersection(&CpuList::new()).is_empty());
+    /// ```
     pub fn intersection(&self, other: &CpuList) -> CpuList {
         let mut words: Vec<u64> = self
             .words
@@ -151,6 +218,15 @@ impl CpuList {
     }
 
     /// Whether every CPU of `self` is in `other`.
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// let all: CpuList = "0-7".parse().unwrap();
+    /// let some: CpuList = "2,5".parse().unwrap();
+    /// assert!(some.is_subset(&all));
+    /// assert!(!all.is_subset(&some));
+    /// assert!(CpuList::new().is_subset(&some));
+    /// ```
     pub fn is_subset(&self, other: &CpuList) -> bool {
         self.words
             .iter()
@@ -159,6 +235,12 @@ impl CpuList {
     }
 
     /// The CPUs in ascending order.
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// let l: CpuList = "7,1-2".parse().unwrap();
+    /// assert_eq!(l.iter().collect::<Vec<usize>>(), vec![1, 2, 7]);
+    /// ```
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         self.words.iter().enumerate().flat_map(|(i, &w)| {
             (0..64)
@@ -169,11 +251,22 @@ impl CpuList {
 
     /// The CPUs in ascending order as the arbiter's protocol numbers them
     /// ([`CoreId`](crate::CoreId)).
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// let l: CpuList = "0,3".parse().unwrap();
+    /// assert_eq!(l.cores().collect::<Vec<u32>>(), vec![0, 3]);
+    /// ```
     pub fn cores(&self) -> impl Iterator<Item = u32> + '_ {
         self.iter().map(|c| c as u32)
     }
 
     /// The CPUs in ascending order, collected.
+    ///
+    /// ```
+    /// use corewise_arbiter::cpulist::CpuList;
+    /// assert_eq!("2-4".parse::<CpuList>().unwrap().to_vec(), vec![2, 3, 4]);
+    /// ```
     pub fn to_vec(&self) -> Vec<usize> {
         self.iter().collect()
     }
