@@ -33,6 +33,24 @@ use crate::warm::WarmCores;
 use state::{ConnId, State};
 
 /// Which fencing backend to use.
+///
+/// ```
+/// use corewise_arbiter::daemon::{spawn, Backend, DaemonError, Options};
+/// assert_eq!(Options::default().backend, Backend::Auto);
+/// // An explicit cgroup backend fails to start where its hierarchy is missing
+/// // (Auto would try the others, then refuse or fall back to Affinity).
+/// let socket = std::env::temp_dir().join(format!("arbiter-backend-doc-{}.sock", std::process::id()));
+/// let mut opts = Options {
+///     socket: socket.clone(),
+///     backend: Backend::CgroupV1,
+///     cgroup_root: Some("/nonexistent/corewise".into()),
+///     cpus: Some("0-1".parse().unwrap()),
+///     ..Options::default()
+/// };
+/// opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// assert!(matches!(spawn(opts), Err(DaemonError::Fence(_))));
+/// assert!(!socket.exists());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// cgroup v1 if writable, else v2, else affinity.
@@ -46,6 +64,61 @@ pub enum Backend {
 }
 
 /// Daemon settings (the `run` command line).
+///
+/// ```
+/// # // Two CPUs this thread may run on that are not hyperthreads of one core
+/// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+/// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+/// #     use corewise_arbiter::topology::{CpuList, Topology};
+/// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+/// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+/// #     let topo = Topology::read(&allowed);
+/// #     let first = allowed.cores().next()?;
+/// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+/// #     Some([first, other].into_iter().collect())
+/// # }
+/// # // An in-process daemon on a temporary socket with the affinity-only
+/// # // backend (no cgroups, no root needed).
+/// # fn test_daemon(
+/// #     name: &str,
+/// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+/// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+/// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+/// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+/// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+/// #     let mut opts = Options {
+/// #         socket: socket.clone(),
+/// #         backend: Backend::Affinity,
+/// #         cpus: Some(cpus),
+/// #         warm_window: std::time::Duration::ZERO,
+/// #         ..Options::default()
+/// #     };
+/// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// #     tune(&mut opts);
+/// #     Ok(Some((spawn(opts)?, socket)))
+/// # }
+/// use corewise_arbiter::daemon::{spawn, Backend, Options};
+/// use std::time::Duration;
+/// # let Some(cpus) = two_cpus() else { return Ok(()) };
+/// let socket = std::env::temp_dir().join(format!("arbiter-options-doc-{}.sock", std::process::id()));
+/// let mut opts = Options {
+///     socket: socket.clone(),
+///     backend: Backend::Affinity,
+///     cpus: Some(cpus), // two CPUs: one stays unmanaged, one is managed
+///     reclaim_timeout: Duration::from_millis(5),
+///     warm_window: Duration::ZERO,
+///     ..Options::default()
+/// };
+/// opts.config.defaults.max_cores = 1;
+/// opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// let daemon = spawn(opts)?;
+/// let app = corewise_arbiter::connect(&socket)?;
+/// // The per-user limit from `config` clips the request.
+/// assert!(app.set_requested_cores([3, 0, 0, 0, 0, 0, 0, 0])?.clipped);
+/// drop(app);
+/// daemon.stop()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Listening socket path.
@@ -104,13 +177,48 @@ impl Default for Options {
 }
 
 /// Default socket path.
+///
+/// ```
+/// use corewise_arbiter::daemon::{Options, DEFAULT_SOCKET};
+/// assert_eq!(Options::default().socket, std::path::Path::new(DEFAULT_SOCKET));
+/// ```
 pub const DEFAULT_SOCKET: &str = "/run/corewise-arbiter.sock";
 /// Default cgroup v1 cpuset mount.
+///
+/// ```
+/// use corewise_arbiter::daemon::{DEFAULT_V1_ROOT, DEFAULT_V2_ROOT};
+/// use corewise_arbiter::fence::{CgroupVersion, CpusetHierarchy};
+/// // Where the automatic backend looks, v1 first.
+/// if let Some(h) = CpusetHierarchy::detect() {
+///     let expected = if h.version == CgroupVersion::V1 { DEFAULT_V1_ROOT } else { DEFAULT_V2_ROOT };
+///     assert_eq!(h.root, std::path::Path::new(expected));
+/// }
+/// assert!(std::path::Path::new(DEFAULT_V1_ROOT).ends_with("cpuset"));
+/// ```
 pub const DEFAULT_V1_ROOT: &str = "/sys/fs/cgroup/cpuset";
 /// Default cgroup v2 mount.
+///
+/// ```
+/// use corewise_arbiter::daemon::DEFAULT_V2_ROOT;
+/// use corewise_arbiter::fence::{CgroupVersion, CpusetHierarchy};
+/// // Without a v1 cpuset mount, the v2 root is the hierarchy when it hands
+/// // children the cpuset controller.
+/// let none = std::path::Path::new("/nonexistent");
+/// let h = CpusetHierarchy::detect_at(none, std::path::Path::new(DEFAULT_V2_ROOT));
+/// assert!(h.is_none_or(|h| h.version == CgroupVersion::V2));
+/// ```
 pub const DEFAULT_V2_ROOT: &str = "/sys/fs/cgroup";
 
 /// Daemon failures.
+///
+/// ```
+/// use corewise_arbiter::daemon::{spawn, DaemonError, Options};
+/// // One CPU is not enough: one always stays unmanaged.
+/// let opts = Options { cpus: Some("0".parse().unwrap()), ..Options::default() };
+/// let err = spawn(opts).err().unwrap();
+/// assert!(matches!(err, DaemonError::Settings(_)));
+/// assert!(err.to_string().contains("at least 2 CPUs"));
+/// ```
 #[derive(Debug, Error)]
 pub enum DaemonError {
     /// Bad settings.
@@ -217,6 +325,13 @@ fn signal_fd() -> Result<OwnedFd, DaemonError> {
 
 /// Most client connections served at once; more are accepted and closed, so
 /// a flood can neither exhaust the daemon's descriptors nor stall its loop.
+///
+/// ```
+/// use corewise_arbiter::config::DEFAULT_MAX_CONNECTIONS;
+/// use corewise_arbiter::daemon::MAX_CONNECTIONS;
+/// // Room for many users, each at its default limit of connections.
+/// assert!(MAX_CONNECTIONS >= 10 * DEFAULT_MAX_CONNECTIONS as usize);
+/// ```
 pub const MAX_CONNECTIONS: usize = 16384;
 
 /// Raises the soft descriptor limit to the hard one (one socket per client
@@ -348,6 +463,67 @@ fn finish(
 ///
 /// Call it before starting other threads: SIGINT/SIGTERM are blocked on the
 /// calling thread and read from a signalfd.
+///
+/// ```
+/// # // Two CPUs this thread may run on that are not hyperthreads of one core
+/// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+/// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+/// #     use corewise_arbiter::topology::{CpuList, Topology};
+/// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+/// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+/// #     let topo = Topology::read(&allowed);
+/// #     let first = allowed.cores().next()?;
+/// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+/// #     Some([first, other].into_iter().collect())
+/// # }
+/// # // An in-process daemon on a temporary socket with the affinity-only
+/// # // backend (no cgroups, no root needed).
+/// # fn test_daemon(
+/// #     name: &str,
+/// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+/// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+/// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+/// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+/// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+/// #     let mut opts = Options {
+/// #         socket: socket.clone(),
+/// #         backend: Backend::Affinity,
+/// #         cpus: Some(cpus),
+/// #         warm_window: std::time::Duration::ZERO,
+/// #         ..Options::default()
+/// #     };
+/// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// #     tune(&mut opts);
+/// #     Ok(Some((spawn(opts)?, socket)))
+/// # }
+/// use corewise_arbiter::daemon::{run, Backend, Options};
+/// use std::time::Duration;
+/// # let Some(cpus) = two_cpus() else { return Ok(()) };
+/// let socket = std::env::temp_dir().join(format!("arbiter-run-doc-{}.sock", std::process::id()));
+/// let mut opts = Options {
+///     socket: socket.clone(),
+///     backend: Backend::Affinity,
+///     cpus: Some(cpus),
+///     warm_window: Duration::ZERO,
+///     ..Options::default()
+/// };
+/// opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// // Stands in for an operator: once the daemon answers, SIGTERM to the
+/// // thread running it (the signal is blocked there and read by the daemon).
+/// let (pid, tid) = (rustix::process::getpid(), rustix::thread::gettid());
+/// let s = socket.clone();
+/// let operator = std::thread::spawn(move || {
+///     while corewise_arbiter::client::status(&s).is_err() {
+///         std::thread::sleep(Duration::from_millis(1));
+///     }
+///     // SAFETY: tgkill takes plain integers.
+///     unsafe { libc::syscall(libc::SYS_tgkill, pid.as_raw_nonzero().get(), tid.as_raw_nonzero().get(), libc::SIGTERM) };
+/// });
+/// run(opts)?; // returns once SIGTERM arrived and everything is cleaned up
+/// operator.join().unwrap();
+/// assert!(!socket.exists());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn run(opts: Options) -> Result<(), DaemonError> {
     let sig = signal_fd()?;
     raise_fd_limit();
@@ -357,6 +533,54 @@ pub fn run(opts: Options) -> Result<(), DaemonError> {
 }
 
 /// A daemon running on a thread of the calling process (benchmarks, tools).
+///
+/// ```
+/// # // Two CPUs this thread may run on that are not hyperthreads of one core
+/// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+/// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+/// #     use corewise_arbiter::topology::{CpuList, Topology};
+/// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+/// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+/// #     let topo = Topology::read(&allowed);
+/// #     let first = allowed.cores().next()?;
+/// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+/// #     Some([first, other].into_iter().collect())
+/// # }
+/// # // An in-process daemon on a temporary socket with the affinity-only
+/// # // backend (no cgroups, no root needed).
+/// # fn test_daemon(
+/// #     name: &str,
+/// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+/// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+/// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+/// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+/// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+/// #     let mut opts = Options {
+/// #         socket: socket.clone(),
+/// #         backend: Backend::Affinity,
+/// #         cpus: Some(cpus),
+/// #         warm_window: std::time::Duration::ZERO,
+/// #         ..Options::default()
+/// #     };
+/// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// #     tune(&mut opts);
+/// #     Ok(Some((spawn(opts)?, socket)))
+/// # }
+/// use corewise_arbiter::daemon::{spawn, Backend, Options};
+/// # let Some(cpus) = two_cpus() else { return Ok(()) };
+/// let socket = std::env::temp_dir().join(format!("arbiter-handle-doc-{}.sock", std::process::id()));
+/// let mut opts = Options { socket: socket.clone(), backend: Backend::Affinity, cpus: Some(cpus), ..Options::default() };
+/// opts.warm_window = std::time::Duration::ZERO;
+/// opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+/// let daemon = spawn(opts)?;
+/// let app = corewise_arbiter::connect(&socket)?;
+/// let table = corewise_arbiter::client::status(&socket)?;
+/// assert!(table.iter().any(|e| e.pid == std::process::id()));
+/// drop(app);
+/// drop(daemon); // stops it, as `stop` does
+/// assert!(!socket.exists());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct DaemonHandle {
     stop: Option<OwnedFd>,
     thread: Option<std::thread::JoinHandle<Result<(), DaemonError>>>,
@@ -409,6 +633,48 @@ pub fn spawn(opts: Options) -> Result<DaemonHandle, DaemonError> {
 
 impl DaemonHandle {
     /// Stops the daemon (as SIGTERM would) and waits for its cleanup.
+    ///
+    /// ```
+    /// # // Two CPUs this thread may run on that are not hyperthreads of one core
+    /// # // (one stays unmanaged, the other is managed); None on a smaller machine.
+    /// # fn two_cpus() -> Option<corewise_arbiter::topology::CpuList> {
+    /// #     use corewise_arbiter::topology::{CpuList, Topology};
+    /// #     let mask = rustix::thread::sched_getaffinity(None).ok()?;
+    /// #     let allowed: CpuList = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| mask.is_set(c)).collect();
+    /// #     let topo = Topology::read(&allowed);
+    /// #     let first = allowed.cores().next()?;
+    /// #     let other = allowed.cores().find(|&c| !topo.siblings(first).contains(&c))?;
+    /// #     Some([first, other].into_iter().collect())
+    /// # }
+    /// # // An in-process daemon on a temporary socket with the affinity-only
+    /// # // backend (no cgroups, no root needed).
+    /// # fn test_daemon(
+    /// #     name: &str,
+    /// #     tune: impl FnOnce(&mut corewise_arbiter::daemon::Options),
+    /// # ) -> Result<Option<(corewise_arbiter::daemon::DaemonHandle, std::path::PathBuf)>, Box<dyn std::error::Error>> {
+    /// #     use corewise_arbiter::daemon::{spawn, Backend, Options};
+    /// #     let Some(cpus) = two_cpus() else { return Ok(None) };
+    /// #     let socket = std::env::temp_dir().join(format!("arbiter-doc-{name}-{}.sock", std::process::id()));
+    /// #     let mut opts = Options {
+    /// #         socket: socket.clone(),
+    /// #         backend: Backend::Affinity,
+    /// #         cpus: Some(cpus),
+    /// #         warm_window: std::time::Duration::ZERO,
+    /// #         ..Options::default()
+    /// #     };
+    /// #     opts.config.socket.group = Some(rustix::process::getegid().as_raw().to_string());
+    /// #     tune(&mut opts);
+    /// #     Ok(Some((spawn(opts)?, socket)))
+    /// # }
+    /// # let Some((daemon, socket)) = test_daemon("stop", |_| {})? else { return Ok(()) };
+    /// // `daemon` was started with `spawn` on `socket`.
+    /// let app = corewise_arbiter::connect(&socket)?;
+    /// daemon.stop()?;
+    /// // Applications were told, and the socket is gone.
+    /// assert!(app.daemon_shutting_down());
+    /// assert!(corewise_arbiter::connect(&socket).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stop(mut self) -> Result<(), DaemonError> {
         self.stop_inner()
     }
@@ -496,6 +762,15 @@ fn set_socket_access(path: &Path, access: &SocketAccess) -> Result<(), DaemonErr
 /// client beyond it is disconnected. Two status tables (the largest reply)
 /// fit; a client following the protocol has at most a few small replies
 /// outstanding.
+///
+/// ```
+/// use corewise_arbiter::daemon::MAX_OUTPUT;
+/// use corewise_arbiter::protocol::{encode_response, Response, StatusEntry};
+/// // Two of the largest replies, full status tables, fit.
+/// let e = StatusEntry { pid: 1, uid: 0, name: "app".into(), requested: [0; 8], granted: vec![1, 2], preempted: 0 };
+/// let table = encode_response(&Response::Status { entries: vec![e; 100_000] });
+/// assert!(2 * table.len() <= MAX_OUTPUT);
+/// ```
 pub const MAX_OUTPUT: usize = 2 * (MAX_RESPONSE_PAYLOAD + HEADER_LEN);
 
 /// Reads from one client per wake-up at most (bounds the work of a client
