@@ -20,9 +20,80 @@ use crate::warm::WarmCores;
 
 /// Identifies a connection (applications are keyed by their control
 /// connection; ids grow, so they also give the age order).
+///
+/// ```
+/// use corewise_arbiter::daemon::state::ConnId;
+/// # use corewise_arbiter::daemon::state::State;
+/// # use corewise_arbiter::protocol::Response;
+/// # // A backend that only records what it is asked, so no thread moves.
+/// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+/// # impl corewise_arbiter::fence::Fence for Recorder {
+/// #     fn name(&self) -> &'static str { "recorder" }
+/// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+/// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+/// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+/// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+/// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+/// # }
+/// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+/// # fn test_state() -> State {
+/// #     State::new(
+/// #         Box::new(Recorder(Default::default())),
+/// #         "0-3".parse().unwrap(),
+/// #         vec![2, 3],
+/// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+/// #         std::time::Duration::from_millis(10),
+/// #         Default::default(),
+/// #     )
+/// # }
+/// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+/// let mut s = test_state();
+/// // The daemon numbers connections in the order they arrive.
+/// let (app, thread): (ConnId, ConnId) = (1, 2);
+/// let token = s.add_app(app, pid, 0, None)?.token();
+/// s.attach_thread(thread, token, tid, pid)?;
+/// assert!(s.is_app(app) && s.is_thread(thread));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub type ConnId = u64;
 
 /// Why a message was refused (the connection is then dropped).
+///
+/// ```
+/// use corewise_arbiter::daemon::state::Reject;
+/// # use corewise_arbiter::daemon::state::State;
+/// # use corewise_arbiter::protocol::Response;
+/// # // A backend that only records what it is asked, so no thread moves.
+/// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+/// # impl corewise_arbiter::fence::Fence for Recorder {
+/// #     fn name(&self) -> &'static str { "recorder" }
+/// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+/// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+/// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+/// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+/// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+/// # }
+/// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+/// # fn test_state() -> State {
+/// #     State::new(
+/// #         Box::new(Recorder(Default::default())),
+/// #         "0-3".parse().unwrap(),
+/// #         vec![2, 3],
+/// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+/// #         std::time::Duration::from_millis(10),
+/// #         Default::default(),
+/// #     )
+/// # }
+/// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+/// let mut s = test_state();
+/// let token = s.add_app(1, pid, 0, None)?.token();
+/// assert!(matches!(s.attach_thread(2, token ^ 1, tid, pid), Err(Reject::BadToken)));
+/// // A thread id that is no thread of the process.
+/// assert!(matches!(s.attach_thread(2, token, i32::MAX as u32, pid), Err(Reject::ForeignThread { .. })));
+/// s.attach_thread(2, token, tid, pid)?;
+/// assert!(matches!(s.attach_thread(3, token, tid, pid), Err(Reject::Duplicate(_))));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum Reject {
     /// Unknown application token.
@@ -100,6 +171,41 @@ fn check_adopted(process: &TaskIdent) {
 }
 
 /// One registered application.
+///
+/// ```
+/// use corewise_arbiter::shm::SharedPageReader;
+/// # use corewise_arbiter::daemon::state::State;
+/// # use corewise_arbiter::protocol::Response;
+/// # // A backend that only records what it is asked, so no thread moves.
+/// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+/// # impl corewise_arbiter::fence::Fence for Recorder {
+/// #     fn name(&self) -> &'static str { "recorder" }
+/// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+/// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+/// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+/// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+/// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+/// # }
+/// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+/// # fn test_state() -> State {
+/// #     State::new(
+/// #         Box::new(Recorder(Default::default())),
+/// #         "0-3".parse().unwrap(),
+/// #         vec![2, 3],
+/// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+/// #         std::time::Duration::from_millis(10),
+/// #         Default::default(),
+/// #     )
+/// # }
+/// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+/// let mut s = test_state();
+/// let app = s.add_app(1, pid, 0, None)?;
+/// // What the application gets: a token for its threads and its shared page.
+/// assert_ne!(app.token(), 0);
+/// let page = SharedPageReader::map(app.shm().fd())?;
+/// assert!(page.granted_cores().is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct App {
     token: u64,
     /// The process as it was when it registered (its pid may be reused).
@@ -123,10 +229,81 @@ pub struct App {
 
 impl App {
     /// The shared page.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::SharedPageReader;
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let app = s.add_app(1, pid, 0, None)?;
+    /// let (token, page) = (app.token(), SharedPageReader::map(app.shm().fd())?);
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// // The grant shows in the application's page.
+    /// assert_eq!(page.granted_count(), 1);
+    /// assert_eq!(page.holder(page.granted_cores()[0]), tid);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shm(&self) -> &SharedPageWriter {
         &self.shm
     }
     /// Token for thread sockets.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// // A kernel thread's connection presents it to join the application.
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// assert!(s.is_thread(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn token(&self) -> u64 {
         self.token
     }
@@ -167,6 +344,44 @@ struct Usage {
 /// Every per-request operation touches only the applications that hold or
 /// want cores (`active`), and indexes replace scans: tokens, tids, release
 /// deadlines, and per application its waiting threads and held cores.
+///
+/// ```
+/// # use corewise_arbiter::daemon::state::State;
+/// # use corewise_arbiter::protocol::Response;
+/// # // A backend that only records what it is asked, so no thread moves.
+/// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+/// # impl corewise_arbiter::fence::Fence for Recorder {
+/// #     fn name(&self) -> &'static str { "recorder" }
+/// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+/// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+/// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+/// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+/// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+/// # }
+/// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+/// # fn test_state() -> State {
+/// #     State::new(
+/// #         Box::new(Recorder(Default::default())),
+/// #         "0-3".parse().unwrap(),
+/// #         vec![2, 3],
+/// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+/// #         std::time::Duration::from_millis(10),
+/// #         Default::default(),
+/// #     )
+/// # }
+/// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+/// // `test_state()`: CPUs 0-3 of which 2 and 3 are managed, through a
+/// // backend that only records what it is asked.
+/// let mut s = test_state();
+/// let token = s.add_app(1, pid, 0, None)?.token();
+/// s.attach_thread(2, token, tid, pid)?;
+/// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+/// s.block(2);
+/// let replies: Vec<_> = s.outbox.drain(..).collect();
+/// assert!(replies.iter().any(|r| matches!(r, (2, Response::Granted { core: 2 | 3 }))));
+/// assert_eq!(s.status()[0].granted.len(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct State {
     apps: BTreeMap<ConnId, App>,
     threads: BTreeMap<ConnId, Thread>,
@@ -199,6 +414,24 @@ pub struct State {
 
 impl State {
     /// A daemon managing `managed` (a subset of `all`) through `fence`.
+    ///
+    /// ```
+    /// use corewise_arbiter::daemon::state::State;
+    /// use corewise_arbiter::fence::AffinityFence;
+    /// use corewise_arbiter::topology::{CpuList, Topology};
+    /// use std::time::Duration;
+    /// let all: CpuList = "0-3".parse().unwrap();
+    /// let s = State::new(
+    ///     Box::new(AffinityFence::new(&all)),
+    ///     all,
+    ///     vec![2, 3],
+    ///     Topology::synthetic(1, 4, 1),
+    ///     Duration::from_millis(10),
+    ///     Default::default(),
+    /// );
+    /// assert_eq!(s.fence_name(), "affinity");
+    /// assert!(s.status().is_empty());
+    /// ```
     pub fn new(
         fence: Box<dyn Fence>,
         all: CpuList,
@@ -242,16 +475,150 @@ impl State {
     /// After asking for a release, poll without sleeping for this long: the
     /// release usually arrives within microseconds, and not sleeping saves a
     /// wake-up of the daemon on the critical path of a reclaim.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// use std::time::Duration;
+    /// let mut s = test_state();
+    /// s.set_release_spin(Duration::from_millis(50));
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// s.set_requested(1, [0; 8]); // asks for the core back
+    /// // The loop now polls without sleeping for a while.
+    /// assert!(s.spin_until().is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_release_spin(&mut self, d: Duration) {
         self.release_spin = d;
     }
 
     /// Keep freed cores polling through `warm` (see [`crate::warm`]).
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// // A sysfs-like directory with CPU 2's resume-latency limit.
+    /// let dir = std::env::temp_dir().join(format!("state-warm-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(dir.join("cpu2/power"))?;
+    /// std::fs::write(dir.join("cpu2/power/pm_qos_resume_latency_us"), "0")?;
+    /// let mut s = test_state();
+    /// s.set_warm(WarmCores::new(&dir, &[2], Duration::from_millis(5), None));
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// s.sync_warm(Instant::now());
+    /// s.remove_conn(2); // the thread leaves: its core is free
+    /// s.sync_warm(Instant::now());
+    /// assert!(s.warm_deadline().is_some());
+    /// assert_eq!(std::fs::read_to_string(dir.join("cpu2/power/pm_qos_resume_latency_us"))?, "n/a");
+    /// s.set_warm(WarmCores::disabled()); // the old one restores the limit as it goes
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_warm(&mut self, warm: WarmCores) {
         self.warm = warm;
     }
 
     /// When the next warm window ends.
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let dir = std::env::temp_dir().join(format!("state-deadline-doc-{}", std::process::id()));
+    /// for cpu in [2, 3] {
+    ///     std::fs::create_dir_all(dir.join(format!("cpu{cpu}/power")))?;
+    ///     std::fs::write(dir.join(format!("cpu{cpu}/power/pm_qos_resume_latency_us")), "0")?;
+    /// }
+    /// let mut s = test_state();
+    /// s.set_warm(WarmCores::new(&dir, &[2, 3], Duration::from_millis(5), None));
+    /// assert_eq!(s.warm_deadline(), None);
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// s.sync_warm(Instant::now());
+    /// s.remove_conn(2);
+    /// let now = Instant::now();
+    /// s.sync_warm(now);
+    /// assert_eq!(s.warm_deadline(), Some(now + Duration::from_millis(5)));
+    /// drop(s);
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn warm_deadline(&self) -> Option<Instant> {
         self.warm.next_deadline()
     }
@@ -259,6 +626,57 @@ impl State {
     /// Opens a warm window on every core that lost its holder since the
     /// last call, closes it on every core granted to a new holder, and ends
     /// the windows that are over. Called after the replies went out.
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let dir = std::env::temp_dir().join(format!("state-sync-doc-{}", std::process::id()));
+    /// for cpu in [2, 3] {
+    ///     std::fs::create_dir_all(dir.join(format!("cpu{cpu}/power")))?;
+    ///     std::fs::write(dir.join(format!("cpu{cpu}/power/pm_qos_resume_latency_us")), "0")?;
+    /// }
+    /// let mut s = test_state();
+    /// s.set_warm(WarmCores::new(&dir, &[2, 3], Duration::from_millis(5), None));
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// let t0 = Instant::now();
+    /// s.sync_warm(t0); // a grant: nothing to keep warm
+    /// assert_eq!(s.warm_deadline(), None);
+    /// s.remove_conn(2);
+    /// s.sync_warm(t0); // a release: its core polls for 5 ms
+    /// assert!(s.warm_deadline().is_some());
+    /// s.sync_warm(t0 + Duration::from_millis(5)); // and the window ends
+    /// assert_eq!(s.warm_deadline(), None);
+    /// drop(s);
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn sync_warm(&mut self, now: Instant) {
         for &core in &self.managed {
             let before = self.warm_holders.get(&core).copied();
@@ -275,17 +693,115 @@ impl State {
     }
 
     /// Until when the daemon loop should poll without sleeping.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// use std::time::Duration;
+    /// let mut s = test_state();
+    /// assert_eq!(s.spin_until(), None);
+    /// s.set_release_spin(Duration::from_millis(50));
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// s.set_requested(1, [0; 8]);
+    /// let until = s.spin_until().unwrap();
+    /// assert!(until <= s.next_deadline().unwrap() + Duration::from_millis(50));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn spin_until(&self) -> Option<Instant> {
         let until = self.spin_until?;
         (self.next_deadline().is_some() && Instant::now() < until).then_some(until)
     }
 
     /// Backend name.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// assert_eq!(test_state().fence_name(), "recorder");
+    /// ```
     pub fn fence_name(&self) -> &'static str {
         self.fence.name()
     }
 
     /// The limits of `uid` (looked up once per user).
+    ///
+    /// ```
+    /// use corewise_arbiter::config::Limits;
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// // `test_state` has the default config: no user has limits of its own.
+    /// assert_eq!(s.limits_for(1000), Limits::default());
+    /// ```
     pub fn limits_for(&mut self, uid: u32) -> Limits {
         if let Some(l) = self.limits_cache.get(&uid) {
             return *l;
@@ -298,6 +814,42 @@ impl State {
     /// Registers an application on connection `conn`, whose peer
     /// credentials say `pid` and `uid`; `peer` is a pidfd of the connecting
     /// process where the kernel gives one (see [`super::task::peer_pidfd`]).
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// // The peer credentials of connection 1 say this process and root.
+    /// let app = s.add_app(1, pid, 0, None)?;
+    /// assert_ne!(app.token(), 0);
+    /// assert!(s.is_app(1));
+    /// assert_eq!(s.status()[0].pid, pid);
+    /// // A process that does not exist cannot register.
+    /// assert!(s.add_app(3, i32::MAX as u32, 0, None).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn add_app(
         &mut self,
         conn: ConnId,
@@ -357,6 +909,39 @@ impl State {
     }
 
     /// Applies a core request from the application on `conn`.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// s.add_app(1, pid, 0, None)?;
+    /// s.set_requested(1, [0, 2, 0, 0, 0, 0, 0, 0]);
+    /// assert_eq!(s.outbox.pop(), Some((1, Response::RequestAck { effective: [0, 2, 0, 0, 0, 0, 0, 0], clipped: false })));
+    /// assert_eq!(s.status()[0].requested, [0, 2, 0, 0, 0, 0, 0, 0]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_requested(&mut self, conn: ConnId, counts: [u32; PRIORITY_LEVELS]) {
         let Some(app) = self.apps.get_mut(&conn) else {
             return;
@@ -380,6 +965,41 @@ impl State {
     }
 
     /// Attaches a kernel-thread connection to its application.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// // Connection 2's peer (this process) attaches its thread `tid`.
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// assert_eq!(s.outbox.pop(), Some((2, Response::Attached)));
+    /// // Only the registered process may attach threads to it.
+    /// assert!(s.attach_thread(3, token, tid, pid + 1).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn attach_thread(
         &mut self,
         conn: ConnId,
@@ -448,6 +1068,51 @@ impl State {
     /// a thread, so the user's thread count does not change. A refusal
     /// changes nothing; the reply ([`Response::Replaced`]) is queued on
     /// success.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// // A spare kernel thread of this process takes over connection 2.
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    /// let spare = std::thread::spawn(move || {
+    ///     tx.send(rustix::thread::gettid().as_raw_nonzero().get() as u32).unwrap();
+    ///     let _ = stop_rx.recv();
+    /// });
+    /// let other = rx.recv()?;
+    /// s.replace_thread(2, other, pid)?;
+    /// assert_eq!(s.outbox.pop(), Some((2, Response::Replaced)));
+    /// // Its old thread id is free to attach again.
+    /// s.attach_thread(3, token, tid, pid)?;
+    /// stop_tx.send(())?;
+    /// spare.join().unwrap();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn replace_thread(&mut self, conn: ConnId, tid: u32, peer_pid: u32) -> Result<(), Reject> {
         let t = self.threads.get(&conn).ok_or(Reject::BadToken)?;
         if t.gone {
@@ -524,6 +1189,41 @@ impl State {
     }
 
     /// The thread on `conn` gives back its core (if any) and waits for one.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.block(2); // the application wants no core yet: the thread waits
+    /// assert!(s.status()[0].granted.is_empty());
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// assert!(s.outbox.iter().any(|r| matches!(r, (2, Response::Granted { .. }))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn block(&mut self, conn: ConnId) {
         if self.threads.get(&conn).is_none_or(|t| t.gone) {
             return;
@@ -707,6 +1407,44 @@ impl State {
 
     /// Forgets connection `conn` (application or thread); a closed
     /// application socket gives back all its cores at once.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// // The application's control socket closed: its threads go too.
+    /// s.remove_conn(1);
+    /// assert!(!s.is_app(1) && !s.is_thread(2));
+    /// assert!(s.to_close.contains(&2));
+    /// assert!(s.status().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn remove_conn(&mut self, conn: ConnId) {
         if let Some(threads) = self.apps.get(&conn).map(|a| a.threads.clone()) {
             // Its threads first (their cores back, checked moves), then the
@@ -734,11 +1472,90 @@ impl State {
     }
 
     /// Earliest pending reclaim deadline.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// use std::time::{Duration, Instant};
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// assert_eq!(s.next_deadline(), None);
+    /// let asked = Instant::now();
+    /// s.set_requested(1, [0; 8]); // asks for the core back, 10 ms to comply
+    /// let d = s.next_deadline().unwrap();
+    /// assert!(d >= asked + Duration::from_millis(10));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.first().map(|d| d.0)
     }
 
     /// Forces out every thread whose release deadline has passed.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// use std::time::Duration;
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// s.set_requested(1, [0; 8]);
+    /// let late = s.next_deadline().unwrap() + Duration::from_millis(1);
+    /// s.outbox.clear();
+    /// s.expire(late); // the thread did not give its core back in time
+    /// assert!(matches!(s.outbox[..], [(2, Response::Preempted { .. })]));
+    /// assert_eq!(s.status()[0].preempted, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn expire(&mut self, now: Instant) {
         let late: Vec<ConnId> = self
             .deadlines
@@ -799,6 +1616,45 @@ impl State {
     /// withdraws releases no longer needed, grants free cores to waiting
     /// threads. Costs O(active applications), whatever the number of idle
     /// applications and threads.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// use std::time::Instant;
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [1, 0, 0, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// s.outbox.clear();
+    /// // Nothing changed: the allocation stays as it is, no new messages.
+    /// s.rebalance(Instant::now());
+    /// assert!(s.outbox.is_empty());
+    /// assert_eq!(s.status()[0].granted.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn rebalance(&mut self, now: Instant) {
         let app_ids: Vec<ConnId> = self
             .active
@@ -1051,6 +1907,43 @@ impl State {
     }
 
     /// The status table.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// s.set_requested(1, [0, 0, 1, 0, 0, 0, 0, 0]);
+    /// s.block(2);
+    /// let table = s.status();
+    /// assert_eq!((table[0].pid, table[0].uid), (pid, 0));
+    /// assert_eq!(table[0].requested, [0, 0, 1, 0, 0, 0, 0, 0]);
+    /// assert_eq!(table[0].granted.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn status(&self) -> Vec<StatusEntry> {
         self.apps
             .iter()
@@ -1069,6 +1962,39 @@ impl State {
     }
 
     /// Tells every application the daemon is leaving and dismantles the fence.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::SharedPageReader;
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let page = SharedPageReader::map(s.add_app(1, pid, 0, None)?.shm().fd())?;
+    /// s.shutdown()?;
+    /// assert!(page.shutdown());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shutdown(&mut self) -> Result<(), FenceError> {
         for a in self.apps.values() {
             a.shm.set_shutdown();
@@ -1078,11 +2004,78 @@ impl State {
     }
 
     /// Whether `conn` is a registered application.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// assert!(s.is_app(1));
+    /// assert!(!s.is_app(2)); // a thread's connection
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_app(&self, conn: ConnId) -> bool {
         self.apps.contains_key(&conn)
     }
 
     /// Whether `conn` is an attached kernel thread.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # use corewise_arbiter::protocol::Response;
+    /// # // A backend that only records what it is asked, so no thread moves.
+    /// # struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<u32>)>>>);
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, tid: u32, core: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, Some(core))); Ok(()) }
+    /// #     fn unconfine(&mut self, tid: u32) -> Result<(), corewise_arbiter::fence::FenceError> { self.0.lock().unwrap().push((tid, None)); Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// # // CPUs 0-3, 2 and 3 managed, with a 10 ms release timeout.
+    /// # fn test_state() -> State {
+    /// #     State::new(
+    /// #         Box::new(Recorder(Default::default())),
+    /// #         "0-3".parse().unwrap(),
+    /// #         vec![2, 3],
+    /// #         corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    /// #         std::time::Duration::from_millis(10),
+    /// #         Default::default(),
+    /// #     )
+    /// # }
+    /// # let (pid, tid) = (std::process::id(), rustix::thread::gettid().as_raw_nonzero().get() as u32);
+    /// let mut s = test_state();
+    /// let token = s.add_app(1, pid, 0, None)?.token();
+    /// s.attach_thread(2, token, tid, pid)?;
+    /// assert!(s.is_thread(2));
+    /// s.remove_conn(2);
+    /// assert!(!s.is_thread(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_thread(&self, conn: ConnId) -> bool {
         self.threads.contains_key(&conn)
     }
