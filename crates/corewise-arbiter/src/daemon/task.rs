@@ -22,6 +22,17 @@ use rustix::event::{PollFd, PollFlags};
 /// Linux 6.5), or `None` where the kernel (or the architecture's constant)
 /// does not have it. The pidfd names the connecting process itself, so it
 /// tells whether the pid from the peer credentials still means that process.
+///
+/// ```
+/// use corewise_arbiter::daemon::task::{peer_pidfd, pidfd_alive};
+/// use std::os::fd::AsFd;
+/// let (a, _b) = std::os::unix::net::UnixStream::pair()?;
+/// // Linux 6.5 and later: a pidfd of the peer (this process); else None.
+/// if let Some(pidfd) = peer_pidfd(a.as_fd()) {
+///     assert!(pidfd_alive(&pidfd));
+/// }
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn peer_pidfd(sock: BorrowedFd<'_>) -> Option<OwnedFd> {
     // The asm-generic value (x86, arm, riscv, ...); mips, sparc, parisc and
     // alpha number it differently.
@@ -80,6 +91,25 @@ pub fn pidfd_alive(pidfd: &OwnedFd) -> bool {
 
 /// A task (kernel thread, or a process through its leader) as it was when
 /// it was first seen.
+///
+/// ```
+/// use corewise_arbiter::daemon::task::TaskIdent;
+/// use std::time::{Duration, Instant};
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// let t = std::thread::spawn(move || tx.send(rustix::thread::gettid().as_raw_nonzero().get() as u32).unwrap());
+/// let tid = rx.recv()?;
+/// let ident = TaskIdent::thread(std::process::id(), tid);
+/// t.join().unwrap();
+/// // Seen while it lived (if it was still there), gone once it exits.
+/// if let Ok(ident) = ident {
+///     let t0 = Instant::now();
+///     while ident.alive() {
+///         assert!(t0.elapsed() < Duration::from_secs(10));
+///         std::thread::yield_now();
+///     }
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct TaskIdent {
     pid: u32,
@@ -123,11 +153,28 @@ impl TaskIdent {
 
     /// Kernel thread `tid` of whichever process it belongs to now (for
     /// callers that know only the tid; [`Self::pid`] is then `tid`).
+    ///
+    /// ```
+    /// use corewise_arbiter::daemon::task::TaskIdent;
+    /// let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+    /// let me = TaskIdent::task(tid)?;
+    /// assert_eq!((me.pid(), me.tid()), (tid, tid));
+    /// assert!(me.alive());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn task(tid: u32) -> io::Result<Self> {
         Self::open(tid, tid, &format!("/proc/{tid}/task/{tid}/stat"))
     }
 
     /// Process `pid` (its thread group).
+    ///
+    /// ```
+    /// use corewise_arbiter::daemon::task::TaskIdent;
+    /// let me = TaskIdent::process(std::process::id())?;
+    /// assert_eq!(me.pid(), std::process::id());
+    /// assert_eq!(me.tid(), me.pid());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn process(pid: u32) -> io::Result<Self> {
         Self::open(pid, pid, &format!("/proc/{pid}/stat"))
     }
@@ -144,22 +191,52 @@ impl TaskIdent {
     }
 
     /// The process id.
+    ///
+    /// ```
+    /// use corewise_arbiter::daemon::task::TaskIdent;
+    /// let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+    /// let me = TaskIdent::thread(std::process::id(), tid)?;
+    /// assert_eq!(me.pid(), std::process::id());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn pid(&self) -> u32 {
         self.pid
     }
 
     /// The thread id.
+    ///
+    /// ```
+    /// use corewise_arbiter::daemon::task::TaskIdent;
+    /// let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+    /// assert_eq!(TaskIdent::thread(std::process::id(), tid)?.tid(), tid);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn tid(&self) -> u32 {
         self.tid
     }
 
     /// The start time recorded when the task was first seen.
+    ///
+    /// ```
+    /// use corewise_arbiter::daemon::task::{start_time, TaskIdent};
+    /// let me = TaskIdent::process(std::process::id())?;
+    /// let stat = std::fs::read_to_string("/proc/self/stat")?;
+    /// assert_eq!(Some(me.start()), start_time(&stat));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn start(&self) -> u64 {
         self.start
     }
 
     /// Whether the task is still the one first seen (a reused id reads as
     /// gone).
+    ///
+    /// ```
+    /// use corewise_arbiter::daemon::task::TaskIdent;
+    /// let me = TaskIdent::process(std::process::id())?;
+    /// assert!(me.alive());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn alive(&self) -> bool {
         read_start(&self.stat).is_ok_and(|s| s == self.start)
     }
