@@ -24,6 +24,16 @@ use crate::daemon::task::TaskIdent;
 use crate::topology::{CoreId, CpuList};
 
 /// A fencing failure.
+///
+/// ```
+/// use corewise_arbiter::fence::{AffinityFence, CgroupFence, CgroupVersion, Fence, FenceError};
+/// let all = "0-1".parse().unwrap();
+/// let missing = CgroupFence::new(CgroupVersion::V1, std::path::Path::new("/nonexistent/corewise"), &all, &[1]);
+/// assert!(matches!(missing, Err(FenceError::Unavailable(_))));
+/// // A thread id that names no task.
+/// let mut f = AffinityFence::new(&all);
+/// assert!(matches!(f.confine(i32::MAX as u32, 1), Err(FenceError::NoSuchThread(_))));
+/// ```
 #[derive(Debug, Error)]
 pub enum FenceError {
     /// A cgroup file operation failed.
@@ -53,6 +63,35 @@ pub enum FenceError {
 }
 
 /// The operations the daemon needs from a backend.
+///
+/// ```
+/// # // A stand-in for a cgroup v1 cpuset directory: the files the kernel
+/// # // would create in it (and in the sets the fence makes), as plain files.
+/// # fn fake_v1_root(name: &str) -> std::io::Result<std::path::PathBuf> {
+/// #     let root = std::env::temp_dir().join(format!("fence-doc-{name}-{}", std::process::id()));
+/// #     std::fs::create_dir_all(&root)?;
+/// #     std::fs::write(root.join("cpuset.cpus"), "0-1\n")?;
+/// #     std::fs::write(root.join("cpuset.mems"), "0\n")?;
+/// #     std::fs::write(root.join("tasks"), "")?;
+/// #     for set in [corewise_arbiter::fence::UNMANAGED_DIR, "corewise-core1"] {
+/// #         std::fs::create_dir_all(root.join(set))?;
+/// #         std::fs::write(root.join(set).join("tasks"), "")?;
+/// #     }
+/// #     Ok(root)
+/// # }
+/// use corewise_arbiter::fence::{read_ids, CgroupFence, CgroupVersion, Fence};
+/// let root = fake_v1_root("trait")?;
+/// let mut fence: Box<dyn Fence> = Box::new(CgroupFence::new(CgroupVersion::V1, &root, &"0-1".parse()?, &[1])?);
+/// assert_eq!(fence.name(), "cgroup-v1");
+/// let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+/// fence.confine(tid, 1)?;
+/// assert_eq!(fence.members(1), vec![tid]);
+/// fence.unconfine(tid)?;
+/// assert_eq!(read_ids(&root.join("corewise-unmanaged/tasks")), vec![tid]);
+/// drop(fence);
+/// std::fs::remove_dir_all(&root)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait Fence: Send {
     /// Short name for logs.
     fn name(&self) -> &'static str;
@@ -81,6 +120,15 @@ pub trait Fence: Send {
 }
 
 /// Which cgroup flavour.
+///
+/// ```
+/// use corewise_arbiter::fence::{CgroupVersion, CpusetHierarchy};
+/// if let Some(h) = CpusetHierarchy::detect() {
+///     // Each version lists a cgroup's threads in its own file.
+///     assert!(h.root.join(h.version.threads_file()).exists() || h.version == CgroupVersion::V2);
+/// }
+/// assert_ne!(CgroupVersion::V1, CgroupVersion::V2);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CgroupVersion {
     /// cgroup v1 cpuset hierarchy.
@@ -110,6 +158,17 @@ impl CgroupVersion {
 ///
 /// Why here: the daemon's backends and the tools that give it a subtree
 /// (the benchmarks) must agree on which hierarchy a machine has.
+///
+/// ```
+/// use corewise_arbiter::fence::{CgroupVersion, CpusetHierarchy};
+/// let d = std::env::temp_dir().join(format!("hierarchy-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&d)?;
+/// std::fs::write(d.join("tasks"), "")?; // a cgroup v1 hierarchy has one
+/// let h = CpusetHierarchy::detect_at(&d, std::path::Path::new("/nonexistent")).unwrap();
+/// assert_eq!(h, CpusetHierarchy { version: CgroupVersion::V1, root: d.clone() });
+/// std::fs::remove_dir_all(&d)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpusetHierarchy {
     /// cgroup v1 or v2.
@@ -175,6 +234,30 @@ impl CpusetHierarchy {
 }
 
 /// Name of the unmanaged cgroup under the root.
+///
+/// ```
+/// # // A stand-in for a cgroup v1 cpuset directory: the files the kernel
+/// # // would create in it (and in the sets the fence makes), as plain files.
+/// # fn fake_v1_root(name: &str) -> std::io::Result<std::path::PathBuf> {
+/// #     let root = std::env::temp_dir().join(format!("fence-doc-{name}-{}", std::process::id()));
+/// #     std::fs::create_dir_all(&root)?;
+/// #     std::fs::write(root.join("cpuset.cpus"), "0-1\n")?;
+/// #     std::fs::write(root.join("cpuset.mems"), "0\n")?;
+/// #     std::fs::write(root.join("tasks"), "")?;
+/// #     for set in [corewise_arbiter::fence::UNMANAGED_DIR, "corewise-core1"] {
+/// #         std::fs::create_dir_all(root.join(set))?;
+/// #         std::fs::write(root.join(set).join("tasks"), "")?;
+/// #     }
+/// #     Ok(root)
+/// # }
+/// use corewise_arbiter::fence::{CgroupFence, CgroupVersion, UNMANAGED_DIR};
+/// let root = fake_v1_root("unmanaged-dir")?;
+/// let f = CgroupFence::new(CgroupVersion::V1, &root, &"0-1".parse()?, &[1])?;
+/// assert_eq!(f.unmanaged_dir(), root.join(UNMANAGED_DIR));
+/// drop(f);
+/// std::fs::remove_dir_all(&root)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const UNMANAGED_DIR: &str = "corewise-unmanaged";
 
 /// Name of the cgroup for one managed core.
@@ -210,6 +293,17 @@ fn open_w(path: &Path) -> Result<File, FenceError> {
 }
 
 /// Parses a tasks/threads/procs file into ids.
+///
+/// ```
+/// use corewise_arbiter::fence::read_ids;
+/// let p = std::env::temp_dir().join(format!("read-ids-doc-{}", std::process::id()));
+/// std::fs::write(&p, "12\n345\n\nnot-a-number\n")?;
+/// assert_eq!(read_ids(&p), vec![12, 345]);
+/// std::fs::remove_file(&p)?;
+/// // A missing file lists nobody.
+/// assert!(read_ids(&p).is_empty());
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn read_ids(path: &Path) -> Vec<u32> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -231,6 +325,16 @@ fn write_tid(f: &File, path: &Path, tid: u32) -> Result<(), FenceError> {
 }
 
 /// Removes a cgroup directory, retrying while exiting tasks drain out.
+///
+/// ```
+/// use corewise_arbiter::fence::rmdir_retry;
+/// let d = std::env::temp_dir().join(format!("rmdir-doc-{}", std::process::id()));
+/// std::fs::create_dir(&d)?;
+/// rmdir_retry(&d)?;
+/// assert!(!d.exists());
+/// rmdir_retry(&d)?; // already gone: fine
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn rmdir_retry(path: &Path) -> io::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
@@ -288,6 +392,33 @@ struct CoreSet {
 }
 
 /// cgroup (v1 or v2) cpuset backend.
+///
+/// ```
+/// # // A stand-in for a cgroup v1 cpuset directory: the files the kernel
+/// # // would create in it (and in the sets the fence makes), as plain files.
+/// # fn fake_v1_root(name: &str) -> std::io::Result<std::path::PathBuf> {
+/// #     let root = std::env::temp_dir().join(format!("fence-doc-{name}-{}", std::process::id()));
+/// #     std::fs::create_dir_all(&root)?;
+/// #     std::fs::write(root.join("cpuset.cpus"), "0-1\n")?;
+/// #     std::fs::write(root.join("cpuset.mems"), "0\n")?;
+/// #     std::fs::write(root.join("tasks"), "")?;
+/// #     for set in [corewise_arbiter::fence::UNMANAGED_DIR, "corewise-core1"] {
+/// #         std::fs::create_dir_all(root.join(set))?;
+/// #         std::fs::write(root.join(set).join("tasks"), "")?;
+/// #     }
+/// #     Ok(root)
+/// # }
+/// use corewise_arbiter::fence::{CgroupFence, CgroupVersion, Fence};
+/// // `fake_v1_root`: a directory laid out like a v1 cpuset with CPUs 0-1.
+/// let root = fake_v1_root("struct")?;
+/// let mut f = CgroupFence::new(CgroupVersion::V1, &root, &"0-1".parse()?, &[1])?;
+/// let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+/// f.confine(tid, 1)?;
+/// assert_eq!(std::fs::read_to_string(root.join("corewise-core1/tasks"))?, tid.to_string());
+/// drop(f);
+/// std::fs::remove_dir_all(&root)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct CgroupFence {
     version: CgroupVersion,
     root: PathBuf,
@@ -305,6 +436,34 @@ impl CgroupFence {
     /// Builds the unmanaged set (with every CPU in `all`) and one set per
     /// managed core under `root`, and moves `root`'s tasks into the unmanaged
     /// set. Leftovers of a previous daemon that died are adopted.
+    ///
+    /// ```
+    /// # // A stand-in for a cgroup v1 cpuset directory: the files the kernel
+    /// # // would create in it (and in the sets the fence makes), as plain files.
+    /// # fn fake_v1_root(name: &str) -> std::io::Result<std::path::PathBuf> {
+    /// #     let root = std::env::temp_dir().join(format!("fence-doc-{name}-{}", std::process::id()));
+    /// #     std::fs::create_dir_all(&root)?;
+    /// #     std::fs::write(root.join("cpuset.cpus"), "0-1\n")?;
+    /// #     std::fs::write(root.join("cpuset.mems"), "0\n")?;
+    /// #     std::fs::write(root.join("tasks"), "")?;
+    /// #     for set in [corewise_arbiter::fence::UNMANAGED_DIR, "corewise-core1"] {
+    /// #         std::fs::create_dir_all(root.join(set))?;
+    /// #         std::fs::write(root.join(set).join("tasks"), "")?;
+    /// #     }
+    /// #     Ok(root)
+    /// # }
+    /// use corewise_arbiter::fence::{CgroupFence, CgroupVersion};
+    /// let root = fake_v1_root("new")?;
+    /// let f = CgroupFence::new(CgroupVersion::V1, &root, &"0-1".parse()?, &[1])?;
+    /// // The unmanaged set has every CPU, the managed core's set only its own.
+    /// assert_eq!(std::fs::read_to_string(root.join("corewise-unmanaged/cpuset.cpus"))?, "0-1");
+    /// assert_eq!(std::fs::read_to_string(root.join("corewise-core1/cpuset.cpus"))?, "1");
+    /// // A second daemon on the same root is refused while the first holds it.
+    /// assert!(CgroupFence::new(CgroupVersion::V1, &root, &"0-1".parse()?, &[1]).is_err());
+    /// drop(f);
+    /// std::fs::remove_dir_all(&root)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(
         version: CgroupVersion,
         root: &Path,
@@ -513,6 +672,31 @@ impl CgroupFence {
     }
 
     /// The unmanaged cgroup directory.
+    ///
+    /// ```
+    /// # // A stand-in for a cgroup v1 cpuset directory: the files the kernel
+    /// # // would create in it (and in the sets the fence makes), as plain files.
+    /// # fn fake_v1_root(name: &str) -> std::io::Result<std::path::PathBuf> {
+    /// #     let root = std::env::temp_dir().join(format!("fence-doc-{name}-{}", std::process::id()));
+    /// #     std::fs::create_dir_all(&root)?;
+    /// #     std::fs::write(root.join("cpuset.cpus"), "0-1\n")?;
+    /// #     std::fs::write(root.join("cpuset.mems"), "0\n")?;
+    /// #     std::fs::write(root.join("tasks"), "")?;
+    /// #     for set in [corewise_arbiter::fence::UNMANAGED_DIR, "corewise-core1"] {
+    /// #         std::fs::create_dir_all(root.join(set))?;
+    /// #         std::fs::write(root.join(set).join("tasks"), "")?;
+    /// #     }
+    /// #     Ok(root)
+    /// # }
+    /// use corewise_arbiter::fence::{CgroupFence, CgroupVersion};
+    /// let root = fake_v1_root("dir")?;
+    /// let f = CgroupFence::new(CgroupVersion::V1, &root, &"0-1".parse()?, &[1])?;
+    /// assert!(f.unmanaged_dir().starts_with(&root));
+    /// assert!(f.unmanaged_dir().join("cpuset.cpus").exists());
+    /// drop(f);
+    /// std::fs::remove_dir_all(&root)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn unmanaged_dir(&self) -> &Path {
         &self.unmanaged
     }
@@ -688,6 +872,20 @@ impl Fence for CgroupFence {
 /// at teardown), so it remembers each thread by identity, taken right
 /// before its first pin (see [`crate::daemon::task`]): a thread that is
 /// gone, or whose id another task has now, is forgotten, never pinned.
+///
+/// ```
+/// use corewise_arbiter::fence::{AffinityFence, Fence};
+/// use corewise_arbiter::topology::online_cpus;
+/// let mut f = AffinityFence::new(&online_cpus());
+/// let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+/// let cpu = rustix::thread::sched_getcpu() as u32;
+/// f.confine(tid, cpu)?; // this thread now runs on `cpu` only
+/// assert_eq!(rustix::thread::sched_getaffinity(None)?.count(), 1);
+/// assert_eq!(f.members(cpu), vec![tid]);
+/// f.teardown()?; // and on every CPU again
+/// assert_eq!(rustix::thread::sched_getaffinity(None)?.count() as usize, online_cpus().len());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct AffinityFence {
     unmanaged: CpuList,
     all: CpuList,
@@ -698,6 +896,13 @@ pub struct AffinityFence {
 
 impl AffinityFence {
     /// A backend managing `all` CPUs.
+    ///
+    /// ```
+    /// use corewise_arbiter::fence::{AffinityFence, Fence};
+    /// let f = AffinityFence::new(&"0-1".parse().unwrap());
+    /// assert_eq!(f.name(), "affinity");
+    /// assert!(f.members(1).is_empty());
+    /// ```
     pub fn new(all: &CpuList) -> Self {
         Self {
             unmanaged: all.clone(),
