@@ -18,6 +18,13 @@ use crate::protocol::PRIORITY_LEVELS;
 use crate::topology::{CoreId, Topology};
 
 /// What one application asks for, as the policy sees it.
+///
+/// ```
+/// use corewise_arbiter::policy::{targets, Demand};
+/// // Asks for 3 cores at level 1, but has only 2 kernel threads to use them.
+/// let d = Demand { requested: [0, 3, 0, 0, 0, 0, 0, 0], cap: 2, held: 0, user: 1000, user_cap: 8 };
+/// assert_eq!(targets(&[d], 4), vec![2]);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Demand {
     /// Requested cores per level, after limits.
@@ -144,6 +151,16 @@ pub fn cores_spanned(cpus: &[CoreId], topo: &Topology) -> u32 {
 
 /// An application's share when physical cores are owned whole: at most
 /// `cpus` CPUs, on at most `cores` physical cores.
+///
+/// ```
+/// use corewise_arbiter::policy::{whole_core_targets, Demand, Share};
+/// use corewise_arbiter::topology::Topology;
+/// // Two hyperthreads per core: asking for 3 CPUs takes 2 whole cores.
+/// let t = Topology::synthetic(1, 4, 2);
+/// let d = Demand { requested: [3, 0, 0, 0, 0, 0, 0, 0], cap: 8, held: 0, user: 1, user_cap: 8 };
+/// let s = whole_core_targets(&[d], &[vec![]], &[2, 3, 4, 5, 6, 7], &t);
+/// assert_eq!(s, vec![Share { cpus: 3, cores: 2 }]);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Share {
     /// CPUs (hyperthreads) it may hold.
