@@ -22,25 +22,102 @@
 use thiserror::Error;
 
 /// Protocol version carried in every frame.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_request, encode_request, DecodeError, Request, PROTOCOL_VERSION};
+/// let mut f = encode_request(&Request::HelloApp);
+/// assert_eq!(f[2], PROTOCOL_VERSION);
+/// f[2] = PROTOCOL_VERSION + 1;
+/// assert_eq!(decode_request(&f), Err(DecodeError::BadVersion(PROTOCOL_VERSION + 1)));
+/// ```
 pub const PROTOCOL_VERSION: u8 = 1;
 /// Frame magic.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_request, encode_request, DecodeError, Request, MAGIC};
+/// assert!(encode_request(&Request::StatusQuery).starts_with(&MAGIC));
+/// // The first wrong byte is enough to reject a frame.
+/// assert_eq!(decode_request(b"GET"), Err(DecodeError::BadMagic));
+/// ```
 pub const MAGIC: [u8; 2] = *b"CW";
 /// Size of the frame header.
+///
+/// ```
+/// use corewise_arbiter::protocol::{encode_request, Request, HEADER_LEN};
+/// // A message without payload is just the header.
+/// assert_eq!(encode_request(&Request::BlockUntilCoreAvailable).len(), HEADER_LEN);
+/// assert_eq!(encode_request(&Request::ReplaceThread { tid: 1 }).len(), HEADER_LEN + 4);
+/// ```
 pub const HEADER_LEN: usize = 6;
 /// Largest payload the daemon accepts from a client.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_request, DecodeError, MAX_REQUEST_PAYLOAD};
+/// let len = (MAX_REQUEST_PAYLOAD as u16 + 1).to_le_bytes();
+/// let header = [b'C', b'W', 1, 3, len[0], len[1]];
+/// // Refused from the header alone, before the payload arrives.
+/// assert_eq!(decode_request(&header), Err(DecodeError::TooLong(MAX_REQUEST_PAYLOAD + 1)));
+/// ```
 pub const MAX_REQUEST_PAYLOAD: usize = 64;
 /// Largest payload a client accepts from the daemon (status replies).
+///
+/// ```
+/// use corewise_arbiter::protocol::{encode_response, Response, StatusEntry, HEADER_LEN, MAX_RESPONSE_PAYLOAD};
+/// let e = StatusEntry { pid: 1, uid: 0, name: "x".into(), requested: [0; 8], granted: vec![], preempted: 0 };
+/// // A status table too long for one frame is cut to what fits.
+/// let f = encode_response(&Response::Status { entries: vec![e; 10_000] });
+/// assert!(f.len() <= HEADER_LEN + MAX_RESPONSE_PAYLOAD);
+/// ```
 pub const MAX_RESPONSE_PAYLOAD: usize = u16::MAX as usize;
 /// Number of priority levels; level 0 is the highest priority.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_request, encode_request, Request, PRIORITY_LEVELS};
+/// let mut counts = [0u32; PRIORITY_LEVELS];
+/// counts[PRIORITY_LEVELS - 1] = 2; // two cores at the lowest priority
+/// let f = encode_request(&Request::SetRequestedCores { counts });
+/// let Some((Request::SetRequestedCores { counts: got }, _)) = decode_request(&f).unwrap() else { panic!() };
+/// assert_eq!(got[7], 2);
+/// ```
 pub const PRIORITY_LEVELS: usize = 8;
 /// Largest number of cores that may be requested at one level.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_request, encode_request, DecodeError, Request, MAX_CORES_PER_LEVEL};
+/// let ok = encode_request(&Request::SetRequestedCores { counts: [MAX_CORES_PER_LEVEL, 0, 0, 0, 0, 0, 0, 0] });
+/// assert!(decode_request(&ok).is_ok());
+/// let too_many = encode_request(&Request::SetRequestedCores { counts: [MAX_CORES_PER_LEVEL + 1, 0, 0, 0, 0, 0, 0, 0] });
+/// assert_eq!(decode_request(&too_many), Err(DecodeError::OutOfRange("core count")));
+/// ```
 pub const MAX_CORES_PER_LEVEL: u32 = 4096;
 /// Longest application name carried in a status entry.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_response, encode_response, Response, StatusEntry, MAX_NAME_LEN};
+/// let e = StatusEntry { pid: 1, uid: 0, name: "n".repeat(100), requested: [0; 8], granted: vec![], preempted: 0 };
+/// let f = encode_response(&Response::Status { entries: vec![e] });
+/// let Some((Response::Status { entries }, _)) = decode_response(&f).unwrap() else { panic!() };
+/// assert_eq!(entries[0].name.len(), MAX_NAME_LEN);
+/// ```
 pub const MAX_NAME_LEN: usize = 64;
 /// Longest message carried in an error frame.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_response, encode_response, Response, MAX_ERROR_LEN};
+/// let f = encode_response(&Response::Error { message: "e".repeat(1000) });
+/// let Some((Response::Error { message }, _)) = decode_response(&f).unwrap() else { panic!() };
+/// assert_eq!(message.len(), MAX_ERROR_LEN);
+/// ```
 pub const MAX_ERROR_LEN: usize = 200;
 
 /// A message from a client to the daemon.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_request, encode_request, Request};
+/// let req = Request::AttachThread { app_token: 0xfeed, tid: 1234 };
+/// let f = encode_request(&req);
+/// assert_eq!(decode_request(&f), Ok(Some((req, f.len()))));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     /// First message on an application's control socket: registers a new
@@ -83,6 +160,21 @@ pub enum Request {
 }
 
 /// One row of the status table.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_response, encode_response, Response, StatusEntry};
+/// let e = StatusEntry {
+///     pid: 4321,
+///     uid: 1000,
+///     name: "kv".into(),
+///     requested: [0, 2, 0, 0, 0, 0, 0, 0],
+///     granted: vec![2, 3],
+///     preempted: 1,
+/// };
+/// let f = encode_response(&Response::Status { entries: vec![e.clone()] });
+/// let (back, _) = decode_response(&f).unwrap().unwrap();
+/// assert_eq!(back, Response::Status { entries: vec![e] });
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusEntry {
     /// Process id of the application.
@@ -100,6 +192,13 @@ pub struct StatusEntry {
 }
 
 /// A message from the daemon to a client.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_response, encode_response, Response};
+/// let ack = Response::RequestAck { effective: [1, 0, 0, 0, 0, 0, 0, 0], clipped: true };
+/// let f = encode_response(&ack);
+/// assert_eq!(decode_response(&f), Ok(Some((ack, f.len()))));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
     /// Answer to [`Request::HelloApp`]; the shared page travels as SCM_RIGHTS.
@@ -147,6 +246,14 @@ pub enum Response {
 }
 
 /// Why bytes could not be decoded.
+///
+/// ```
+/// use corewise_arbiter::protocol::{decode_request, DecodeError};
+/// assert_eq!(decode_request(b"CW\x01\xee\x00\x00"), Err(DecodeError::UnknownKind(0xee)));
+/// // A payload that does not fit the kind (hello takes none).
+/// assert_eq!(decode_request(b"CW\x01\x01\x01\x00x"), Err(DecodeError::Malformed(1)));
+/// assert_eq!(DecodeError::BadVersion(9).to_string(), "unsupported protocol version 9");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DecodeError {
     /// The frame does not start with [`MAGIC`].
