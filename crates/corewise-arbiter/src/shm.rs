@@ -22,11 +22,42 @@ use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 use thiserror::Error;
 
 /// Largest CPU number + 1 the shared page can describe.
+///
+/// ```
+/// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter, MAX_CPUS};
+/// let w = SharedPageWriter::create().unwrap();
+/// let r = SharedPageReader::map(w.fd()).unwrap();
+/// w.set_granted(MAX_CPUS as u32 - 1, 7);
+/// w.set_granted(MAX_CPUS as u32, 7); // beyond the page: ignored
+/// assert_eq!(r.granted_cores(), vec![MAX_CPUS as u32 - 1]);
+/// ```
 pub const MAX_CPUS: usize = 1024;
 const WORDS: usize = MAX_CPUS / 64;
 /// Magic value in the first word of a valid page.
+///
+/// ```
+/// use corewise_arbiter::shm::{SharedPageReader, ShmError, PAGE_MAGIC};
+/// // A page of zeros lacks the magic: refused.
+/// let f = std::fs::File::from(rustix::fs::memfd_create("blank", rustix::fs::MemfdFlags::CLOEXEC)?);
+/// f.set_len(8192)?;
+/// assert!(matches!(SharedPageReader::map(std::os::fd::AsFd::as_fd(&f)), Err(ShmError::BadPage)));
+/// assert_eq!(&PAGE_MAGIC.to_be_bytes(), b"CWSH");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const PAGE_MAGIC: u32 = 0x4357_5348; // "CWSH"
 /// Layout version of the page.
+///
+/// ```
+/// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter, PAGE_MAGIC, PAGE_VERSION};
+/// // The second word of a page is its layout version.
+/// let w = SharedPageWriter::create().unwrap();
+/// let mut head = [0u8; 8];
+/// rustix::io::pread(w.fd(), &mut head, 0)?;
+/// assert_eq!(head[..4], PAGE_MAGIC.to_ne_bytes());
+/// assert_eq!(head[4..], PAGE_VERSION.to_ne_bytes());
+/// assert!(SharedPageReader::map(w.fd()).is_ok());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const PAGE_VERSION: u32 = 1;
 const PAGE_LEN: usize = 8192;
 
@@ -47,6 +78,17 @@ struct Layout {
 const _: () = assert!(std::mem::size_of::<Layout>() <= PAGE_LEN);
 
 /// Errors creating or mapping the shared page.
+///
+/// ```
+/// use corewise_arbiter::shm::{SharedPageReader, ShmError};
+/// // A file shorter than a page is not a shared page.
+/// let path = std::env::temp_dir().join(format!("shm-doc-{}", std::process::id()));
+/// let f = std::fs::File::create(&path)?;
+/// let r = SharedPageReader::map(std::os::fd::AsFd::as_fd(&f));
+/// assert!(matches!(r, Err(ShmError::BadPage)));
+/// std::fs::remove_file(&path)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Debug, Error)]
 pub enum ShmError {
     /// A system call failed.
@@ -165,6 +207,13 @@ pub struct SharedPageWriter {
 
 impl SharedPageWriter {
     /// Creates a sealed memfd, maps it read-write and initialises it.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// assert_eq!((r.granted_count(), r.release_count(), r.shutdown()), (0, 0, false));
+    /// ```
     pub fn create() -> Result<Self, ShmError> {
         let fd = memfd_create(
             "corewise-arbiter",
@@ -187,6 +236,14 @@ impl SharedPageWriter {
     }
 
     /// The memfd, to pass to the client.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::SharedPageWriter;
+    /// let w = SharedPageWriter::create().unwrap();
+    /// // A page, sealed against writable mappings by anyone else.
+    /// assert_eq!(rustix::fs::fstat(w.fd()).unwrap().st_size, 8192);
+    /// assert!(rustix::fs::fcntl_get_seals(w.fd()).unwrap().contains(rustix::fs::SealFlags::FUTURE_WRITE));
+    /// ```
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
@@ -196,6 +253,16 @@ impl SharedPageWriter {
     }
 
     /// Marks `cpu` as granted to the application's thread `tid` (0: not granted).
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.set_granted(3, 77);
+    /// assert_eq!((r.granted_cores(), r.holder(3)), (vec![3], 77));
+    /// w.set_granted(3, 0);
+    /// assert!(r.granted_cores().is_empty());
+    /// ```
     pub fn set_granted(&self, cpu: u32, tid: u32) {
         let l = self.map.layout();
         if let Some(h) = l.holder.get(cpu as usize) {
@@ -208,6 +275,16 @@ impl SharedPageWriter {
     }
 
     /// Asks the application to release `cpu` (or withdraws the request).
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.set_release(6, true);
+    /// assert_eq!(r.core_to_release(), Some(6));
+    /// w.set_release(6, false); // withdrawn
+    /// assert_eq!(r.core_to_release(), None);
+    /// ```
     pub fn set_release(&self, cpu: u32, on: bool) {
         let l = self.map.layout();
         set_bit(&l.release, cpu, on);
@@ -217,12 +294,30 @@ impl SharedPageWriter {
     }
 
     /// Records one more forced preemption.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.add_preempted();
+    /// assert_eq!(r.preempted(), 1);
+    /// ```
     pub fn add_preempted(&self) {
         self.map.layout().preempted.fetch_add(1, Ordering::Release);
         self.bump();
     }
 
     /// Tells every kernel thread to give its core back: the daemon is exiting.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.set_granted(1, 5);
+    /// w.set_shutdown();
+    /// // Every holder must give its core back.
+    /// assert!(r.shutdown() && r.must_release(1, 5));
+    /// ```
     pub fn set_shutdown(&self) {
         self.map.layout().shutdown.store(1, Ordering::Release);
         self.bump();
@@ -230,12 +325,28 @@ impl SharedPageWriter {
 }
 
 /// The application's read-only view of its page.
+///
+/// ```
+/// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+/// let w = SharedPageWriter::create().unwrap();
+/// let r = SharedPageReader::map(w.fd()).unwrap();
+/// w.set_granted(1, 42);
+/// assert_eq!((r.granted_count(), r.holder(1)), (1, 42));
+/// ```
 pub struct SharedPageReader {
     map: Mapping,
 }
 
 impl SharedPageReader {
     /// Maps the page read-only and checks its magic and version.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// assert!(r.granted_cores().is_empty());
+    /// assert_eq!(r.seq(), 0);
+    /// ```
     pub fn map(fd: BorrowedFd<'_>) -> Result<Self, ShmError> {
         let st = rustix::fs::fstat(fd).map_err(sys("fstat"))?;
         if (st.st_size as usize) < PAGE_LEN {
@@ -253,6 +364,18 @@ impl SharedPageReader {
 
     /// Whether the thread `tid` holding `cpu` must give it back: the daemon
     /// asks for it, took it by force already, or is shutting down.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.set_granted(2, 100);
+    /// assert!(!r.must_release(2, 100));
+    /// // Another thread of the application holds core 2 now.
+    /// assert!(r.must_release(2, 101));
+    /// w.set_release(2, true);
+    /// assert!(r.must_release(2, 100));
+    /// ```
     #[inline]
     pub fn must_release(&self, cpu: u32, tid: u32) -> bool {
         let l = self.map.layout();
@@ -264,6 +387,15 @@ impl SharedPageReader {
     }
 
     /// The application's thread holding `cpu` (0 if none).
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.set_granted(5, 900);
+    /// assert_eq!(r.holder(5), 900);
+    /// assert_eq!(r.holder(6), 0);
+    /// ```
     pub fn holder(&self, cpu: u32) -> u32 {
         self.map
             .layout()
@@ -273,36 +405,102 @@ impl SharedPageReader {
     }
 
     /// Whether the daemon announced it is shutting down.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// assert!(!r.shutdown());
+    /// w.set_shutdown();
+    /// assert!(r.shutdown());
+    /// ```
     pub fn shutdown(&self) -> bool {
         self.map.layout().shutdown.load(Ordering::Acquire) != 0
     }
 
     /// One core the application is asked to release, if any.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// assert_eq!(r.core_to_release(), None);
+    /// w.set_release(4, true);
+    /// assert_eq!(r.core_to_release(), Some(4));
+    /// ```
     pub fn core_to_release(&self) -> Option<u32> {
         bits(&self.map.layout().release).first().copied()
     }
 
     /// Cores currently granted to the application.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.set_granted(9, 1);
+    /// w.set_granted(3, 2);
+    /// assert_eq!(r.granted_cores(), vec![3, 9]);
+    /// ```
     pub fn granted_cores(&self) -> Vec<u32> {
         bits(&self.map.layout().granted)
     }
 
     /// Number of cores granted.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.set_granted(1, 10);
+    /// w.set_granted(2, 11);
+    /// w.set_granted(1, 0); // core 1 taken back
+    /// assert_eq!(r.granted_count(), 1);
+    /// ```
     pub fn granted_count(&self) -> u32 {
         self.map.layout().granted_count.load(Ordering::Acquire)
     }
 
     /// Number of cores the application is asked to release.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.set_release(1, true);
+    /// w.set_release(2, true);
+    /// assert_eq!(r.release_count(), 2);
+    /// w.set_release(1, false);
+    /// assert_eq!(r.release_count(), 1);
+    /// ```
     pub fn release_count(&self) -> u32 {
         self.map.layout().release_count.load(Ordering::Acquire)
     }
 
     /// Number of forced preemptions so far.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// w.add_preempted();
+    /// w.add_preempted();
+    /// assert_eq!(r.preempted(), 2);
+    /// ```
     pub fn preempted(&self) -> u32 {
         self.map.layout().preempted.load(Ordering::Acquire)
     }
 
     /// Change counter, incremented on every daemon update.
+    ///
+    /// ```
+    /// use corewise_arbiter::shm::{SharedPageReader, SharedPageWriter};
+    /// let w = SharedPageWriter::create().unwrap();
+    /// let r = SharedPageReader::map(w.fd()).unwrap();
+    /// let before = r.seq();
+    /// w.set_granted(0, 1);
+    /// assert!(r.seq() > before);
+    /// ```
     pub fn seq(&self) -> u64 {
         self.map.layout().seq.load(Ordering::Acquire)
     }
