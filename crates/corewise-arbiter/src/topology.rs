@@ -9,11 +9,25 @@
 use std::path::Path;
 
 /// A CPU (core) number as the kernel numbers it.
+///
+/// ```
+/// use corewise_arbiter::CoreId;
+/// use corewise_arbiter::topology::Topology;
+/// let cpu: CoreId = 3;
+/// assert_eq!(Topology::synthetic(1, 2, 2).siblings(cpu), vec![2, 3]);
+/// ```
 pub type CoreId = u32;
 
 pub use crate::cpulist::{CpuList, CpuListError};
 
 /// Where one CPU sits.
+///
+/// ```
+/// use corewise_arbiter::topology::{CpuPlace, Topology};
+/// let t = Topology::synthetic(2, 1, 2);
+/// // CPU 3: the second hyperthread of package 1's only core (core id 1).
+/// assert_eq!(t.places()[3], CpuPlace { cpu: 3, core: 1, package: 1 });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuPlace {
     /// The CPU.
@@ -40,11 +54,38 @@ pub struct Topology {
 
 impl Topology {
     /// Reads the topology of `cpus` from sysfs (`/sys/devices/system/cpu`).
+    ///
+    /// ```
+    /// use corewise_arbiter::topology::{online_cpus, Topology};
+    /// let cpus = online_cpus();
+    /// let t = Topology::read(&cpus);
+    /// assert_eq!(t.places().len(), cpus.len());
+    /// assert!(cpus.cores().all(|c| t.siblings(c).contains(&c)));
+    /// ```
     pub fn read(cpus: &CpuList) -> Self {
         Self::read_from(Path::new("/sys/devices/system/cpu"), cpus)
     }
 
     /// Reads from another sysfs-like directory (for tests).
+    ///
+    /// ```
+    /// use corewise_arbiter::topology::{CpuList, Topology};
+    /// // A sysfs-like tree where CPUs 0 and 1 are hyperthreads of core 0.
+    /// let base = std::env::temp_dir().join(format!("topology-doc-{}", std::process::id()));
+    /// for cpu in 0..2 {
+    ///     let dir = base.join(format!("cpu{cpu}/topology"));
+    ///     std::fs::create_dir_all(&dir)?;
+    ///     std::fs::write(dir.join("core_id"), "0\n")?;
+    ///     std::fs::write(dir.join("physical_package_id"), "0\n")?;
+    /// }
+    /// let cpus: CpuList = "0-2".parse().unwrap();
+    /// let t = Topology::read_from(&base, &cpus);
+    /// assert!(t.are_siblings(0, 1));
+    /// // CPU 2 has no files: its own core.
+    /// assert_eq!(t.siblings(2), vec![2]);
+    /// std::fs::remove_dir_all(&base)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn read_from(base: &Path, cpus: &CpuList) -> Self {
         let read_num = |cpu: CoreId, file: &str| -> Option<u32> {
             let p = base.join(format!("cpu{cpu}/topology/{file}"));
@@ -70,6 +111,15 @@ impl Topology {
     }
 
     /// A regular machine: CPUs numbered package-major, core, then thread.
+    ///
+    /// ```
+    /// use corewise_arbiter::topology::Topology;
+    /// // One package, four cores, no hyperthreads.
+    /// let t = Topology::synthetic(1, 4, 1);
+    /// assert_eq!(t.places().len(), 4);
+    /// assert_eq!(t.siblings(2), vec![2]);
+    /// assert_eq!(t.package_of(3), Some(0));
+    /// ```
     pub fn synthetic(packages: u32, cores_per_package: u32, threads_per_core: u32) -> Self {
         let mut places = Vec::new();
         let mut cpu = 0;
@@ -89,6 +139,13 @@ impl Topology {
     }
 
     /// Every CPU described.
+    ///
+    /// ```
+    /// use corewise_arbiter::topology::Topology;
+    /// let t = Topology::synthetic(2, 2, 1);
+    /// let packages: Vec<u32> = t.places().iter().map(|p| p.package).collect();
+    /// assert_eq!(packages, vec![0, 0, 1, 1]);
+    /// ```
     pub fn places(&self) -> &[CpuPlace] {
         &self.places
     }
@@ -98,6 +155,14 @@ impl Topology {
     }
 
     /// CPUs sharing a physical core with `cpu` (including `cpu`).
+    ///
+    /// ```
+    /// use corewise_arbiter::topology::Topology;
+    /// let t = Topology::synthetic(1, 2, 2);
+    /// assert_eq!(t.siblings(1), vec![0, 1]);
+    /// // A CPU not described is its own only sibling.
+    /// assert_eq!(t.siblings(9), vec![9]);
+    /// ```
     pub fn siblings(&self, cpu: CoreId) -> Vec<CoreId> {
         match self.place(cpu) {
             Some(me) => self
@@ -111,11 +176,27 @@ impl Topology {
     }
 
     /// Package of `cpu`, if known.
+    ///
+    /// ```
+    /// use corewise_arbiter::topology::Topology;
+    /// let t = Topology::synthetic(2, 2, 2);
+    /// assert_eq!(t.package_of(3), Some(0));
+    /// assert_eq!(t.package_of(4), Some(1));
+    /// assert_eq!(t.package_of(8), None);
+    /// ```
     pub fn package_of(&self, cpu: CoreId) -> Option<u32> {
         self.place(cpu).map(|p| p.package)
     }
 
     /// Whether two CPUs are hyperthreads of one physical core.
+    ///
+    /// ```
+    /// use corewise_arbiter::topology::Topology;
+    /// let t = Topology::synthetic(1, 2, 2);
+    /// assert!(t.are_siblings(2, 3));
+    /// assert!(!t.are_siblings(1, 2));
+    /// assert!(!t.are_siblings(2, 2)); // a CPU is not its own sibling
+    /// ```
     pub fn are_siblings(&self, a: CoreId, b: CoreId) -> bool {
         match (self.place(a), self.place(b)) {
             (Some(x), Some(y)) => a != b && x.core == y.core && x.package == y.package,
@@ -126,6 +207,13 @@ impl Topology {
 
 /// CPUs online on this machine (`/sys/devices/system/cpu/online`), falling
 /// back to the calling thread's affinity.
+///
+/// ```
+/// use corewise_arbiter::topology::online_cpus;
+/// let cpus = online_cpus();
+/// assert!(!cpus.is_empty());
+/// assert!(cpus.contains(rustix::thread::sched_getcpu()));
+/// ```
 pub fn online_cpus() -> CpuList {
     if let Ok(s) = std::fs::read_to_string("/sys/devices/system/cpu/online") {
         if let Ok(l) = s.parse::<CpuList>() {
