@@ -38,6 +38,12 @@ use crate::topology::CoreId;
 const POLL_ONLY: &str = "n/a";
 
 /// Default sysfs directory of the CPU devices.
+///
+/// ```
+/// use corewise_arbiter::warm::SYSFS_CPU_ROOT;
+/// // CPU 0's directory is always there on Linux.
+/// assert!(std::path::Path::new(SYSFS_CPU_ROOT).join("cpu0").is_dir());
+/// ```
 pub const SYSFS_CPU_ROOT: &str = "/sys/devices/system/cpu";
 
 struct Entry {
@@ -76,6 +82,25 @@ impl WarmCores {
     /// back, or that is already poll-only, is left alone. With `record`,
     /// first restores what a previous daemon's record file there lists,
     /// then writes this daemon's originals to it.
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// // A fake sysfs tree: CPU 2's limit is 0, CPU 3 has no file.
+    /// let dir = std::env::temp_dir().join(format!("warm-new-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(dir.join("cpu2/power"))?;
+    /// std::fs::write(dir.join("cpu2/power/pm_qos_resume_latency_us"), "0\n")?;
+    /// let record = dir.join("record");
+    /// let mut warm = WarmCores::new(&dir, &[2, 3], Duration::from_millis(1), Some(&record));
+    /// // The original limit is recorded for a later daemon to restore.
+    /// assert_eq!(std::fs::read_to_string(&record)?, "2 0\n");
+    /// warm.freed(2, Instant::now());
+    /// warm.freed(3, Instant::now());
+    /// assert!(warm.is_warm(2) && !warm.is_warm(3));
+    /// drop(warm);
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn new(
         cpu_root: &Path,
         managed: &[CoreId],
@@ -142,6 +167,14 @@ impl WarmCores {
     }
 
     /// A window that does nothing (`--warm-window 0`, tests).
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// let mut warm = WarmCores::disabled();
+    /// warm.freed(1, std::time::Instant::now());
+    /// assert!(!warm.is_warm(1));
+    /// assert_eq!(warm.next_deadline(), None);
+    /// ```
     pub fn disabled() -> Self {
         Self {
             window: Duration::ZERO,
@@ -151,6 +184,24 @@ impl WarmCores {
     }
 
     /// `core` just became free: keep it polling until `now + window`.
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// let dir = std::env::temp_dir().join(format!("warm-freed-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(dir.join("cpu1/power"))?;
+    /// let file = dir.join("cpu1/power/pm_qos_resume_latency_us");
+    /// std::fs::write(&file, "0\n")?;
+    /// let mut warm = WarmCores::new(&dir, &[1], Duration::from_millis(1), None);
+    /// let now = Instant::now();
+    /// warm.freed(1, now);
+    /// assert_eq!(std::fs::read_to_string(&file)?, "n/a");
+    /// assert_eq!(warm.next_deadline(), Some(now + Duration::from_millis(1)));
+    /// drop(warm); // gives the original limit back
+    /// assert_eq!(std::fs::read_to_string(&file)?, "0");
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn freed(&mut self, core: CoreId, now: Instant) {
         let window = self.window;
         let Some(e) = self.cores.get_mut(&core) else {
@@ -163,6 +214,22 @@ impl WarmCores {
     }
 
     /// `core` was granted: its holder's idle sleep may halt again.
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// let dir = std::env::temp_dir().join(format!("warm-taken-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(dir.join("cpu1/power"))?;
+    /// let file = dir.join("cpu1/power/pm_qos_resume_latency_us");
+    /// std::fs::write(&file, "20\n")?;
+    /// let mut warm = WarmCores::new(&dir, &[1], Duration::from_secs(1), None);
+    /// warm.freed(1, Instant::now());
+    /// warm.taken(1); // granted again before the window ended
+    /// assert!(!warm.is_warm(1));
+    /// assert_eq!(std::fs::read_to_string(&file)?, "20");
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn taken(&mut self, core: CoreId) {
         if let Some(e) = self.cores.get_mut(&core) {
             restore(e);
@@ -170,6 +237,23 @@ impl WarmCores {
     }
 
     /// Ends every window that is over at `now`.
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// let dir = std::env::temp_dir().join(format!("warm-expire-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(dir.join("cpu1/power"))?;
+    /// std::fs::write(dir.join("cpu1/power/pm_qos_resume_latency_us"), "0\n")?;
+    /// let mut warm = WarmCores::new(&dir, &[1], Duration::from_millis(5), None);
+    /// let now = Instant::now();
+    /// warm.freed(1, now);
+    /// warm.expire(now + Duration::from_millis(1));
+    /// assert!(warm.is_warm(1));
+    /// warm.expire(now + Duration::from_millis(5));
+    /// assert!(!warm.is_warm(1));
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn expire(&mut self, now: Instant) {
         for e in self.cores.values_mut() {
             if e.until.is_some_and(|u| u <= now) {
@@ -179,17 +263,68 @@ impl WarmCores {
     }
 
     /// When the next window ends.
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// let dir = std::env::temp_dir().join(format!("warm-deadline-doc-{}", std::process::id()));
+    /// for cpu in [1, 2] {
+    ///     std::fs::create_dir_all(dir.join(format!("cpu{cpu}/power")))?;
+    ///     std::fs::write(dir.join(format!("cpu{cpu}/power/pm_qos_resume_latency_us")), "0\n")?;
+    /// }
+    /// let mut warm = WarmCores::new(&dir, &[1, 2], Duration::from_millis(3), None);
+    /// let now = Instant::now();
+    /// assert_eq!(warm.next_deadline(), None);
+    /// warm.freed(2, now + Duration::from_millis(1));
+    /// warm.freed(1, now);
+    /// assert_eq!(warm.next_deadline(), Some(now + Duration::from_millis(3)));
+    /// drop(warm);
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn next_deadline(&self) -> Option<Instant> {
         self.cores.values().filter_map(|e| e.until).min()
     }
 
     /// Whether `core` is in its window now.
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// let dir = std::env::temp_dir().join(format!("warm-is-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(dir.join("cpu4/power"))?;
+    /// std::fs::write(dir.join("cpu4/power/pm_qos_resume_latency_us"), "0\n")?;
+    /// let mut warm = WarmCores::new(&dir, &[4], Duration::from_millis(1), None);
+    /// assert!(!warm.is_warm(4));
+    /// warm.freed(4, Instant::now());
+    /// assert!(warm.is_warm(4));
+    /// drop(warm);
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn is_warm(&self, core: CoreId) -> bool {
         self.cores.get(&core).is_some_and(|e| e.until.is_some())
     }
 
     /// Gives every core its original limit back and removes the record
     /// (daemon exit).
+    ///
+    /// ```
+    /// use corewise_arbiter::warm::WarmCores;
+    /// use std::time::{Duration, Instant};
+    /// let dir = std::env::temp_dir().join(format!("warm-restore-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(dir.join("cpu1/power"))?;
+    /// let file = dir.join("cpu1/power/pm_qos_resume_latency_us");
+    /// std::fs::write(&file, "0\n")?;
+    /// let record = dir.join("record");
+    /// let mut warm = WarmCores::new(&dir, &[1], Duration::from_secs(1), Some(&record));
+    /// warm.freed(1, Instant::now());
+    /// warm.restore_all();
+    /// assert_eq!(std::fs::read_to_string(&file)?, "0");
+    /// assert!(!record.exists());
+    /// std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn restore_all(&mut self) {
         for e in self.cores.values_mut() {
             restore(e);
