@@ -11,9 +11,26 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Relative expiry times above this many seconds (30 days) are absolute
 /// unix times.
+///
+/// ```
+/// use corewise_kv::store::{Clock, Deadline, MAX_RELATIVE_EXPIRY};
+/// let c = Clock::new();
+/// // Up to 30 days: seconds from now.
+/// assert_eq!(c.deadline(MAX_RELATIVE_EXPIRY), Deadline::At(c.now() + MAX_RELATIVE_EXPIRY as u32));
+/// // Beyond: a unix time, here long past.
+/// assert_eq!(c.deadline(MAX_RELATIVE_EXPIRY + 1), Deadline::Past);
+/// ```
 pub const MAX_RELATIVE_EXPIRY: i64 = 60 * 60 * 24 * 30;
 
 /// What an expiry argument means for an item.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store};
+/// let s = Store::new(1 << 20, 1);
+/// s.store(SetMode::Set, b"k", 0, s.clock().deadline(60), b"v", None);
+/// assert_eq!(s.inspect(b"k").unwrap().0, 60);
+/// assert_eq!(s.clock().deadline(0), Deadline::Never);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deadline {
     /// Never expires.
@@ -49,6 +66,13 @@ impl Default for Clock {
 
 impl Clock {
     /// A clock that starts now.
+    ///
+    /// ```
+    /// use corewise_kv::store::Clock;
+    /// let c = Clock::new();
+    /// assert_eq!(c.now(), 1);
+    /// assert!(c.start_unix() > 1_600_000_000);
+    /// ```
     pub fn new() -> Self {
         let start_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -61,22 +85,52 @@ impl Clock {
     }
 
     /// Server seconds now (1 at start).
+    ///
+    /// ```
+    /// use corewise_kv::store::Clock;
+    /// let c = Clock::new();
+    /// let t = c.now();
+    /// assert!(t >= 1 && c.now() >= t);
+    /// ```
     pub fn now(&self) -> u32 {
         (self.start.elapsed().as_secs().min(u32::MAX as u64 - 1) as u32).saturating_add(1)
     }
 
     /// Unix time now, as the server sees it.
+    ///
+    /// ```
+    /// use corewise_kv::store::Clock;
+    /// let c = Clock::new();
+    /// assert_eq!(c.unix_now(), c.start_unix() + i64::from(c.now()) - 1);
+    /// ```
     pub fn unix_now(&self) -> i64 {
         self.start_unix + i64::from(self.now()) - 1
     }
 
     /// Unix time of the server start.
+    ///
+    /// ```
+    /// use corewise_kv::store::Clock;
+    /// let c = Clock::new();
+    /// let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    /// assert!((wall - c.start_unix()).abs() <= 1);
+    /// ```
     pub fn start_unix(&self) -> i64 {
         self.start_unix
     }
 
     /// The deadline an expiry argument names (memcached's rule: 0 never,
     /// negative already past, up to 30 days relative, else absolute).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Clock, Deadline};
+    /// let c = Clock::new();
+    /// assert_eq!(c.deadline(0), Deadline::Never);
+    /// assert_eq!(c.deadline(-5), Deadline::Past);
+    /// assert_eq!(c.deadline(10), Deadline::At(c.now() + 10));
+    /// // An absolute unix time an hour from now.
+    /// assert!(matches!(c.deadline(c.unix_now() + 3600), Deadline::At(t) if t >= 3600));
+    /// ```
     pub fn deadline(&self, exptime: i64) -> Deadline {
         if exptime == 0 {
             return Deadline::Never;
@@ -97,6 +151,14 @@ impl Clock {
     }
 
     /// Seconds left before `at` (for `mg t`, `me`): -1 for never.
+    ///
+    /// ```
+    /// use corewise_kv::store::Clock;
+    /// let c = Clock::new();
+    /// assert_eq!(c.ttl_left(0), -1); // never expires
+    /// assert_eq!(c.ttl_left(c.now() + 30), 30);
+    /// assert_eq!(c.ttl_left(1), 0); // already due
+    /// ```
     pub fn ttl_left(&self, at: u32) -> i64 {
         if at == 0 {
             -1

@@ -22,6 +22,14 @@ pub fn hash_key(key: &[u8]) -> u64 {
 }
 
 /// The hasher state.
+///
+/// ```
+/// use corewise_kv::store::{hash_key, FxHasher};
+/// use std::hash::Hasher;
+/// let mut h = FxHasher::default();
+/// h.write(b"key");
+/// assert_eq!(h.finish(), hash_key(b"key"));
+/// ```
 #[derive(Debug, Default, Clone, Copy)]
 pub struct FxHasher(u64);
 
@@ -62,6 +70,14 @@ impl Hasher for FxHasher {
 }
 
 /// Builds [`FxHasher`]s for the shard maps.
+///
+/// ```
+/// use corewise_kv::store::FxBuild;
+/// use std::collections::HashMap;
+/// let mut m: HashMap<Vec<u8>, u32, FxBuild> = HashMap::with_hasher(FxBuild);
+/// m.insert(b"k".to_vec(), 1);
+/// assert_eq!(m.get(&b"k"[..]), Some(&1));
+/// ```
 #[derive(Debug, Default, Clone, Copy)]
 pub struct FxBuild;
 

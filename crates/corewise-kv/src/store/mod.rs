@@ -31,6 +31,16 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// How a storage request treats an existing item.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store, StoreOutcome};
+/// let s = Store::new(1 << 20, 1);
+/// assert_eq!(s.store(SetMode::Replace, b"k", 0, Deadline::Never, b"a", None), StoreOutcome::NotStored);
+/// assert!(matches!(s.store(SetMode::Add, b"k", 0, Deadline::Never, b"a", None), StoreOutcome::Stored(_)));
+/// s.store(SetMode::Append, b"k", 0, Deadline::Never, b"b", None);
+/// s.store(SetMode::Prepend, b"k", 0, Deadline::Never, b"c", None);
+/// assert!(s.get(b"k", None, |it, _| assert_eq!(it.value, b"cab")));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetMode {
     /// Store unconditionally.
@@ -46,6 +56,18 @@ pub enum SetMode {
 }
 
 /// The outcome of a storage request.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store, StoreOutcome};
+/// let s = Store::new(1 << 20, 1);
+/// let StoreOutcome::Stored(cas) = s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v1", None) else { panic!() };
+/// // A CAS store with the CAS the item has now succeeds, once.
+/// assert!(matches!(s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v2", Some(cas)), StoreOutcome::Stored(_)));
+/// assert_eq!(s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v3", Some(cas)), StoreOutcome::Exists);
+/// assert_eq!(s.store(SetMode::Set, b"gone", 0, Deadline::Never, b"v", Some(cas)), StoreOutcome::NotFound);
+/// // Larger than a shard may hold.
+/// assert_eq!(s.store(SetMode::Set, b"big", 0, Deadline::Never, &vec![0; 2 << 20], None), StoreOutcome::NoMemory);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreOutcome {
     /// Stored; the item's new CAS.
@@ -63,6 +85,13 @@ pub enum StoreOutcome {
 
 /// What incr/decr left on a counter besides its value (see
 /// [`Store::arith_facts`]).
+///
+/// ```
+/// use corewise_kv::store::{CounterFacts, Deadline, Store};
+/// let s = Store::new(1 << 20, 1);
+/// let (_, facts) = s.arith_facts(b"hits", true, 1, Some((0, Deadline::At(100))), None);
+/// assert_eq!(facts, Some(CounterFacts { exptime: 100, created: true }));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CounterFacts {
     /// The item's expiry on the server clock (0: never).
@@ -72,6 +101,17 @@ pub struct CounterFacts {
 }
 
 /// The outcome of incr/decr.
+///
+/// ```
+/// use corewise_kv::store::{ArithOutcome, Deadline, SetMode, Store};
+/// let s = Store::new(1 << 20, 1);
+/// assert_eq!(s.arith(b"n", true, 1, None, None), ArithOutcome::NotFound);
+/// s.store(SetMode::Set, b"n", 0, Deadline::Never, b"10", None);
+/// assert!(matches!(s.arith(b"n", false, 3, None, None), ArithOutcome::Value(7, _)));
+/// assert_eq!(s.arith(b"n", true, 1, None, Some(12345)), ArithOutcome::Exists);
+/// s.store(SetMode::Set, b"t", 0, Deadline::Never, b"text", None);
+/// assert_eq!(s.arith(b"t", true, 1, None, None), ArithOutcome::NonNumeric);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArithOutcome {
     /// The new value and the item's new CAS.
@@ -85,6 +125,15 @@ pub enum ArithOutcome {
 }
 
 /// The outcome of a delete.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, DeleteOutcome, SetMode, Store, StoreOutcome};
+/// let s = Store::new(1 << 20, 1);
+/// let StoreOutcome::Stored(cas) = s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None) else { panic!() };
+/// assert_eq!(s.delete(b"k", Some(cas + 1)), DeleteOutcome::Exists);
+/// assert_eq!(s.delete(b"k", Some(cas)), DeleteOutcome::Deleted);
+/// assert_eq!(s.delete(b"k", None), DeleteOutcome::NotFound);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeleteOutcome {
     /// Removed.
@@ -96,6 +145,17 @@ pub enum DeleteOutcome {
 }
 
 /// What a read saw of an item before it touched it (for meta flags).
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store};
+/// let s = Store::new(1 << 20, 1);
+/// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+/// s.get(b"k", None, |_, before| assert!(!before.fetched));
+/// s.get(b"k", None, |_, before| {
+///     assert!(before.fetched);
+///     assert_eq!(before.idle, 0);
+/// });
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Before {
     /// It had been fetched before this read.
@@ -105,6 +165,16 @@ pub struct Before {
 }
 
 /// What a meta get saw, besides the item (see [`Store::meta_get`]).
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store};
+/// let s = Store::new(1 << 20, 1);
+/// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+/// let mut seen = None;
+/// let hit = s.meta_get(b"k", false, true, false, |_, view| seen = Some((view.before.fetched, view.created, view.now)));
+/// assert!(hit);
+/// assert_eq!(seen, Some((false, false, s.clock().now())));
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct MetaView {
     /// The item as it was before this read.
@@ -116,6 +186,14 @@ pub struct MetaView {
 }
 
 /// Options of a meta set beyond the classic ones.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, MetaStore, SetMode, Store, StoreOutcome};
+/// let s = Store::new(1 << 20, 1);
+/// let meta = MetaStore { new_cas: Some(777), ..MetaStore::default() };
+/// let r = s.store_with(SetMode::Set, b"k", 0, Deadline::Never, b"v", None, meta);
+/// assert_eq!(r, StoreOutcome::Stored(777));
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MetaStore {
     /// `E`: the CAS the item gets instead of a new one.
@@ -142,6 +220,17 @@ pub fn exptime_at(deadline: Deadline, now: u32) -> u32 {
 }
 
 /// Totals over the store, for `stats`.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store};
+/// let s = Store::new(1 << 20, 1);
+/// s.store(SetMode::Set, b"a", 0, Deadline::Never, b"1", None);
+/// s.store(SetMode::Set, b"b", 0, Deadline::Never, b"2", None);
+/// let st = s.stats();
+/// assert_eq!((st.curr_items, st.limit_maxbytes), (2, 1 << 20));
+/// assert_eq!(st.counters.total_items, 2);
+/// assert!(st.bytes > 0);
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StoreStats {
     /// Items held.
@@ -158,6 +247,17 @@ pub struct StoreStats {
 }
 
 /// Request counters (memcached's `stats` names).
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store};
+/// use std::sync::atomic::Ordering::Relaxed;
+/// let s = Store::new(1 << 20, 1);
+/// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+/// s.get(b"k", None, |_, _| {});
+/// s.get(b"missing", None, |_, _| {});
+/// assert_eq!(s.ops.cmd_set.load(Relaxed), 1);
+/// assert_eq!((s.ops.get_hits.load(Relaxed), s.ops.get_misses.load(Relaxed)), (1, 1));
+/// ```
 #[derive(Debug, Default)]
 pub struct OpCounters {
     /// Keys asked for by retrievals.
@@ -213,6 +313,15 @@ pub struct OpCounters {
 
 impl OpCounters {
     /// Sets every counter to zero (`stats reset`).
+    ///
+    /// ```
+    /// use corewise_kv::store::OpCounters;
+    /// use std::sync::atomic::Ordering::Relaxed;
+    /// let c = OpCounters::default();
+    /// c.cmd_get.fetch_add(5, Relaxed);
+    /// c.reset();
+    /// assert_eq!(c.cmd_get.load(Relaxed), 0);
+    /// ```
     pub fn reset(&self) {
         for c in [
             &self.cmd_get,
@@ -294,6 +403,13 @@ pub fn item_size(nkey: usize, flags: u32, nvalue: usize) -> usize {
 impl Store {
     /// A store holding at most `limit` bytes in `shards` shards (rounded
     /// up to a power of two, at least 1).
+    ///
+    /// ```
+    /// use corewise_kv::store::Store;
+    /// let s = Store::new(64 << 20, 3); // 3 shards: rounded up to 4
+    /// assert_eq!(s.limit(), 64 << 20);
+    /// assert_eq!(s.stats().curr_items, 0);
+    /// ```
     pub fn new(limit: usize, shards: usize) -> Self {
         let n = shards.clamp(1, 1024).next_power_of_two();
         let per = limit / n;
@@ -317,6 +433,13 @@ impl Store {
 
     /// The shard count that suits a memory limit and item size limit: up to
     /// 64 shards, each able to hold at least four maximal items.
+    ///
+    /// ```
+    /// use corewise_kv::store::Store;
+    /// assert_eq!(Store::shards_for(64 << 20, 1 << 20), 15);
+    /// assert_eq!(Store::shards_for(1 << 30, 1 << 20), 64); // at most 64
+    /// assert_eq!(Store::shards_for(1 << 20, 1 << 20), 1); // at least 1
+    /// ```
     pub fn shards_for(limit: usize, item_max: usize) -> usize {
         let per = item_max
             .saturating_add(ITEM_OVERHEAD + 512)
@@ -326,16 +449,40 @@ impl Store {
     }
 
     /// The server clock.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// assert_eq!(s.clock().now(), 1); // server seconds start at 1
+    /// assert_eq!(s.clock().deadline(0), Deadline::Never);
+    /// ```
     pub fn clock(&self) -> &Clock {
         &self.clock
     }
 
     /// The memory limit.
+    ///
+    /// ```
+    /// use corewise_kv::store::Store;
+    /// assert_eq!(Store::new(8 << 20, 2).limit(), 8 << 20);
+    /// ```
     pub fn limit(&self) -> usize {
         self.limit.load(Ordering::Relaxed) as usize
     }
 
     /// Changes the memory limit (`cache_memlimit`); shrinking evicts.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// for i in 0..100 {
+    ///     s.store(SetMode::Set, format!("k{i}").as_bytes(), 0, Deadline::Never, &[0; 1000], None);
+    /// }
+    /// s.set_limit(10_000); // shrinking evicts
+    /// assert_eq!(s.limit(), 10_000);
+    /// assert!(s.stats().bytes <= 10_000);
+    /// assert!(s.stats().counters.evictions > 0);
+    /// ```
     pub fn set_limit(&self, limit: usize) {
         self.limit.store(limit as u64, Ordering::Relaxed);
         let per = limit / self.shards.len();
@@ -397,6 +544,19 @@ impl Store {
     /// Reads `key`: calls `f` with the item (and what it was before this
     /// read) and returns true on a hit. `touch` also sets a new expiry
     /// (gat, mg T); a past deadline makes the item expire after this read.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"k", 3, Deadline::Never, b"value", None);
+    /// let mut flags = 0;
+    /// assert!(s.get(b"k", None, |it, _| flags = it.flags));
+    /// assert_eq!(flags, 3);
+    /// assert!(!s.get(b"other", None, |_, _| unreachable!()));
+    /// // Get-and-touch with a past deadline: served once, then gone.
+    /// assert!(s.get(b"k", Some(Deadline::Past), |_, _| {}));
+    /// assert!(!s.get(b"k", None, |_, _| {}));
+    /// ```
     pub fn get(&self, key: &[u8], touch: Option<Deadline>, f: impl FnOnce(&Item, Before)) -> bool {
         let (now, floor) = self.now_floor();
         // As memcached 1.6.18 counts: a get-and-touch is a touch, not a get.
@@ -583,6 +743,16 @@ impl Store {
 
     /// A storage request. `compare` is the CAS a `cas` (or `ms C`) request
     /// carries; `new_cas` an explicit CAS to give the item (`ms E`).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store, StoreOutcome};
+    /// let s = Store::new(1 << 20, 1);
+    /// let r = s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+    /// assert!(matches!(r, StoreOutcome::Stored(_)));
+    /// // Storing with a past deadline answers success but removes the item.
+    /// assert!(matches!(s.store(SetMode::Set, b"k", 0, Deadline::Past, b"v", None), StoreOutcome::Stored(_)));
+    /// assert!(!s.get(b"k", None, |_, _| {}));
+    /// ```
     pub fn store(
         &self,
         mode: SetMode,
@@ -620,6 +790,18 @@ impl Store {
 
     /// [`store`](Self::store) with the meta set's options (an explicit new
     /// CAS, invalidation).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, MetaStore, SetMode, Store, StoreOutcome};
+    /// let s = Store::new(1 << 20, 1);
+    /// let StoreOutcome::Stored(old) = s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v1", None) else { panic!() };
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v2", None);
+    /// // With invalidation, a store carrying an older CAS still lands, as stale.
+    /// let meta = MetaStore { invalidate: true, ..MetaStore::default() };
+    /// let r = s.store_with(SetMode::Set, b"k", 0, Deadline::Never, b"v0", Some(old), meta);
+    /// assert!(matches!(r, StoreOutcome::Stored(_)));
+    /// assert!(s.get(b"k", None, |it, _| assert!(it.stale && it.value == b"v0")));
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn store_with(
         &self,
@@ -739,6 +921,16 @@ impl Store {
     /// incr (`incr` true) or decr by `delta`. Increments wrap at 2^64,
     /// decrements stop at 0. `create` makes a missing item with this
     /// initial value and expiry (meta `ma N`); `compare` is `ma C`.
+    ///
+    /// ```
+    /// use corewise_kv::store::{ArithOutcome, Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"n", 0, Deadline::Never, b"1", None);
+    /// assert!(matches!(s.arith(b"n", true, 41, None, None), ArithOutcome::Value(42, _)));
+    /// assert!(matches!(s.arith(b"n", false, 100, None, None), ArithOutcome::Value(0, _))); // stops at 0
+    /// // Created on a miss when asked.
+    /// assert!(matches!(s.arith(b"m", true, 1, Some((9, Deadline::Never)), None), ArithOutcome::Value(9, _)));
+    /// ```
     pub fn arith(
         &self,
         key: &[u8],
@@ -840,11 +1032,29 @@ impl Store {
 
     /// Removes `key` without counting a delete (a store that failed for
     /// its size must not leave the old value behind).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store};
+    /// use std::sync::atomic::Ordering::Relaxed;
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+    /// s.remove(b"k");
+    /// assert!(!s.get(b"k", None, |_, _| {}));
+    /// assert_eq!(s.ops.delete_hits.load(Relaxed), 0); // not counted as a delete
+    /// ```
     pub fn remove(&self, key: &[u8]) {
         self.shard(key).lock().remove(key);
     }
 
     /// Deletes `key` (only if its CAS is `compare`, when given).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, DeleteOutcome, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+    /// assert_eq!(s.delete(b"k", None), DeleteOutcome::Deleted);
+    /// assert_eq!(s.delete(b"k", None), DeleteOutcome::NotFound);
+    /// ```
     pub fn delete(&self, key: &[u8], compare: Option<u64>) -> DeleteOutcome {
         let (now, floor) = self.now_floor();
         let mut shard = self.shard(key).lock();
@@ -867,6 +1077,15 @@ impl Store {
     }
 
     /// Sets a new expiry on `key`; false if absent.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+    /// assert!(s.touch(b"k", Deadline::At(500)));
+    /// assert_eq!(s.inspect(b"k").map(|i| i.0), Some(499)); // seconds left
+    /// assert!(!s.touch(b"missing", Deadline::Never));
+    /// ```
     pub fn touch(&self, key: &[u8], deadline: Deadline) -> bool {
         let (now, floor) = self.now_floor();
         bump(&self.ops.cmd_touch);
@@ -891,6 +1110,17 @@ impl Store {
 
     /// Invalidates every item now (`Deadline::Never`/`Past`) or at a
     /// deadline.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 2);
+    /// s.store(SetMode::Set, b"a", 0, Deadline::Never, b"1", None);
+    /// s.flush(Deadline::At(1000)); // later: nothing changes yet
+    /// assert!(s.get(b"a", None, |_, _| {}));
+    /// s.flush(Deadline::Never); // now
+    /// assert!(!s.get(b"a", None, |_, _| {}));
+    /// assert_eq!(s.stats().curr_items, 0);
+    /// ```
     pub fn flush(&self, when: Deadline) {
         bump(&self.ops.cmd_flush);
         match when {
@@ -911,6 +1141,17 @@ impl Store {
     }
 
     /// Totals over all shards.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 4);
+    /// for k in [&b"a"[..], b"b", b"c"] {
+    ///     s.store(SetMode::Set, k, 0, Deadline::Never, b"v", None);
+    /// }
+    /// let st = s.stats();
+    /// assert_eq!(st.curr_items, 3);
+    /// assert_eq!(st.oldest_age, 0);
+    /// ```
     pub fn stats(&self) -> StoreStats {
         let now = self.clock.now();
         let mut s = StoreStats {
@@ -933,6 +1174,17 @@ impl Store {
 
     /// Zeroes every counter (`stats reset`): the request counters, the
     /// item counters of every shard and slab class, and the `watch` log's.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store};
+    /// use std::sync::atomic::Ordering::Relaxed;
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+    /// s.reset_counters();
+    /// assert_eq!(s.ops.cmd_set.load(Relaxed), 0);
+    /// assert_eq!(s.stats().counters.total_items, 0);
+    /// assert_eq!(s.stats().curr_items, 1); // the items stay
+    /// ```
     pub fn reset_counters(&self) {
         self.ops.reset();
         for sh in self.shards.iter() {
@@ -943,6 +1195,17 @@ impl Store {
     }
 
     /// Frees every expired or flushed item now (`lru_crawler crawl`).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store};
+    /// use std::sync::atomic::Ordering::Relaxed;
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"live", 0, Deadline::Never, b"v", None);
+    /// s.store(SetMode::Set, b"old", 0, Deadline::At(1), b"v", None); // expired: now is 1
+    /// s.crawl();
+    /// assert_eq!(s.ops.crawler_reclaimed.load(Relaxed), 1);
+    /// assert_eq!(s.stats().curr_items, 1);
+    /// ```
     pub fn crawl(&self) {
         let (now, floor) = self.now_floor();
         bump(&self.ops.lru_crawler_starts);
@@ -955,6 +1218,16 @@ impl Store {
     /// Calls `f` with every live item, shard by shard, least recently
     /// used first (`lru_crawler metadump`); each shard is locked while its
     /// items are visited.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"first", 0, Deadline::Never, b"1", None);
+    /// s.store(SetMode::Set, b"second", 0, Deadline::Never, b"2", None);
+    /// let mut keys = Vec::new();
+    /// s.for_each_item(|it| keys.push(it.key.to_vec()));
+    /// assert_eq!(keys, vec![b"first".to_vec(), b"second".to_vec()]); // least recent first
+    /// ```
     pub fn for_each_item(&self, mut f: impl FnMut(&Item)) {
         let (now, floor) = self.now_floor();
         bump(&self.ops.lru_crawler_starts);
@@ -971,6 +1244,16 @@ impl Store {
 
     /// Items and counters per slab class (index = class id; see
     /// [`slabs`]), from a walk over every shard.
+    ///
+    /// ```
+    /// use corewise_kv::store::{item_size, slabs::class_of, Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, &[0; 500], None);
+    /// let per_class = s.class_stats();
+    /// let cls = class_of(item_size(1, 0, 500));
+    /// assert_eq!(per_class[cls].number, 1);
+    /// assert_eq!(per_class[cls].counters.cmd_set, 1);
+    /// ```
     pub fn class_stats(&self) -> Vec<slabs::ClassStats> {
         let now = self.clock.now();
         let mut v = vec![slabs::ClassStats::default(); slabs::MAX_CLASSES + 1];
@@ -983,6 +1266,16 @@ impl Store {
     /// Debug view of one item without touching it (meta `me`): (expiry
     /// left or -1, seconds since last access, cas, fetched, item size as
     /// [`item_size`] counts it, which is what memcached's `me` reports).
+    ///
+    /// ```
+    /// use corewise_kv::store::{item_size, Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"value", None);
+    /// let (ttl, idle, _cas, fetched, size) = s.inspect(b"k").unwrap();
+    /// assert_eq!((ttl, idle, fetched), (-1, 0, false));
+    /// assert_eq!(size, item_size(1, 0, 5));
+    /// assert_eq!(s.inspect(b"nope"), None);
+    /// ```
     pub fn inspect(&self, key: &[u8]) -> Option<(i64, u32, u64, bool, usize)> {
         let (now, floor) = self.now_floor();
         let mut shard = self.shard(key).lock();

@@ -25,6 +25,12 @@ const NIL: u32 = u32::MAX;
 /// Bytes an item costs beyond its key and value (two key copies, the slab
 /// node, the map entry): an estimate that makes `-m` mean roughly what it
 /// means for memcached.
+///
+/// ```
+/// use corewise_kv::store::{Item, ITEM_OVERHEAD};
+/// let it = Item::new(b"key", b"value".to_vec(), 0, 0, 1, 1);
+/// assert_eq!(it.size(), 2 * 3 + 5 + ITEM_OVERHEAD);
+/// ```
 pub const ITEM_OVERHEAD: usize = 96;
 
 /// How many items at the LRU tail an insert checks for expired ones
@@ -32,6 +38,13 @@ pub const ITEM_OVERHEAD: usize = 96;
 const TAIL_SEARCH: usize = 5;
 
 /// A stored item.
+///
+/// ```
+/// use corewise_kv::store::Item;
+/// let it = Item::new(b"k", b"v".to_vec(), 5, 0, 42, 1);
+/// assert_eq!((&it.key[..], &it.value[..], it.flags, it.cas), (&b"k"[..], &b"v"[..], 5, 42));
+/// assert!(!it.fetched && !it.stale);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Item {
     /// The key.
@@ -62,6 +75,13 @@ pub struct Item {
 
 impl Item {
     /// A new item, not yet linked anywhere.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// assert!(sh.insert(Item::new(b"k", b"v".to_vec(), 0, 0, 1, 1), 1));
+    /// assert_eq!(sh.lookup(b"k", 1, 0, false).unwrap().value, b"v");
+    /// ```
     pub fn new(key: &[u8], value: Vec<u8>, flags: u32, exptime: u32, cas: u64, now: u32) -> Self {
         Self {
             key: key.into(),
@@ -80,27 +100,67 @@ impl Item {
     }
 
     /// Bytes this item is charged.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let it = Item::new(b"k", vec![0; 100], 0, 0, 1, 1);
+    /// let size = it.size();
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(it, 1);
+    /// assert_eq!(sh.used(), size);
+    /// ```
     pub fn size(&self) -> usize {
         2 * self.key.len() + self.value.len() + ITEM_OVERHEAD
     }
 
     /// Its size as memcached counts it ([`super::item_size`]).
+    ///
+    /// ```
+    /// use corewise_kv::store::{item_size, Item};
+    /// let it = Item::new(b"key", vec![0; 10], 7, 0, 1, 1);
+    /// assert_eq!(it.ntotal(), item_size(3, 7, 10));
+    /// ```
     pub fn ntotal(&self) -> usize {
         super::item_size(self.key.len(), self.flags, self.value.len())
     }
 
     /// Its slab class.
+    ///
+    /// ```
+    /// use corewise_kv::store::{slabs::class_of, Item};
+    /// let it = Item::new(b"k", vec![0; 1000], 0, 0, 1, 1);
+    /// assert_eq!(it.class(), class_of(it.ntotal()));
+    /// assert!(it.class() > 1);
+    /// ```
     pub fn class(&self) -> usize {
         class_of(self.ntotal())
     }
 
     /// Read since it last reached the LRU tail.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"k", b"v".to_vec(), 0, 0, 1, 1), 1);
+    /// assert!(!sh.lookup(b"k", 1, 0, false).unwrap().is_active());
+    /// sh.lookup(b"k", 1, 0, true).unwrap(); // a read that counts as a use
+    /// assert!(sh.lookup(b"k", 1, 0, false).unwrap().is_active());
+    /// ```
     pub fn is_active(&self) -> bool {
         self.active
     }
 }
 
 /// Per-shard counters (summed by [`super::Store::stats`]).
+///
+/// ```
+/// use corewise_kv::store::{Item, Shard};
+/// let mut sh = Shard::new(1 << 20);
+/// sh.insert(Item::new(b"a", b"1".to_vec(), 0, 0, 1, 1), 1);
+/// sh.insert(Item::new(b"b", b"2".to_vec(), 0, 0, 2, 1), 1);
+/// assert_eq!(sh.counters.total_items, 2);
+/// assert_eq!(sh.counters.evictions, 0);
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ShardCounters {
     /// Items evicted to make room.
@@ -116,6 +176,18 @@ pub struct ShardCounters {
 }
 
 /// An LRU-ordered map with a memory limit.
+///
+/// ```
+/// use corewise_kv::store::{Item, Shard};
+/// // Room for two small items: the least recently used one goes.
+/// let one = Item::new(b"a", vec![0; 100], 0, 0, 1, 1).size();
+/// let mut sh = Shard::new(2 * one);
+/// sh.insert(Item::new(b"a", vec![0; 100], 0, 0, 1, 1), 1);
+/// sh.insert(Item::new(b"b", vec![0; 100], 0, 0, 2, 1), 1);
+/// sh.insert(Item::new(b"c", vec![0; 100], 0, 0, 3, 1), 1);
+/// assert!(sh.lookup(b"a", 1, 0, false).is_err());
+/// assert_eq!(sh.counters.evictions, 1);
+/// ```
 #[derive(Debug)]
 pub struct Shard {
     map: HashMap<Box<[u8]>, u32, FxBuild>,
@@ -137,6 +209,16 @@ pub struct Shard {
 }
 
 /// Why an item was not found.
+///
+/// ```
+/// use corewise_kv::store::{Item, Miss, Shard};
+/// let mut sh = Shard::new(1 << 20);
+/// sh.insert(Item::new(b"exp", b"v".to_vec(), 0, 5, 1, 1), 1); // expires at second 5
+/// sh.insert(Item::new(b"old", b"v".to_vec(), 0, 0, 2, 1), 1);
+/// assert_eq!(sh.lookup(b"none", 1, 0, false).err(), Some(Miss::Absent));
+/// assert_eq!(sh.lookup(b"exp", 5, 0, false).err(), Some(Miss::Expired));
+/// assert_eq!(sh.lookup(b"old", 5, 2, false).err(), Some(Miss::Flushed)); // CAS floor 2
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Miss {
     /// No such key.
@@ -149,6 +231,12 @@ pub enum Miss {
 
 impl Shard {
     /// An empty shard that holds at most `limit` bytes of items.
+    ///
+    /// ```
+    /// use corewise_kv::store::Shard;
+    /// let sh = Shard::new(4096);
+    /// assert_eq!((sh.limit(), sh.used(), sh.len()), (4096, 0, 0));
+    /// ```
     pub fn new(limit: usize) -> Self {
         Self {
             map: HashMap::with_hasher(FxBuild),
@@ -166,6 +254,21 @@ impl Shard {
     }
 
     /// An empty shard whose evictions are logged to `watch`.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// use corewise_kv::watch::{Watch, EVICTIONS};
+    /// use std::sync::Arc;
+    /// let watch = Arc::new(Watch::default());
+    /// let w = watch.subscribe(EVICTIONS);
+    /// let size = Item::new(b"a", vec![0; 10], 0, 0, 1, 1).size();
+    /// let mut sh = Shard::watched(size, Arc::clone(&watch));
+    /// sh.insert(Item::new(b"a", vec![0; 10], 0, 0, 1, 1), 1);
+    /// sh.insert(Item::new(b"b", vec![0; 10], 0, 0, 2, 1), 1); // evicts "a"
+    /// let log = w.drain();
+    /// assert_eq!(log.len(), 1);
+    /// assert!(log[0].contains("key=a"));
+    /// ```
     pub fn watched(limit: usize, watch: Arc<Watch>) -> Self {
         Self {
             watch,
@@ -174,16 +277,43 @@ impl Shard {
     }
 
     /// Items held (some may be expired and not yet reclaimed).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"a", b"1".to_vec(), 0, 0, 1, 1), 1);
+    /// sh.insert(Item::new(b"a", b"2".to_vec(), 0, 0, 2, 1), 1); // replaces
+    /// assert_eq!(sh.len(), 1);
+    /// ```
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
     /// Whether the shard holds no item.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// assert!(sh.is_empty());
+    /// sh.insert(Item::new(b"a", b"1".to_vec(), 0, 0, 1, 1), 1);
+    /// assert!(!sh.is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
     /// Bytes charged to the items held.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// let it = Item::new(b"a", b"1".to_vec(), 0, 0, 1, 1);
+    /// let size = it.size();
+    /// sh.insert(it, 1);
+    /// assert_eq!(sh.used(), size);
+    /// sh.remove(b"a");
+    /// assert_eq!(sh.used(), 0);
+    /// ```
     pub fn used(&self) -> usize {
         self.used
     }
@@ -196,11 +326,27 @@ impl Shard {
     }
 
     /// The memory limit.
+    ///
+    /// ```
+    /// use corewise_kv::store::Shard;
+    /// assert_eq!(Shard::new(1000).limit(), 1000);
+    /// ```
     pub fn limit(&self) -> usize {
         self.limit
     }
 
     /// Changes the memory limit; a smaller limit evicts at once.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// for (i, k) in [b"a", b"b", b"c"].into_iter().enumerate() {
+    ///     sh.insert(Item::new(k, vec![0; 100], 0, 0, i as u64 + 1, 1), 1);
+    /// }
+    /// sh.set_limit(sh.used() / 2, 1);
+    /// assert_eq!(sh.len(), 1); // only the most recent one fits
+    /// assert!(sh.lookup(b"c", 1, 0, false).is_ok());
+    /// ```
     pub fn set_limit(&mut self, limit: usize, now: u32) {
         self.limit = limit;
         while self.used > self.limit && self.evict_one(now) {}
@@ -208,6 +354,17 @@ impl Shard {
 
     /// Looks `key` up; an expired or flushed item is removed and reported
     /// as a miss. `bump` marks a hit as recently used (see the module docs).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Miss, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"k", b"v".to_vec(), 0, 10, 1, 1), 1); // expires at 10
+    /// let it = sh.lookup(b"k", 9, 0, true).unwrap();
+    /// it.value.push(b'!'); // items are edited in place
+    /// assert_eq!(sh.lookup(b"k", 9, 0, false).unwrap().value, b"v!");
+    /// assert_eq!(sh.lookup(b"k", 10, 0, false).err(), Some(Miss::Expired));
+    /// assert!(sh.is_empty()); // the expired item was removed
+    /// ```
     pub fn lookup(
         &mut self,
         key: &[u8],
@@ -247,6 +404,15 @@ impl Shard {
     /// Inserts `item`, replacing an item of the same key and evicting from
     /// the LRU tail until it fits. `false` (nothing stored, the old item
     /// removed) when it cannot fit even in an empty shard.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1000);
+    /// assert!(sh.insert(Item::new(b"k", vec![0; 10], 0, 0, 1, 1), 1));
+    /// // Too large even for the empty shard: refused, and the old item is gone.
+    /// assert!(!sh.insert(Item::new(b"k", vec![0; 2000], 0, 0, 2, 1), 1));
+    /// assert!(sh.is_empty());
+    /// ```
     pub fn insert(&mut self, item: Item, now: u32) -> bool {
         self.remove(&item.key);
         self.reclaim_tail(now);
@@ -281,6 +447,14 @@ impl Shard {
     }
 
     /// Removes `key`; the removed item, if there was one.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"k", b"v".to_vec(), 0, 0, 1, 1), 1);
+    /// assert_eq!(sh.remove(b"k").map(|it| it.value), Some(b"v".to_vec()));
+    /// assert!(sh.remove(b"k").is_none());
+    /// ```
     pub fn remove(&mut self, key: &[u8]) -> Option<Item> {
         let i = *self.map.get(key)?;
         self.unlink(i)
@@ -288,6 +462,17 @@ impl Shard {
 
     /// Changes the charged size after an in-place edit of an item's value
     /// (`old` was its size before); evicts others if it grew past the limit.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"k", b"v".to_vec(), 0, 0, 1, 1), 1);
+    /// let it = sh.lookup(b"k", 1, 0, false).unwrap();
+    /// let old = it.size();
+    /// it.value.extend_from_slice(&[0; 100]);
+    /// sh.resized(b"k", old, 1);
+    /// assert_eq!(sh.used(), old + 100);
+    /// ```
     pub fn resized(&mut self, key: &[u8], old: usize, now: u32) {
         let Some(&i) = self.map.get(key) else {
             return;
@@ -300,6 +485,15 @@ impl Shard {
     }
 
     /// Removes every item.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"k", b"v".to_vec(), 0, 0, 1, 1), 1);
+    /// sh.clear();
+    /// assert!(sh.is_empty());
+    /// assert_eq!(sh.used(), 0);
+    /// ```
     pub fn clear(&mut self) {
         self.map.clear();
         self.slab.clear();
@@ -311,6 +505,15 @@ impl Shard {
     }
 
     /// Items in LRU order, most recent first (for tests and `stats`).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"a", b"1".to_vec(), 0, 0, 1, 1), 1);
+    /// sh.insert(Item::new(b"b", b"2".to_vec(), 0, 0, 2, 1), 1);
+    /// let keys: Vec<&[u8]> = sh.iter_lru().map(|it| &it.key[..]).collect();
+    /// assert_eq!(keys, vec![&b"b"[..], &b"a"[..]]); // most recent first
+    /// ```
     pub fn iter_lru(&self) -> impl Iterator<Item = &Item> + '_ {
         let mut at = self.head;
         std::iter::from_fn(move || {
@@ -321,6 +524,14 @@ impl Shard {
     }
 
     /// Age in seconds of the least recently used item.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"a", b"1".to_vec(), 0, 0, 1, 3), 3); // last used at second 3
+    /// sh.insert(Item::new(b"b", b"2".to_vec(), 0, 0, 2, 8), 8);
+    /// assert_eq!(sh.oldest_age(10), 7);
+    /// ```
     pub fn oldest_age(&self, now: u32) -> u32 {
         self.item(self.tail)
             .map_or(0, |it| now.saturating_sub(it.last_access))
@@ -329,6 +540,16 @@ impl Shard {
     /// Frees expired items among the last five (`TAIL_SEARCH`) of the LRU, as
     /// memcached does on every allocation: the memory of expired items is
     /// reused before the shard grows, not held until it is full.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"old", b"1".to_vec(), 0, 5, 1, 1), 1); // expires at 5
+    /// sh.insert(Item::new(b"new", b"2".to_vec(), 0, 0, 2, 1), 1);
+    /// sh.reclaim_tail(6);
+    /// assert_eq!(sh.len(), 1);
+    /// assert_eq!(sh.counters.reclaimed, 1);
+    /// ```
     pub fn reclaim_tail(&mut self, now: u32) {
         let mut at = self.tail;
         for _ in 0..TAIL_SEARCH {
@@ -415,6 +636,17 @@ impl Shard {
     /// Frees every expired item and every item a flush made invalid;
     /// returns how many had expired (the crawler's `crawler_reclaimed`;
     /// memcached does not count them as `reclaimed`).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"exp", b"1".to_vec(), 0, 5, 1, 1), 1); // expires at 5
+    /// sh.insert(Item::new(b"flushed", b"2".to_vec(), 0, 0, 2, 1), 1);
+    /// sh.insert(Item::new(b"live", b"3".to_vec(), 0, 0, 9, 1), 1);
+    /// // At second 6, with a flush that invalidated CAS values up to 5:
+    /// assert_eq!(sh.reclaim_all(6, 5), 1); // one had expired
+    /// assert_eq!(sh.len(), 1);
+    /// ```
     pub fn reclaim_all(&mut self, now: u32, cas_floor: u64) -> u64 {
         let mut expired_n = 0;
         let mut at = self.tail;
@@ -435,12 +667,29 @@ impl Shard {
     }
 
     /// Zeroes this shard's counters and its classes'.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"a", b"1".to_vec(), 0, 0, 1, 1), 1);
+    /// sh.reset_counters();
+    /// assert_eq!(sh.counters.total_items, 0);
+    /// assert_eq!(sh.len(), 1);
+    /// ```
     pub fn reset_counters(&mut self) {
         self.counters = ShardCounters::default();
         self.class_counters.fill(ClassCounters::default());
     }
 
     /// Bumps one of class `cls`'s request counters.
+    ///
+    /// ```
+    /// use corewise_kv::store::Shard;
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.class_op(3, |c| &mut c.get_hits);
+    /// assert_eq!(sh.class_counters[3].get_hits, 1);
+    /// sh.class_op(1000, |c| &mut c.get_hits); // no such class: ignored
+    /// ```
     pub fn class_op(&mut self, cls: usize, f: impl FnOnce(&mut ClassCounters) -> &mut u64) {
         if let Some(c) = self.class_counters.get_mut(cls) {
             *f(c) += 1;
@@ -448,6 +697,13 @@ impl Shard {
     }
 
     /// Counts a store refused for want of memory (in its item's class).
+    ///
+    /// ```
+    /// use corewise_kv::store::{slabs::class_of, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.count_out_of_memory(5000);
+    /// assert_eq!(sh.class_counters[class_of(5000)].outofmemory, 1);
+    /// ```
     pub fn count_out_of_memory(&mut self, ntotal: usize) {
         if let Some(c) = self.class_counters.get_mut(class_of(ntotal)) {
             c.outofmemory += 1;
@@ -456,6 +712,17 @@ impl Shard {
 
     /// Adds this shard's items and counters into `stats` (index = class
     /// id), with item ages as of `now`.
+    ///
+    /// ```
+    /// use corewise_kv::store::{slabs::{self, ClassStats}, Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// let it = Item::new(b"k", vec![0; 200], 0, 0, 1, 1);
+    /// let cls = it.class();
+    /// sh.insert(it, 1);
+    /// let mut stats = vec![ClassStats::default(); slabs::MAX_CLASSES + 1];
+    /// sh.class_stats(4, &mut stats);
+    /// assert_eq!((stats[cls].number, stats[cls].age), (1, 3));
+    /// ```
     pub fn class_stats(&self, now: u32, stats: &mut [ClassStats]) {
         for it in self.iter_lru() {
             let n = it.ntotal();

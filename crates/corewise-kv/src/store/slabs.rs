@@ -13,12 +13,31 @@
 use std::sync::OnceLock;
 
 /// memcached's slab page size (its default `-I`).
+///
+/// ```
+/// use corewise_kv::store::slabs::{chunk_sizes, per_page, PAGE_SIZE};
+/// // A page holds as many chunks of a class as fit.
+/// assert_eq!(per_page(1), PAGE_SIZE / chunk_sizes()[0]);
+/// assert_eq!(PAGE_SIZE, 1 << 20);
+/// ```
 pub const PAGE_SIZE: usize = 1024 * 1024;
 
 /// The largest chunk (memcached's `slab_chunk_max`: half a page).
+///
+/// ```
+/// use corewise_kv::store::slabs::{chunk_sizes, chunks_for, CHUNK_MAX};
+/// assert_eq!(*chunk_sizes().last().unwrap(), CHUNK_MAX);
+/// assert_eq!(chunks_for(CHUNK_MAX + 1), 2); // larger items are chunked
+/// ```
 pub const CHUNK_MAX: usize = PAGE_SIZE / 2;
 
 /// Highest class id memcached can have.
+///
+/// ```
+/// use corewise_kv::store::{slabs::MAX_CLASSES, Store};
+/// // Class ids index the per-class table directly.
+/// assert_eq!(Store::new(1 << 20, 1).class_stats().len(), MAX_CLASSES + 1);
+/// ```
 pub const MAX_CLASSES: usize = 63;
 
 /// The chunk sizes of classes 1.. (index 0 is class 1).
@@ -59,6 +78,12 @@ pub fn class_of(ntotal: usize) -> usize {
 }
 
 /// Chunks of class `id` in one page.
+///
+/// ```
+/// use corewise_kv::store::slabs::per_page;
+/// assert_eq!(per_page(1), 1024 * 1024 / 96);
+/// assert_eq!(per_page(39), 2); // 512 KiB chunks
+/// ```
 pub fn per_page(id: usize) -> usize {
     chunk_sizes()
         .get(id.wrapping_sub(1))
@@ -67,6 +92,12 @@ pub fn per_page(id: usize) -> usize {
 
 /// Chunks an item of `ntotal` bytes takes in its class (more than one only
 /// for items over [`CHUNK_MAX`]).
+///
+/// ```
+/// use corewise_kv::store::slabs::chunks_for;
+/// assert_eq!(chunks_for(100), 1);
+/// assert_eq!(chunks_for(3 << 19), 3); // 1.5 MiB: three 512 KiB chunks
+/// ```
 pub fn chunks_for(ntotal: usize) -> usize {
     if ntotal > CHUNK_MAX {
         ntotal.div_ceil(CHUNK_MAX)
@@ -76,6 +107,15 @@ pub fn chunks_for(ntotal: usize) -> usize {
 }
 
 /// Per-class counters kept by each shard.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store};
+/// let s = Store::new(1 << 20, 1);
+/// s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+/// s.get(b"k", None, |_, _| {});
+/// let hits: u64 = s.class_stats().iter().map(|c| c.counters.get_hits).sum();
+/// assert_eq!(hits, 1);
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ClassCounters {
     /// Items evicted.
@@ -111,6 +151,15 @@ pub struct ClassCounters {
 }
 
 /// What `stats items` and `stats slabs` report for one class.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store};
+/// let s = Store::new(1 << 20, 1);
+/// s.store(SetMode::Set, b"a", 0, Deadline::Never, b"1", None);
+/// s.store(SetMode::Set, b"b", 0, Deadline::Never, b"2", None);
+/// let c = s.class_stats()[1];
+/// assert_eq!((c.number, c.used_chunks), (2, 2));
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ClassStats {
     /// Items in the class.
@@ -130,6 +179,13 @@ pub struct ClassStats {
 
 impl ClassStats {
     /// Pages the class's chunks fill (none when empty).
+    ///
+    /// ```
+    /// use corewise_kv::store::slabs::{per_page, ClassStats};
+    /// let c = ClassStats { used_chunks: per_page(5) as u64 + 1, ..ClassStats::default() };
+    /// assert_eq!(c.pages(5), 2);
+    /// assert_eq!(ClassStats::default().pages(5), 0);
+    /// ```
     pub fn pages(&self, id: usize) -> u64 {
         self.used_chunks.div_ceil(per_page(id) as u64)
     }
@@ -137,6 +193,13 @@ impl ClassStats {
 
 impl ClassCounters {
     /// Adds `o` into `self` (`evicted_time`: the larger).
+    ///
+    /// ```
+    /// use corewise_kv::store::slabs::ClassCounters;
+    /// let mut a = ClassCounters { get_hits: 2, evicted_time: 5, ..ClassCounters::default() };
+    /// a.add(&ClassCounters { get_hits: 3, evicted_time: 9, ..ClassCounters::default() });
+    /// assert_eq!((a.get_hits, a.evicted_time), (5, 9));
+    /// ```
     pub fn add(&mut self, o: &ClassCounters) {
         self.evicted += o.evicted;
         self.evicted_nonzero += o.evicted_nonzero;
