@@ -14,10 +14,37 @@
 use super::parse::{Limits, KEY_MAX};
 
 /// The first byte of every request.
+///
+/// ```
+/// use corewise_kv::protocol::{binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC}, Limits};
+/// let mut d = BinaryDecoder::new(Limits::default());
+/// let mut noop = [0u8; 24];
+/// noop[0] = REQUEST_MAGIC;
+/// noop[1] = 0x0a;
+/// assert!(matches!(d.decode(&noop).1, BinDecoded::Frame(_)));
+/// noop[0] = 0x00;
+/// assert_eq!(d.decode(&noop).1, BinDecoded::BadMagic);
+/// ```
 pub const REQUEST_MAGIC: u8 = 0x80;
 /// The first byte of every response.
+///
+/// ```
+/// use corewise_kv::protocol::binary::{REQUEST_MAGIC, RESPONSE_MAGIC};
+/// // A response is told from a request by its first byte.
+/// assert_eq!(RESPONSE_MAGIC, REQUEST_MAGIC + 1);
+/// ```
 pub const RESPONSE_MAGIC: u8 = 0x81;
 /// Header length of requests and responses.
+///
+/// ```
+/// use corewise_kv::protocol::{binary::{BinDecoded, BinaryDecoder, HEADER_LEN}, Limits};
+/// let mut d = BinaryDecoder::new(Limits::default());
+/// let mut noop = vec![0u8; HEADER_LEN];
+/// noop[0] = 0x80;
+/// noop[1] = 0x0a;
+/// assert_eq!(d.decode(&noop[..HEADER_LEN - 1]), (0, BinDecoded::Incomplete));
+/// assert_eq!(d.decode(&noop).0, HEADER_LEN);
+/// ```
 pub const HEADER_LEN: usize = 24;
 
 /// Extras and key room a body may have beyond its value: the decoder skips
@@ -55,6 +82,18 @@ pub struct Header {
 
 impl Header {
     /// Reads the first [`HEADER_LEN`] bytes of `b` (which must hold them).
+    ///
+    /// ```
+    /// use corewise_kv::protocol::binary::Header;
+    /// let mut b = [0u8; 24];
+    /// b[0] = 0x80;
+    /// b[2..4].copy_from_slice(&3u16.to_be_bytes()); // key length
+    /// b[4] = 4; // extras
+    /// b[8..12].copy_from_slice(&10u32.to_be_bytes());
+    /// b[16..24].copy_from_slice(&0x1_0000_0002u64.to_be_bytes());
+    /// let h = Header::parse(&b);
+    /// assert_eq!((h.key_len, h.extras_len, h.body_len, h.cas), (3, 4, 10, 0x1_0000_0002));
+    /// ```
     pub fn parse(b: &[u8; HEADER_LEN]) -> Header {
         let be16 = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
         let be32 = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
@@ -71,6 +110,19 @@ impl Header {
 }
 
 /// A whole request.
+///
+/// ```
+/// use corewise_kv::protocol::{binary::{BinDecoded, BinaryDecoder}, Limits};
+/// // set "k" = "v", flags 5: 8 bytes of extras (flags, expiry), key, value.
+/// let mut req = vec![0x80, 0x01, 0, 1, 8, 0, 0, 0, 0, 0, 0, 10];
+/// req.extend_from_slice(&[0; 12]);
+/// req.extend_from_slice(&[0, 0, 0, 5, 0, 0, 0, 0]);
+/// req.extend_from_slice(b"kv");
+/// let (_, r) = BinaryDecoder::new(Limits::default()).decode(&req);
+/// let BinDecoded::Frame(f) = r else { panic!() };
+/// assert_eq!((f.extras.len(), f.key, f.value), (8, &b"k"[..], &b"v"[..]));
+/// assert_eq!(f.header.opcode, 0x01);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frame<'a> {
     /// Its header.
@@ -84,6 +136,22 @@ pub struct Frame<'a> {
 }
 
 /// What [`BinaryDecoder::decode`] found.
+///
+/// ```
+/// use corewise_kv::protocol::{binary::{BinDecoded, BinaryDecoder}, Limits};
+/// let mut d = BinaryDecoder::new(Limits { item_max: 10 });
+/// // A set whose value (1000 bytes) is far over the limit.
+/// let mut req = vec![0x80, 0x01, 0, 1, 8, 0, 0, 0];
+/// req.extend_from_slice(&(8 + 1 + 1000u32).to_be_bytes());
+/// req.extend_from_slice(&[0; 12]);
+/// req.extend_from_slice(&[0; 8]);
+/// req.push(b'k');
+/// req.extend_from_slice(&[b'x'; 1000]);
+/// let (used, r) = d.decode(&req);
+/// assert!(matches!(r, BinDecoded::TooLarge(h, b"k") if h.opcode == 0x01));
+/// // The rest of the body is skipped on the next calls.
+/// assert_eq!(d.decode(&req[used..]), (req.len() - used, BinDecoded::Incomplete));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BinDecoded<'a> {
     /// More bytes are needed (bytes of a skipped body may have been used).
@@ -121,12 +189,28 @@ pub struct BinaryDecoder {
 
 impl BinaryDecoder {
     /// A decoder that refuses values over `limits.item_max`.
+    ///
+    /// ```
+    /// use corewise_kv::protocol::{binary::{BinDecoded, BinaryDecoder}, Limits};
+    /// let mut d = BinaryDecoder::new(Limits::default());
+    /// assert_eq!(d.decode(&[]), (0, BinDecoded::Incomplete));
+    /// ```
     pub fn new(limits: Limits) -> Self {
         Self { limits, skip: 0 }
     }
 
     /// Decodes the first frame of `buf`; returns the bytes used and what
     /// they were. Never panics, whatever `buf` holds.
+    ///
+    /// ```
+    /// use corewise_kv::protocol::{binary::{BinDecoded, BinaryDecoder}, Limits};
+    /// let mut d = BinaryDecoder::new(Limits::default());
+    /// // A header whose key is longer than its whole body.
+    /// let mut bad = vec![0x80, 0x00, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1];
+    /// bad.extend_from_slice(&[0; 12]);
+    /// bad.push(b'k');
+    /// assert!(matches!(d.decode(&bad), (24, BinDecoded::Malformed(h)) if h.key_len == 9));
+    /// ```
     pub fn decode<'a>(&mut self, buf: &'a [u8]) -> (usize, BinDecoded<'a>) {
         if self.skip > 0 {
             let n = usize::try_from(self.skip)

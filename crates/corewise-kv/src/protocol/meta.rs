@@ -5,6 +5,13 @@
 use super::ProtoError;
 
 /// A mode token (`ms M<mode>`, `ma M<mode>`).
+///
+/// ```
+/// use corewise_kv::protocol::{MetaFlags, MetaMode};
+/// assert_eq!(MetaFlags::parse(b"ME").unwrap().mode, Some(MetaMode::Add));
+/// assert_eq!(MetaFlags::parse(b"M+").unwrap().mode, Some(MetaMode::Incr));
+/// assert!(MetaFlags::parse(b"MX").is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetaMode {
     /// `E`: add.
@@ -125,6 +132,14 @@ fn num<T: std::str::FromStr>(arg: &[u8], err: ProtoError) -> Result<T, ProtoErro
 
 impl<'a> MetaFlags<'a> {
     /// Parses space-separated flag tokens as `mg` takes them.
+    ///
+    /// ```
+    /// use corewise_kv::protocol::{MetaFlags, MetaMode, ProtoError};
+    /// let f = MetaFlags::parse(b"N30 J13 D5 MI").unwrap();
+    /// assert_eq!((f.vivify, f.initial, f.delta, f.mode), (Some(30), Some(13), Some(5), Some(MetaMode::Incr)));
+    /// assert_eq!(MetaFlags::parse(b"v v").err(), Some(ProtoError::DuplicateFlag));
+    /// assert_eq!(MetaFlags::parse(b"!").err(), Some(ProtoError::BadFlag));
+    /// ```
     pub fn parse(raw: &'a [u8]) -> Result<Self, ProtoError> {
         Self::parse_for(MetaCmd::Get, raw)
     }
@@ -253,6 +268,13 @@ impl<'a> MetaFlags<'a> {
     /// The flag letters that ask for something back, in request order
     /// (`O`, `k` echo; `c f h l s t` return values, of which `ma` returns
     /// `c` and `t` only; `b` is echoed right after `k`, as memcached does).
+    ///
+    /// ```
+    /// use corewise_kv::protocol::MetaFlags;
+    /// let f = MetaFlags::parse(b"v t Oq k q c").unwrap();
+    /// // `v` and `q` change the reply but return nothing of their own.
+    /// assert_eq!(f.returned().collect::<Vec<u8>>(), b"tOkc");
+    /// ```
     pub fn returned(&self) -> impl Iterator<Item = u8> + 'a {
         let wanted: &[u8] = if self.cmd == MetaCmd::Arith {
             b"Okct"

@@ -24,6 +24,15 @@ use thiserror::Error;
 
 /// A protocol error: its `Display` is the exact line memcached sends
 /// (without the CRLF).
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, ProtoError};
+/// let mut d = Decoder::new(Limits::default());
+/// assert_eq!(d.decode(b"bogus\r\n"), (7, Decoded::Error(ProtoError::Unknown)));
+/// assert_eq!(d.decode(b"incr k x\r\n").1, Decoded::Error(ProtoError::BadDelta));
+/// // Its Display is the line memcached sends.
+/// assert_eq!(ProtoError::BadDelta.to_string(), "CLIENT_ERROR invalid numeric delta argument");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum ProtoError {
@@ -102,6 +111,15 @@ pub enum ProtoError {
 }
 
 /// get, gets, gat, gats.
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, GetKind, Limits, Request};
+/// let mut d = Decoder::new(Limits::default());
+/// let (_, r) = d.decode(b"gats 60 a b\r\n");
+/// let Decoded::Request(Request::Get { kind, exptime, keys }) = r else { panic!() };
+/// assert_eq!((kind, exptime), (GetKind::Gats, 60));
+/// assert_eq!(keys.iter().count(), 2);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GetKind {
     /// `get`: value and flags.
@@ -115,6 +133,13 @@ pub enum GetKind {
 }
 
 /// The classic storage commands.
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request, StoreCmd};
+/// let mut d = Decoder::new(Limits::default());
+/// let (_, r) = d.decode(b"cas k 0 0 1 99\r\nx\r\n");
+/// assert!(matches!(r, Decoded::Request(Request::Store { cmd: StoreCmd::Cas, cas: 99, .. })));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreCmd {
     /// `set`.
@@ -133,17 +158,42 @@ pub enum StoreCmd {
 
 /// The keys of a retrieval, borrowed from the request line and split
 /// lazily.
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request};
+/// let mut d = Decoder::new(Limits::default());
+/// let (_, r) = d.decode(b"get a bb ccc\r\n");
+/// let Decoded::Request(Request::Get { keys, .. }) = r else { panic!() };
+/// assert_eq!(keys.iter().collect::<Vec<_>>(), [&b"a"[..], b"bb", b"ccc"]);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keys<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Keys<'a> {
     /// The keys, in request order.
+    ///
+    /// ```
+    /// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request};
+    /// let mut d = Decoder::new(Limits::default());
+    /// let (_, r) = d.decode(b"get  x   y\r\n"); // extra spaces are no keys
+    /// let Decoded::Request(Request::Get { keys, .. }) = r else { panic!() };
+    /// assert_eq!(keys.iter().collect::<Vec<_>>(), [&b"x"[..], b"y"]);
+    /// ```
     pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.0.split(|&b| b == b' ').filter(|k| !k.is_empty())
     }
 }
 
 /// One parsed request; keys and values borrow the connection's buffer.
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request};
+/// let mut d = Decoder::new(Limits::default());
+/// let (_, r) = d.decode(b"delete k noreply\r\n");
+/// assert_eq!(r, Decoded::Request(Request::Delete { key: b"k", noreply: true }));
+/// let (_, r) = d.decode(b"incr n 5\r\n");
+/// assert_eq!(r, Decoded::Request(Request::Arith { key: b"n", incr: true, delta: 5, noreply: false }));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Request<'a> {

@@ -13,18 +13,54 @@ use super::meta::{MetaCmd, MetaFlags};
 use super::{GetKind, Keys, ProtoError, Request, StoreCmd};
 
 /// Longest key memcached accepts.
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, ProtoError, KEY_MAX};
+/// let mut d = Decoder::new(Limits::default());
+/// let ok = format!("get {}\r\n", "k".repeat(KEY_MAX));
+/// assert!(matches!(d.decode(ok.as_bytes()).1, Decoded::Request(_)));
+/// let long = format!("get {}\r\n", "k".repeat(KEY_MAX + 1));
+/// assert_eq!(d.decode(long.as_bytes()).1, Decoded::Error(ProtoError::BadFormat));
+/// ```
 pub const KEY_MAX: usize = 250;
 
 /// Longest command line (a multi-key get can be long; memcached's own
 /// bound is a few kilobytes per key batch).
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, ProtoError, MAX_LINE};
+/// let mut d = Decoder::new(Limits { item_max: 1024 });
+/// // A retrieval line past the limit is an error; the rest of it is skipped.
+/// let mut line = b"get ".to_vec();
+/// line.resize(MAX_LINE + 10, b'k');
+/// assert_eq!(d.decode(&line).1, Decoded::Error(ProtoError::LineTooLong));
+/// ```
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// Longest command line other than a retrieval's: a longer one closes
 /// the connection, as in memcached (which closes a connection whose
 /// buffered line passes 2 KiB without a newline unless it is a multi-get).
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request, PARTIAL_LINE_MAX};
+/// let mut d = Decoder::new(Limits::default());
+/// // Up to the limit: wait for the rest of the line.
+/// assert_eq!(d.decode(&vec![b's'; PARTIAL_LINE_MAX]), (0, Decoded::Incomplete));
+/// // Longer, and no retrieval: the connection is closed.
+/// let long = vec![b's'; PARTIAL_LINE_MAX + 1];
+/// assert_eq!(d.decode(&long), (long.len(), Decoded::Request(Request::Quit)));
+/// ```
 pub const PARTIAL_LINE_MAX: usize = 2048;
 
 /// Limits the decoder enforces.
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request};
+/// let mut d = Decoder::new(Limits { item_max: 4 });
+/// let (n, r) = d.decode(b"set k 0 0 5\r\nhello\r\n");
+/// assert_eq!(r, Decoded::Request(Request::TooLarge { key: b"k", noreply: false, base64: false }));
+/// assert_eq!(n, 13); // the line; the data block is skipped as it arrives
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest value accepted (memcached's `-I`).
@@ -40,6 +76,14 @@ impl Default for Limits {
 }
 
 /// What one call to [`Decoder::decode`] found.
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, ProtoError, Request};
+/// let mut d = Decoder::new(Limits::default());
+/// assert_eq!(d.decode(b"vers"), (0, Decoded::Incomplete));
+/// assert_eq!(d.decode(b"version\r\n"), (9, Decoded::Request(Request::Version)));
+/// assert_eq!(d.decode(b"get\r\n").1, Decoded::Error(ProtoError::Unknown));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decoded<'a> {
     /// Not enough bytes for a whole request (some may have been skipped).
@@ -133,6 +177,12 @@ impl<'a> Tokens<'a> {
 
 impl Decoder {
     /// A decoder with these limits.
+    ///
+    /// ```
+    /// use corewise_kv::protocol::{Decoder, Limits};
+    /// let d = Decoder::new(Limits { item_max: 2048 });
+    /// assert_eq!(d.limits().item_max, 2048);
+    /// ```
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
@@ -141,6 +191,11 @@ impl Decoder {
     }
 
     /// The limits.
+    ///
+    /// ```
+    /// use corewise_kv::protocol::{Decoder, Limits};
+    /// assert_eq!(Decoder::new(Limits::default()).limits(), Limits { item_max: 1 << 20 });
+    /// ```
     pub fn limits(&self) -> Limits {
         self.limits
     }
@@ -148,6 +203,15 @@ impl Decoder {
     /// Decodes the first request of `buf`: returns how many bytes it used
     /// (drop them from the buffer) and what it found. Never panics,
     /// whatever `buf` holds.
+    ///
+    /// ```
+    /// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request};
+    /// let mut d = Decoder::new(Limits::default());
+    /// let buf = b"touch k 10\r\nmn\r\n";
+    /// let (n, r) = d.decode(buf);
+    /// assert_eq!(r, Decoded::Request(Request::Touch { key: b"k", exptime: 10, noreply: false }));
+    /// assert_eq!(d.decode(&buf[n..]), (4, Decoded::Request(Request::MetaNoop)));
+    /// ```
     pub fn decode<'a>(&mut self, buf: &'a [u8]) -> (usize, Decoded<'a>) {
         let mut used = 0;
         loop {
