@@ -22,9 +22,48 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The version string `version` and `stats` report.
+///
+/// ```
+/// # // Runs every request in `buf` against `shared`, returning the replies.
+/// # fn run(shared: &corewise_kv::exec::Shared, mut buf: &[u8]) -> String {
+/// #     use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// #     let (mut d, mut out) = (Decoder::new(Limits::default()), Vec::new());
+/// #     while let (n, Decoded::Request(r)) = d.decode(buf) {
+/// #         corewise_kv::exec::execute(shared, &r, &mut out, &mut Vec::new());
+/// #         buf = &buf[n..];
+/// #     }
+/// #     String::from_utf8(out).unwrap()
+/// # }
+/// use corewise_kv::{config::Config, exec::{Shared, VERSION}};
+/// let shared = Shared::new(Config::default());
+/// assert_eq!(run(&shared, b"version\r\n"), format!("VERSION {VERSION}\r\n"));
+/// assert!(VERSION.starts_with("1.6.")); // clients check for memcached 1.6
+/// ```
 pub const VERSION: &str = concat!("1.6.0-corewise-kv-", env!("CARGO_PKG_VERSION"));
 
 /// Connection counters (memcached's `stats` names).
+///
+/// ```
+/// # // Runs every request in `buf` against `shared`, returning the replies.
+/// # fn run(shared: &corewise_kv::exec::Shared, mut buf: &[u8]) -> String {
+/// #     use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// #     let (mut d, mut out) = (Decoder::new(Limits::default()), Vec::new());
+/// #     while let (n, Decoded::Request(r)) = d.decode(buf) {
+/// #         corewise_kv::exec::execute(shared, &r, &mut out, &mut Vec::new());
+/// #         buf = &buf[n..];
+/// #     }
+/// #     String::from_utf8(out).unwrap()
+/// # }
+/// use corewise_kv::{config::Config, exec::Shared};
+/// use std::sync::atomic::Ordering::Relaxed;
+/// let shared = Shared::new(Config::default());
+/// // The server counts connections as it accepts and closes them.
+/// shared.conns.curr_connections.fetch_add(2, Relaxed);
+/// shared.conns.total_connections.fetch_add(5, Relaxed);
+/// let stats = run(&shared, b"stats\r\n");
+/// assert!(stats.contains("STAT curr_connections 2\r\n"));
+/// assert!(stats.contains("STAT total_connections 5\r\n"));
+/// ```
 #[derive(Debug, Default)]
 pub struct ConnCounters {
     /// Open connections.
@@ -40,6 +79,27 @@ pub struct ConnCounters {
 }
 
 /// What `stats conns` shows of one open connection.
+///
+/// ```
+/// # // Runs every request in `buf` against `shared`, returning the replies.
+/// # fn run(shared: &corewise_kv::exec::Shared, mut buf: &[u8]) -> String {
+/// #     use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// #     let (mut d, mut out) = (Decoder::new(Limits::default()), Vec::new());
+/// #     while let (n, Decoded::Request(r)) = d.decode(buf) {
+/// #         corewise_kv::exec::execute(shared, &r, &mut out, &mut Vec::new());
+/// #         buf = &buf[n..];
+/// #     }
+/// #     String::from_utf8(out).unwrap()
+/// # }
+/// use corewise_kv::{config::Config, exec::Shared};
+/// use std::sync::atomic::Ordering::Relaxed;
+/// let shared = Shared::new(Config::default());
+/// let info = shared.conn_table.open(9, "127.0.0.1:40000".into(), shared.store.clock().now());
+/// assert_eq!(info.peer, "127.0.0.1:40000");
+/// assert!(run(&shared, b"stats conns\r\n").contains("STAT 9:state conn_new_cmd\r\n"));
+/// info.busy.store(true, Relaxed); // running its requests
+/// assert!(run(&shared, b"stats conns\r\n").contains("STAT 9:state conn_parse_cmd\r\n"));
+/// ```
 #[derive(Debug)]
 pub struct ConnInfo {
     /// The client's address.
@@ -54,6 +114,27 @@ pub struct ConnInfo {
 
 /// The open connections by file descriptor, and the listener, for
 /// `stats conns`.
+///
+/// ```
+/// # // Runs every request in `buf` against `shared`, returning the replies.
+/// # fn run(shared: &corewise_kv::exec::Shared, mut buf: &[u8]) -> String {
+/// #     use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// #     let (mut d, mut out) = (Decoder::new(Limits::default()), Vec::new());
+/// #     while let (n, Decoded::Request(r)) = d.decode(buf) {
+/// #         corewise_kv::exec::execute(shared, &r, &mut out, &mut Vec::new());
+/// #         buf = &buf[n..];
+/// #     }
+/// #     String::from_utf8(out).unwrap()
+/// # }
+/// use corewise_kv::{config::Config, exec::Shared};
+/// let shared = Shared::new(Config::default());
+/// let table = &shared.conn_table;
+/// table.set_listener(3, "127.0.0.1:11211".into());
+/// let _info = table.open(8, "127.0.0.1:50000".into(), shared.store.clock().now());
+/// let conns = run(&shared, b"stats conns\r\n");
+/// assert!(conns.contains("STAT 3:state conn_listening\r\n"));
+/// assert!(conns.contains("STAT 8:addr tcp:127.0.0.1:50000\r\n"));
+/// ```
 #[derive(Debug)]
 pub struct ConnTable {
     conns: SpinLock<BTreeMap<i32, Arc<ConnInfo>>>,
@@ -71,12 +152,48 @@ impl Default for ConnTable {
 
 impl ConnTable {
     /// Records the listening socket.
+    ///
+    /// ```
+    /// # // Runs every request in `buf` against `shared`, returning the replies.
+    /// # fn run(shared: &corewise_kv::exec::Shared, mut buf: &[u8]) -> String {
+    /// #     use corewise_kv::protocol::{Decoded, Decoder, Limits};
+    /// #     let (mut d, mut out) = (Decoder::new(Limits::default()), Vec::new());
+    /// #     while let (n, Decoded::Request(r)) = d.decode(buf) {
+    /// #         corewise_kv::exec::execute(shared, &r, &mut out, &mut Vec::new());
+    /// #         buf = &buf[n..];
+    /// #     }
+    /// #     String::from_utf8(out).unwrap()
+    /// # }
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// let shared = Shared::new(Config::default());
+    /// shared.conn_table.set_listener(4, "0.0.0.0:11211".into());
+    /// assert!(run(&shared, b"stats conns\r\n").contains("STAT 4:addr tcp:0.0.0.0:11211\r\n"));
+    /// ```
     pub fn set_listener(&self, fd: i32, addr: String) {
         *self.listener.lock() = Some((fd, addr));
     }
 
     /// Records an accepted connection; its entry is updated through the
     /// returned handle.
+    ///
+    /// ```
+    /// # // Runs every request in `buf` against `shared`, returning the replies.
+    /// # fn run(shared: &corewise_kv::exec::Shared, mut buf: &[u8]) -> String {
+    /// #     use corewise_kv::protocol::{Decoded, Decoder, Limits};
+    /// #     let (mut d, mut out) = (Decoder::new(Limits::default()), Vec::new());
+    /// #     while let (n, Decoded::Request(r)) = d.decode(buf) {
+    /// #         corewise_kv::exec::execute(shared, &r, &mut out, &mut Vec::new());
+    /// #         buf = &buf[n..];
+    /// #     }
+    /// #     String::from_utf8(out).unwrap()
+    /// # }
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// use std::sync::atomic::Ordering::Relaxed;
+    /// let shared = Shared::new(Config::default());
+    /// let info = shared.conn_table.open(6, "127.0.0.1:1234".into(), shared.store.clock().now());
+    /// info.spoke.store(true, Relaxed);
+    /// assert!(run(&shared, b"stats conns\r\n").contains("STAT 6:state conn_read\r\n"));
+    /// ```
     pub fn open(&self, fd: i32, peer: String, now: u32) -> Arc<ConnInfo> {
         let info = Arc::new(ConnInfo {
             peer,
@@ -89,6 +206,24 @@ impl ConnTable {
     }
 
     /// Forgets a closed connection.
+    ///
+    /// ```
+    /// # // Runs every request in `buf` against `shared`, returning the replies.
+    /// # fn run(shared: &corewise_kv::exec::Shared, mut buf: &[u8]) -> String {
+    /// #     use corewise_kv::protocol::{Decoded, Decoder, Limits};
+    /// #     let (mut d, mut out) = (Decoder::new(Limits::default()), Vec::new());
+    /// #     while let (n, Decoded::Request(r)) = d.decode(buf) {
+    /// #         corewise_kv::exec::execute(shared, &r, &mut out, &mut Vec::new());
+    /// #         buf = &buf[n..];
+    /// #     }
+    /// #     String::from_utf8(out).unwrap()
+    /// # }
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// let shared = Shared::new(Config::default());
+    /// let _info = shared.conn_table.open(6, "127.0.0.1:1234".into(), shared.store.clock().now());
+    /// shared.conn_table.close(6);
+    /// assert!(!run(&shared, b"stats conns\r\n").contains("STAT 6:"));
+    /// ```
     pub fn close(&self, fd: i32) {
         self.conns.lock().remove(&fd);
     }
@@ -128,6 +263,25 @@ impl ConnTable {
 }
 
 /// Everything a request may need: the store, the settings, the counters.
+///
+/// ```
+/// # // Runs every request in `buf` against `shared`, returning the replies.
+/// # fn run(shared: &corewise_kv::exec::Shared, mut buf: &[u8]) -> String {
+/// #     use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// #     let (mut d, mut out) = (Decoder::new(Limits::default()), Vec::new());
+/// #     while let (n, Decoded::Request(r)) = d.decode(buf) {
+/// #         corewise_kv::exec::execute(shared, &r, &mut out, &mut Vec::new());
+/// #         buf = &buf[n..];
+/// #     }
+/// #     String::from_utf8(out).unwrap()
+/// # }
+/// use corewise_kv::{config::Config, exec::Shared};
+/// use corewise_kv::store::{Deadline, SetMode};
+/// let shared = Shared::new(Config::default());
+/// // Requests and direct calls see the same store.
+/// shared.store.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None);
+/// assert_eq!(run(&shared, b"get k\r\n"), "VALUE k 0 1\r\nv\r\nEND\r\n");
+/// ```
 #[derive(Debug)]
 pub struct Shared {
     /// The items.
@@ -152,6 +306,13 @@ pub struct Shared {
 
 impl Shared {
     /// Shared state for a server with this configuration.
+    ///
+    /// ```
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// let shared = Shared::new(Config { memory_mb: 8, item_max: 4096, ..Config::default() });
+    /// assert_eq!(shared.store.limit(), 8 << 20);
+    /// assert_eq!(shared.config.item_max, 4096);
+    /// ```
     pub fn new(config: Config) -> Self {
         let limit = config.memory_mb.saturating_mul(1024 * 1024);
         let store = Store::new(limit, Store::shards_for(limit, config.item_max));
@@ -172,6 +333,20 @@ impl Shared {
 }
 
 /// What the connection does after a request.
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::{execute, Flow, Shared}, watch::MUTATIONS};
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// let shared = Shared::new(Config::default());
+/// let mut d = Decoder::new(Limits::default());
+/// let mut flow = |req: &[u8]| {
+///     let (_, Decoded::Request(r)) = d.decode(req) else { panic!() };
+///     execute(&shared, &r, &mut Vec::new(), &mut Vec::new())
+/// };
+/// assert_eq!(flow(b"version\r\n"), Flow::Continue);
+/// assert_eq!(flow(b"watch mutations\r\n"), Flow::Watch(MUTATIONS));
+/// assert_eq!(flow(b"quit\r\n"), Flow::Close);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
     /// Go on reading.
@@ -252,6 +427,23 @@ pub fn execute(
 
 /// Unsent reply bytes above which a multi-key `get` hands its output to
 /// `spill` before looking up the next key.
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::{execute_spilling, Shared, SPILL_AT}};
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// use corewise_kv::store::{Deadline, SetMode};
+/// let shared = Shared::new(Config::default());
+/// let value = vec![b'x'; SPILL_AT / 2 + 1];
+/// for k in [&b"a"[..], b"b", b"c"] {
+///     shared.store.store(SetMode::Set, k, 0, Deadline::Never, &value, None);
+/// }
+/// let (_, Decoded::Request(r)) = Decoder::new(Limits::default()).decode(b"get a b c\r\n") else { panic!() };
+/// let (mut out, mut spills) = (Vec::new(), 0);
+/// let mut spill = |o: &mut Vec<u8>| { spills += 1; o.clear(); Ok(()) };
+/// execute_spilling(&shared, &r, &mut out, &mut Vec::new(), &mut spill);
+/// // Past SPILL_AT after the second value: sent before the third is looked up.
+/// assert_eq!(spills, 1);
+/// ```
 pub const SPILL_AT: usize = 256 * 1024;
 
 /// [`execute`], bounding the output of a multi-key retrieval: whenever
@@ -283,6 +475,19 @@ pub fn execute_spilling(
 
 /// [`execute_spilling`] for the connection on descriptor `cfd` (named in
 /// the `watch` log; -1 for none).
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::{execute_conn, Shared}, watch::FETCHERS};
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// let shared = Shared::new(Config::default());
+/// let w = shared.store.watch.subscribe(FETCHERS);
+/// let (_, Decoded::Request(r)) = Decoder::new(Limits::default()).decode(b"get k\r\n") else { panic!() };
+/// let mut out = Vec::new();
+/// execute_conn(&shared, &r, &mut out, &mut Vec::new(), &mut |_| Ok(()), 42);
+/// assert_eq!(out, b"END\r\n");
+/// // The `watch` log names the connection's descriptor.
+/// assert!(w.drain()[0].contains("cfd=42"));
+/// ```
 pub fn execute_conn(
     shared: &Shared,
     req: &Request<'_>,
