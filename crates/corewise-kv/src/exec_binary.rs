@@ -128,6 +128,17 @@ pub fn write_error(h: &Header, status: u16, out: &mut Vec<u8>) {
 
 /// Appends the response to a body over the item limit (memcached's "Too
 /// large."); the decoder skips the body.
+///
+/// ```
+/// use corewise_kv::exec_binary::write_too_large;
+/// use corewise_kv::protocol::binary::Header;
+/// let h = Header { magic: 0x80, opcode: 0x01, key_len: 1, extras_len: 8, body_len: 1 << 21, opaque: 3, cas: 0 };
+/// let mut out = Vec::new();
+/// write_too_large(&h, &mut out);
+/// assert_eq!(&out[6..8], &[0x00, 0x03]); // status: too large
+/// assert_eq!(&out[12..16], &3u32.to_be_bytes()); // the request's opaque
+/// assert_eq!(&out[24..], b"Too large.");
+/// ```
 pub fn write_too_large(h: &Header, out: &mut Vec<u8>) {
     write_error(h, status::E2BIG, out);
 }
@@ -164,6 +175,16 @@ pub fn too_large(shared: &Shared, h: &Header, key: &[u8], out: &mut Vec<u8>) {
 /// Appends the response to a header whose extras and key overrun its
 /// body: "Unknown command", as memcached answers before it closes the
 /// connection (the caller closes it too).
+///
+/// ```
+/// use corewise_kv::exec_binary::write_malformed;
+/// use corewise_kv::protocol::binary::Header;
+/// let h = Header { magic: 0x80, opcode: 0x00, key_len: 9, extras_len: 0, body_len: 1, opaque: 0, cas: 0 };
+/// let mut out = Vec::new();
+/// write_malformed(&h, &mut out);
+/// assert_eq!(&out[6..8], &[0x00, 0x81]); // status: unknown command
+/// assert_eq!(&out[24..], b"Unknown command");
+/// ```
 pub fn write_malformed(h: &Header, out: &mut Vec<u8>) {
     write_error(h, status::UNKNOWN_COMMAND, out);
 }
