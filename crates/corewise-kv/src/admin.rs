@@ -17,6 +17,23 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Per-prefix counters of `stats detail` (memcached's `-D :` prefixes).
+///
+/// ```
+/// # // Runs every request in `buf` against `shared`, returning the replies.
+/// # fn run(shared: &corewise_kv::exec::Shared, mut buf: &[u8]) -> String {
+/// #     use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// #     let (mut d, mut out) = (Decoder::new(Limits::default()), Vec::new());
+/// #     while let (n, Decoded::Request(r)) = d.decode(buf) {
+/// #         corewise_kv::exec::execute(shared, &r, &mut out, &mut Vec::new());
+/// #         buf = &buf[n..];
+/// #     }
+/// #     String::from_utf8(out).unwrap()
+/// # }
+/// use corewise_kv::{config::Config, exec::Shared};
+/// let shared = Shared::new(Config::default());
+/// let reply = run(&shared, b"stats detail on\r\nset user:1 0 0 1\r\nx\r\nget user:1\r\nget user:2\r\nstats detail dump\r\n");
+/// assert!(reply.ends_with("PREFIX user get 2 hit 1 set 1 del 0\r\nEND\r\n"));
+/// ```
 #[derive(Debug)]
 pub struct Detail {
     enabled: AtomicBool,
@@ -33,6 +50,17 @@ impl Default for Detail {
 }
 
 /// What a request did to a key, for `stats detail`.
+///
+/// ```
+/// use corewise_kv::admin::{Detail, DetailOp};
+/// let d = Detail::default();
+/// d.command(Some(b"on"), &mut Vec::new());
+/// d.record(b"a:1", DetailOp::Get(false));
+/// d.record(b"a:1", DetailOp::Delete);
+/// let mut out = Vec::new();
+/// d.dump(&mut out);
+/// assert_eq!(out, b"PREFIX a get 1 hit 0 set 0 del 1\r\n");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DetailOp {
     /// A retrieval, and whether it hit.
@@ -46,6 +74,18 @@ pub enum DetailOp {
 impl Detail {
     /// Records `op` on `key` when `stats detail on` is in effect and the
     /// key has a prefix (text before the first `:`).
+    ///
+    /// ```
+    /// use corewise_kv::admin::{Detail, DetailOp};
+    /// let d = Detail::default();
+    /// d.record(b"a:1", DetailOp::Set); // off: not recorded
+    /// d.command(Some(b"on"), &mut Vec::new());
+    /// d.record(b"nokey", DetailOp::Set); // no prefix: not recorded
+    /// d.record(b"a:2", DetailOp::Set);
+    /// let mut out = Vec::new();
+    /// d.dump(&mut out);
+    /// assert_eq!(out, b"PREFIX a get 0 hit 0 set 1 del 0\r\n");
+    /// ```
     pub fn record(&self, key: &[u8], op: DetailOp) {
         if !self.enabled.load(Ordering::Relaxed) {
             return;
@@ -66,17 +106,47 @@ impl Detail {
     }
 
     /// Whether recording is on.
+    ///
+    /// ```
+    /// use corewise_kv::admin::Detail;
+    /// let d = Detail::default();
+    /// assert!(!d.enabled());
+    /// d.command(Some(b"on"), &mut Vec::new());
+    /// assert!(d.enabled());
+    /// ```
     pub fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
     }
 
     /// Forgets every prefix (`stats reset`).
+    ///
+    /// ```
+    /// use corewise_kv::admin::{Detail, DetailOp};
+    /// let d = Detail::default();
+    /// d.command(Some(b"on"), &mut Vec::new());
+    /// d.record(b"a:1", DetailOp::Set);
+    /// d.clear();
+    /// let mut out = Vec::new();
+    /// d.dump(&mut out);
+    /// assert!(out.is_empty());
+    /// assert!(d.enabled()); // still recording
+    /// ```
     pub fn clear(&self) {
         self.prefixes.lock().clear();
     }
 
     /// `stats detail <arg>`: `on`, `off` or `dump` (memcached's lines);
     /// a usage error otherwise.
+    ///
+    /// ```
+    /// use corewise_kv::admin::Detail;
+    /// let d = Detail::default();
+    /// let mut out = Vec::new();
+    /// d.command(Some(b"on"), &mut out);
+    /// d.command(Some(b"dump"), &mut out);
+    /// d.command(Some(b"maybe"), &mut out);
+    /// assert_eq!(out, b"OK\r\nEND\r\nCLIENT_ERROR usage: stats detail on|off|dump\r\n");
+    /// ```
     pub fn command(&self, arg: Option<&[u8]>, out: &mut Vec<u8>) {
         match arg {
             Some(b"on") => {
@@ -96,6 +166,18 @@ impl Detail {
     }
 
     /// The `PREFIX` lines, by prefix.
+    ///
+    /// ```
+    /// use corewise_kv::admin::{Detail, DetailOp};
+    /// let d = Detail::default();
+    /// d.command(Some(b"on"), &mut Vec::new());
+    /// d.record(b"b:x", DetailOp::Get(true));
+    /// d.record(b"a:x", DetailOp::Set);
+    /// let mut out = Vec::new();
+    /// d.dump(&mut out);
+    /// // One line per prefix, in order.
+    /// assert_eq!(out, b"PREFIX a get 0 hit 0 set 1 del 0\r\nPREFIX b get 1 hit 1 set 0 del 0\r\n");
+    /// ```
     pub fn dump(&self, out: &mut Vec<u8>) {
         for (p, c) in self.prefixes.lock().iter() {
             out.extend_from_slice(b"PREFIX ");
