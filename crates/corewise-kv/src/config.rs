@@ -10,6 +10,15 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 /// How connections map to user threads.
+///
+/// ```
+/// use clap::Parser;
+/// use corewise_kv::config::{Args, Mode};
+/// let c = Args::try_parse_from(["corewise-kv", "--mode", "dispatch"])?.into_config()?;
+/// assert_eq!(c.mode, Mode::Dispatch);
+/// assert_eq!(Mode::Conn.to_string(), "conn");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
     /// One user thread per connection, blocked in read (Fred/libfibre).
@@ -29,6 +38,15 @@ impl std::fmt::Display for Mode {
 }
 
 /// The runtime's I/O back end.
+///
+/// ```
+/// use clap::Parser;
+/// use corewise_kv::config::{Args, Io};
+/// let c = Args::try_parse_from(["corewise-kv", "--io", "uring"])?.into_config()?;
+/// assert_eq!(c.io, Io::Uring);
+/// assert_eq!(Args::try_parse_from(["corewise-kv"])?.into_config()?.io, Io::Epoll);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Io {
     /// One epoll set per core (the default: measured lower latency for
@@ -39,6 +57,15 @@ pub enum Io {
 }
 
 /// A bad flag value.
+///
+/// ```
+/// use clap::Parser;
+/// use corewise_kv::config::{Args, ConfigError};
+/// let check = |argv: &[&str]| Args::try_parse_from(argv).unwrap().into_config().err();
+/// assert_eq!(check(&["corewise-kv", "-m", "0"]), Some(ConfigError::Memory));
+/// assert_eq!(check(&["corewise-kv", "-U", "11211"]), Some(ConfigError::Udp));
+/// assert_eq!(check(&["corewise-kv", "-m", "1", "-I", "2m"]), Some(ConfigError::ItemOverMemory { item: 2 << 20, memory_mb: 1 }));
+/// ```
 #[derive(Debug, Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -71,6 +98,16 @@ pub enum ConfigError {
 }
 
 /// Command line of `corewise-kv` (memcached's flags).
+///
+/// ```
+/// use clap::Parser;
+/// use corewise_kv::config::Args;
+/// // memcached's flags.
+/// let a = Args::try_parse_from(["corewise-kv", "-p", "22122", "-m", "128", "-c", "10", "-A"])?;
+/// assert_eq!((a.port, a.memory_mb, a.max_conns, a.enable_shutdown), (22122, 128, 10, true));
+/// assert!(Args::try_parse_from(["corewise-kv", "--no-such-flag"]).is_err());
+/// # Ok::<(), clap::Error>(())
+/// ```
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "corewise-kv",
@@ -145,6 +182,13 @@ pub struct Args {
 }
 
 /// Validated settings.
+///
+/// ```
+/// use corewise_kv::config::{Config, Mode};
+/// let c = Config::default(); // memcached's defaults
+/// assert_eq!((c.port, c.memory_mb, c.max_conns, c.item_max), (11211, 64, 1024, 1 << 20));
+/// assert_eq!(c.mode, Mode::Conn);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// TCP port.
@@ -237,6 +281,15 @@ pub fn parse_cpus(s: &str) -> Option<Vec<usize>> {
 
 impl Args {
     /// Checks the flags and turns them into a [`Config`].
+    ///
+    /// ```
+    /// use clap::Parser;
+    /// use corewise_kv::config::Args;
+    /// let c = Args::try_parse_from(["corewise-kv", "-I", "2m", "-t", "3", "--cpus", "0,2-3"])?.into_config()?;
+    /// assert_eq!((c.item_max, c.threads), (2 << 20, 3));
+    /// assert_eq!(c.cpus, Some(vec![0, 2, 3]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn into_config(self) -> Result<Config, ConfigError> {
         let item_max = parse_size(&self.item_size)
             .filter(|&n| (1024..=1024 * 1024 * 1024).contains(&n))
