@@ -15,16 +15,63 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `watch fetchers`: item reads.
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::Shared, watch::FETCHERS};
+/// # use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// let shared = Shared::new(Config::default());
+/// let w = shared.store.watch.subscribe(FETCHERS);
+/// # let (_, Decoded::Request(r)) = Decoder::new(Limits::default()).decode(b"get k\r\n") else { panic!() };
+/// # corewise_kv::exec::execute(&shared, &r, &mut Vec::new(), &mut Vec::new());
+/// // ... a `get k` ran ...
+/// let lines = w.drain();
+/// assert!(lines[0].contains("type=item_get key=k status=not_found"));
+/// ```
 pub const FETCHERS: u8 = 1;
 /// `watch mutations`: item stores.
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::Shared, watch::MUTATIONS};
+/// # use corewise_kv::protocol::{Decoded, Decoder, Limits};
+/// let shared = Shared::new(Config::default());
+/// let w = shared.store.watch.subscribe(MUTATIONS);
+/// # let (_, Decoded::Request(r)) = Decoder::new(Limits::default()).decode(b"set k 0 0 1\r\nv\r\n") else { panic!() };
+/// # corewise_kv::exec::execute(&shared, &r, &mut Vec::new(), &mut Vec::new());
+/// // ... a `set k` ran ...
+/// let lines = w.drain();
+/// assert!(lines[0].contains("type=item_store key=k status=stored"));
+/// ```
 pub const MUTATIONS: u8 = 2;
 /// `watch evictions`: items evicted to make room.
+///
+/// ```
+/// use corewise_kv::store::{Deadline, SetMode, Store};
+/// use corewise_kv::watch::EVICTIONS;
+/// let s = Store::new(4096, 1);
+/// let w = s.watch.subscribe(EVICTIONS);
+/// for k in [&b"a"[..], b"b", b"c"] {
+///     s.store(SetMode::Set, k, 0, Deadline::Never, &[0; 1500], None);
+/// }
+/// let lines = w.drain();
+/// assert!(lines.iter().any(|l| l.contains("type=eviction key=a")));
+/// ```
 pub const EVICTIONS: u8 = 4;
 
 /// Lines a watcher may have waiting before new ones are dropped.
 const QUEUE_MAX: usize = 8192;
 
 /// One watching connection's queue.
+///
+/// ```
+/// use corewise_kv::watch::{Watch, FETCHERS, MUTATIONS};
+/// let log = Watch::default();
+/// let w = log.subscribe(MUTATIONS);
+/// log.emit(FETCHERS, |l| l.push_str("not for w"));
+/// log.emit(MUTATIONS, |l| l.push_str("key=k"));
+/// let lines = w.drain();
+/// assert_eq!(lines.len(), 1);
+/// assert!(lines[0].ends_with(" key=k\n"));
+/// ```
 #[derive(Debug)]
 pub struct Watcher {
     mask: u8,
@@ -34,6 +81,19 @@ pub struct Watcher {
 impl Watcher {
     /// Takes the waiting lines (a `skipped=N` line first when some were
     /// dropped).
+    ///
+    /// ```
+    /// use corewise_kv::watch::{Watch, FETCHERS};
+    /// let log = Watch::default();
+    /// let w = log.subscribe(FETCHERS);
+    /// // A watcher that does not keep up loses lines, and is told how many.
+    /// for _ in 0..10_000 {
+    ///     log.emit(FETCHERS, |l| l.push('x'));
+    /// }
+    /// let lines = w.drain();
+    /// assert!(lines[0].starts_with("skipped="));
+    /// assert!(w.drain().is_empty());
+    /// ```
     pub fn drain(&self) -> Vec<String> {
         let mut q = self.queue.lock();
         let mut v = Vec::with_capacity(q.0.len() + 1);
@@ -47,6 +107,16 @@ impl Watcher {
 }
 
 /// The watchers and the log's sequence number.
+///
+/// ```
+/// use corewise_kv::watch::{Watch, FETCHERS};
+/// use std::sync::atomic::Ordering::Relaxed;
+/// let log = Watch::default();
+/// let w = log.subscribe(FETCHERS);
+/// log.emit(FETCHERS, |l| l.push_str("key=a"));
+/// assert_eq!(log.sent.load(Relaxed), 1);
+/// assert_eq!(w.drain().len(), 1);
+/// ```
 #[derive(Debug)]
 pub struct Watch {
     count: AtomicUsize,
@@ -93,6 +163,13 @@ pub fn mask_of(args: &[u8]) -> Option<u8> {
 }
 
 /// Appends `key` URI-encoded, as memcached's log writes keys.
+///
+/// ```
+/// use corewise_kv::watch::uri_key;
+/// let mut out = String::new();
+/// uri_key(&mut out, b"user 1/a~b");
+/// assert_eq!(out, "user%201%2Fa~b");
+/// ```
 pub fn uri_key(out: &mut String, key: &[u8]) {
     for &b in key {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -105,6 +182,15 @@ pub fn uri_key(out: &mut String, key: &[u8]) {
 
 impl Watch {
     /// Adds a watcher of the `mask` events.
+    ///
+    /// ```
+    /// use corewise_kv::watch::{Watch, EVICTIONS, MUTATIONS};
+    /// let log = Watch::default();
+    /// let w = log.subscribe(MUTATIONS | EVICTIONS);
+    /// log.emit(EVICTIONS, |l| l.push_str("key=a"));
+    /// log.emit(MUTATIONS, |l| l.push_str("key=b"));
+    /// assert_eq!(w.drain().len(), 2);
+    /// ```
     pub fn subscribe(&self, mask: u8) -> Arc<Watcher> {
         let w = Arc::new(Watcher {
             mask,
@@ -116,11 +202,29 @@ impl Watch {
     }
 
     /// Watchers now (`log_watchers`).
+    ///
+    /// ```
+    /// use corewise_kv::watch::{Watch, FETCHERS};
+    /// let log = Watch::default();
+    /// let w = log.subscribe(FETCHERS);
+    /// assert_eq!(log.watchers(), 1);
+    /// log.unsubscribe(&w);
+    /// assert_eq!(log.watchers(), 0);
+    /// ```
     pub fn watchers(&self) -> usize {
         self.count.load(Ordering::Relaxed)
     }
 
     /// Removes a watcher.
+    ///
+    /// ```
+    /// use corewise_kv::watch::{Watch, FETCHERS};
+    /// let log = Watch::default();
+    /// let w = log.subscribe(FETCHERS);
+    /// log.unsubscribe(&w);
+    /// log.emit(FETCHERS, |l| l.push_str("key=a"));
+    /// assert!(w.drain().is_empty());
+    /// ```
     pub fn unsubscribe(&self, w: &Arc<Watcher>) {
         let mut ws = self.watchers.lock();
         if let Some(i) = ws.iter().position(|x| Arc::ptr_eq(x, w)) {
@@ -131,6 +235,18 @@ impl Watch {
 
     /// Logs one `kind` event: `body` writes what follows `ts=... gid=...`
     /// (without the newline). Nothing is built when nobody watches it.
+    ///
+    /// ```
+    /// use corewise_kv::watch::{Watch, FETCHERS};
+    /// let log = Watch::default();
+    /// let mut built = false;
+    /// log.emit(FETCHERS, |_| built = true);
+    /// assert!(!built); // nobody watches: nothing is built
+    /// let w = log.subscribe(FETCHERS);
+    /// log.emit(FETCHERS, |l| l.push_str("key=a"));
+    /// let line = &w.drain()[0];
+    /// assert!(line.starts_with("ts=") && line.contains(" gid=") && line.ends_with(" key=a\n"));
+    /// ```
     pub fn emit(&self, kind: u8, body: impl FnOnce(&mut String)) {
         if self.count.load(Ordering::Acquire) == 0 {
             return;
