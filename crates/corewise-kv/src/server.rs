@@ -62,17 +62,108 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The reply to a connection over the limit.
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::Shared, server::{self, TOO_MANY}};
+/// use std::io::{Read, Write};
+/// use std::os::fd::AsRawFd;
+/// use std::sync::Arc;
+/// let listener = server::bind("127.0.0.1", 0)?;
+/// let (addr, fd) = (listener.local_addr()?, listener.as_raw_fd());
+/// // A server that takes one connection at a time.
+/// let shared = Arc::new(Shared::new(Config { max_conns: 1, ..Config::default() }));
+/// let rt = corewise::Runtime::builder().max_cores(1).build()?;
+/// let srv = std::thread::spawn(move || server::serve(&rt, listener, shared));
+/// let mut first = std::net::TcpStream::connect(addr)?;
+/// first.write_all(b"version\r\n")?;
+/// first.read(&mut [0; 64])?; // served: it holds the only place
+/// let mut second = std::net::TcpStream::connect(addr)?;
+/// let mut refused = Vec::new();
+/// second.read_to_end(&mut refused)?;
+/// assert_eq!(refused, TOO_MANY);
+/// drop(first);
+/// // SAFETY: shuts the listening socket down; the server then stops accepting.
+/// unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+/// assert!(srv.join().unwrap().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const TOO_MANY: &[u8] = b"ERROR Too many open connections\r\n";
 
 /// A connection's first read buffer, and its reply buffer's: one page.
+///
+/// ```
+/// use corewise_kv::server::{INITIAL_BUF, KEEP_BUF};
+/// // A connection starts with a page of buffer, and keeps up to KEEP_BUF.
+/// assert_eq!(INITIAL_BUF, 4096);
+/// assert!(INITIAL_BUF < KEEP_BUF);
+/// ```
 pub const INITIAL_BUF: usize = 4 * 1024;
 /// The largest buffer a connection keeps between requests (see the module
 /// docs): reads that fill the read buffer grow it up to this size, and a
 /// larger one, grown for one large request or reply, is given back after
 /// it.
+///
+/// ```
+/// use corewise_kv::protocol::MAX_LINE;
+/// use corewise_kv::server::KEEP_BUF;
+/// // The longest command line fits in a buffer that is kept.
+/// assert!(KEEP_BUF >= MAX_LINE);
+/// ```
 pub const KEEP_BUF: usize = 64 * 1024;
 
 /// One client connection: its socket, buffers and decoder.
+///
+/// ```
+/// # // Serves one client with a Connection: `server` runs on a user thread of
+/// # // a one-core runtime with the accepted connection, `client` on a std
+/// # // thread with its end; returns what each returned.
+/// # fn with_conn<T: Send + 'static>(
+/// #     shared: std::sync::Arc<corewise_kv::exec::Shared>,
+/// #     client: impl FnOnce(std::net::TcpStream) -> std::io::Result<Vec<u8>> + Send + 'static,
+/// #     server: impl FnOnce(&mut corewise_kv::server::Connection) -> std::io::Result<T> + Send + 'static,
+/// # ) -> std::io::Result<(T, Vec<u8>)> {
+/// #     let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+/// #     let rt = corewise::Runtime::builder().max_cores(1).build().map_err(|e| other(&e))?;
+/// #     let listener = corewise_kv::server::bind("127.0.0.1", 0)?;
+/// #     let addr = listener.local_addr()?;
+/// #     let c = std::thread::spawn(move || client(std::net::TcpStream::connect(addr)?));
+/// #     let h = rt
+/// #         .spawn(move || -> std::io::Result<T> {
+/// #             let (stream, _) = listener.accept()?;
+/// #             let mut conn = corewise_kv::server::Connection::new(stream, shared);
+/// #             server(&mut conn)
+/// #         })
+/// #         .map_err(|e| other(&e))?;
+/// #     let t = h.join().map_err(|e| other(&e))??;
+/// #     Ok((t, c.join().unwrap()?))
+/// # }
+/// use corewise_kv::{config::Config, exec::Shared, server::Connection};
+/// use std::io::{Read, Write};
+/// use std::sync::Arc;
+/// let shared = Arc::new(Shared::new(Config::default()));
+/// // `with_conn` accepts one client on a one-core runtime and hands the
+/// // server side the connection.
+/// let (_, reply) = with_conn(
+///     shared,
+///     |mut client| {
+///         client.write_all(b"set k 0 0 1\r\nv\r\nget k\r\n")?;
+///         client.shutdown(std::net::Shutdown::Write)?;
+///         let mut reply = Vec::new();
+///         client.read_to_end(&mut reply)?;
+///         Ok(reply)
+///     },
+///     |conn: &mut Connection| {
+///         // What a connection's user thread does: read, run, reply, until EOF.
+///         while conn.fill_blocking()? > 0 {
+///             conn.process();
+///             conn.flush()?;
+///         }
+///         Ok(())
+///     },
+/// )?;
+/// assert_eq!(reply, b"STORED\r\nVALUE k 0 1\r\nv\r\nEND\r\n");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Connection {
     stream: TcpStream,
@@ -105,6 +196,41 @@ impl Drop for Connection {
 
 impl Connection {
     /// Wraps an accepted stream (and counts it as open).
+    ///
+    /// ```
+    /// # // Serves one client with a Connection: `server` runs on a user thread of
+    /// # // a one-core runtime with the accepted connection, `client` on a std
+    /// # // thread with its end; returns what each returned.
+    /// # fn with_conn<T: Send + 'static>(
+    /// #     shared: std::sync::Arc<corewise_kv::exec::Shared>,
+    /// #     client: impl FnOnce(std::net::TcpStream) -> std::io::Result<Vec<u8>> + Send + 'static,
+    /// #     server: impl FnOnce(&mut corewise_kv::server::Connection) -> std::io::Result<T> + Send + 'static,
+    /// # ) -> std::io::Result<(T, Vec<u8>)> {
+    /// #     let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    /// #     let rt = corewise::Runtime::builder().max_cores(1).build().map_err(|e| other(&e))?;
+    /// #     let listener = corewise_kv::server::bind("127.0.0.1", 0)?;
+    /// #     let addr = listener.local_addr()?;
+    /// #     let c = std::thread::spawn(move || client(std::net::TcpStream::connect(addr)?));
+    /// #     let h = rt
+    /// #         .spawn(move || -> std::io::Result<T> {
+    /// #             let (stream, _) = listener.accept()?;
+    /// #             let mut conn = corewise_kv::server::Connection::new(stream, shared);
+    /// #             server(&mut conn)
+    /// #         })
+    /// #         .map_err(|e| other(&e))?;
+    /// #     let t = h.join().map_err(|e| other(&e))??;
+    /// #     Ok((t, c.join().unwrap()?))
+    /// # }
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// use std::sync::{atomic::Ordering::Relaxed, Arc};
+    /// let shared = Arc::new(Shared::new(Config::default()));
+    /// let s = Arc::clone(&shared);
+    /// // `with_conn` calls Connection::new on the accepted stream.
+    /// let (open, _) = with_conn(shared.clone(), |_| Ok(Vec::new()), move |_| Ok(s.conns.curr_connections.load(Relaxed)))?;
+    /// assert_eq!(open, 1);
+    /// assert_eq!(shared.conns.curr_connections.load(Relaxed), 0); // dropped: closed
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(stream: TcpStream, shared: Arc<Shared>) -> Self {
         let _ = stream.set_nodelay(true);
         let item_max = shared.config.item_max;
@@ -168,6 +294,49 @@ impl Connection {
 
     /// Reads what the socket has, blocking the user thread (not the core)
     /// until something arrives; 0 at end of stream.
+    ///
+    /// ```
+    /// # // Serves one client with a Connection: `server` runs on a user thread of
+    /// # // a one-core runtime with the accepted connection, `client` on a std
+    /// # // thread with its end; returns what each returned.
+    /// # fn with_conn<T: Send + 'static>(
+    /// #     shared: std::sync::Arc<corewise_kv::exec::Shared>,
+    /// #     client: impl FnOnce(std::net::TcpStream) -> std::io::Result<Vec<u8>> + Send + 'static,
+    /// #     server: impl FnOnce(&mut corewise_kv::server::Connection) -> std::io::Result<T> + Send + 'static,
+    /// # ) -> std::io::Result<(T, Vec<u8>)> {
+    /// #     let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    /// #     let rt = corewise::Runtime::builder().max_cores(1).build().map_err(|e| other(&e))?;
+    /// #     let listener = corewise_kv::server::bind("127.0.0.1", 0)?;
+    /// #     let addr = listener.local_addr()?;
+    /// #     let c = std::thread::spawn(move || client(std::net::TcpStream::connect(addr)?));
+    /// #     let h = rt
+    /// #         .spawn(move || -> std::io::Result<T> {
+    /// #             let (stream, _) = listener.accept()?;
+    /// #             let mut conn = corewise_kv::server::Connection::new(stream, shared);
+    /// #             server(&mut conn)
+    /// #         })
+    /// #         .map_err(|e| other(&e))?;
+    /// #     let t = h.join().map_err(|e| other(&e))??;
+    /// #     Ok((t, c.join().unwrap()?))
+    /// # }
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// use std::io::Write;
+    /// use std::sync::Arc;
+    /// let shared = Arc::new(Shared::new(Config::default()));
+    /// let (reads, _) = with_conn(
+    ///     shared,
+    ///     |mut client| { client.write_all(b"mn\r\n")?; Ok(Vec::new()) },
+    ///     |conn| {
+    ///         let mut reads = vec![conn.fill_blocking()?];
+    ///         while reads.last() != Some(&0) {
+    ///             reads.push(conn.fill_blocking()?); // 0: the client closed
+    ///         }
+    ///         Ok(reads)
+    ///     },
+    /// )?;
+    /// assert_eq!(reads.iter().sum::<usize>(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn fill_blocking(&mut self) -> io::Result<usize> {
         self.make_room()?;
         let n = loop {
@@ -198,6 +367,59 @@ impl Connection {
 
     /// Reads what the socket has now without waiting (`WouldBlock` if
     /// nothing); 0 at end of stream.
+    ///
+    /// ```
+    /// # // Serves one client with a Connection: `server` runs on a user thread of
+    /// # // a one-core runtime with the accepted connection, `client` on a std
+    /// # // thread with its end; returns what each returned.
+    /// # fn with_conn<T: Send + 'static>(
+    /// #     shared: std::sync::Arc<corewise_kv::exec::Shared>,
+    /// #     client: impl FnOnce(std::net::TcpStream) -> std::io::Result<Vec<u8>> + Send + 'static,
+    /// #     server: impl FnOnce(&mut corewise_kv::server::Connection) -> std::io::Result<T> + Send + 'static,
+    /// # ) -> std::io::Result<(T, Vec<u8>)> {
+    /// #     let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    /// #     let rt = corewise::Runtime::builder().max_cores(1).build().map_err(|e| other(&e))?;
+    /// #     let listener = corewise_kv::server::bind("127.0.0.1", 0)?;
+    /// #     let addr = listener.local_addr()?;
+    /// #     let c = std::thread::spawn(move || client(std::net::TcpStream::connect(addr)?));
+    /// #     let h = rt
+    /// #         .spawn(move || -> std::io::Result<T> {
+    /// #             let (stream, _) = listener.accept()?;
+    /// #             let mut conn = corewise_kv::server::Connection::new(stream, shared);
+    /// #             server(&mut conn)
+    /// #         })
+    /// #         .map_err(|e| other(&e))?;
+    /// #     let t = h.join().map_err(|e| other(&e))??;
+    /// #     Ok((t, c.join().unwrap()?))
+    /// # }
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// use std::io::{Read, Write};
+    /// use std::sync::Arc;
+    /// let shared = Arc::new(Shared::new(Config::default()));
+    /// let (_, reply) = with_conn(
+    ///     shared,
+    ///     |mut client| {
+    ///         client.write_all(b"mn\r\n")?;
+    ///         let mut reply = [0; 4];
+    ///         client.read_exact(&mut reply)?;
+    ///         Ok(reply.to_vec())
+    ///     },
+    ///     |conn| {
+    ///         // Never waits: WouldBlock until the request is there.
+    ///         loop {
+    ///             match conn.fill_now() {
+    ///                 Ok(n) if n > 0 => break,
+    ///                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => corewise::yield_now(),
+    ///                 other => return other.map(drop),
+    ///             }
+    ///         }
+    ///         conn.process();
+    ///         conn.flush()
+    ///     },
+    /// )?;
+    /// assert_eq!(reply, b"MN\r\n");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn fill_now(&mut self) -> io::Result<usize> {
         self.make_room()?;
         let buf = &mut self.rbuf[self.filled..];
@@ -218,6 +440,49 @@ impl Connection {
     }
 
     /// Runs every complete request in the read buffer, appending replies.
+    ///
+    /// ```
+    /// # // Serves one client with a Connection: `server` runs on a user thread of
+    /// # // a one-core runtime with the accepted connection, `client` on a std
+    /// # // thread with its end; returns what each returned.
+    /// # fn with_conn<T: Send + 'static>(
+    /// #     shared: std::sync::Arc<corewise_kv::exec::Shared>,
+    /// #     client: impl FnOnce(std::net::TcpStream) -> std::io::Result<Vec<u8>> + Send + 'static,
+    /// #     server: impl FnOnce(&mut corewise_kv::server::Connection) -> std::io::Result<T> + Send + 'static,
+    /// # ) -> std::io::Result<(T, Vec<u8>)> {
+    /// #     let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    /// #     let rt = corewise::Runtime::builder().max_cores(1).build().map_err(|e| other(&e))?;
+    /// #     let listener = corewise_kv::server::bind("127.0.0.1", 0)?;
+    /// #     let addr = listener.local_addr()?;
+    /// #     let c = std::thread::spawn(move || client(std::net::TcpStream::connect(addr)?));
+    /// #     let h = rt
+    /// #         .spawn(move || -> std::io::Result<T> {
+    /// #             let (stream, _) = listener.accept()?;
+    /// #             let mut conn = corewise_kv::server::Connection::new(stream, shared);
+    /// #             server(&mut conn)
+    /// #         })
+    /// #         .map_err(|e| other(&e))?;
+    /// #     let t = h.join().map_err(|e| other(&e))??;
+    /// #     Ok((t, c.join().unwrap()?))
+    /// # }
+    /// use corewise_kv::{config::Config, exec::{Flow, Shared}};
+    /// use std::io::Write;
+    /// use std::sync::Arc;
+    /// let shared = Arc::new(Shared::new(Config::default()));
+    /// let (flows, _) = with_conn(
+    ///     shared,
+    ///     |mut client| { client.write_all(b"set k 0 0 1\r\nv\r\nquit\r\n")?; Ok(Vec::new()) },
+    ///     |conn| {
+    ///         let mut flows = Vec::new();
+    ///         while flows.last() != Some(&Flow::Close) && conn.fill_blocking()? > 0 {
+    ///             flows.push(conn.process()); // every whole request buffered
+    ///         }
+    ///         Ok(flows)
+    ///     },
+    /// )?;
+    /// assert_eq!(flows.last(), Some(&Flow::Close));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn process(&mut self) -> Flow {
         if self.pos == self.filled {
             return Flow::Continue;
@@ -322,6 +587,52 @@ impl Connection {
 
     /// Writes the replies: straight to the socket while it takes them,
     /// then through corewise's blocking write (the user thread waits).
+    ///
+    /// ```
+    /// # // Serves one client with a Connection: `server` runs on a user thread of
+    /// # // a one-core runtime with the accepted connection, `client` on a std
+    /// # // thread with its end; returns what each returned.
+    /// # fn with_conn<T: Send + 'static>(
+    /// #     shared: std::sync::Arc<corewise_kv::exec::Shared>,
+    /// #     client: impl FnOnce(std::net::TcpStream) -> std::io::Result<Vec<u8>> + Send + 'static,
+    /// #     server: impl FnOnce(&mut corewise_kv::server::Connection) -> std::io::Result<T> + Send + 'static,
+    /// # ) -> std::io::Result<(T, Vec<u8>)> {
+    /// #     let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    /// #     let rt = corewise::Runtime::builder().max_cores(1).build().map_err(|e| other(&e))?;
+    /// #     let listener = corewise_kv::server::bind("127.0.0.1", 0)?;
+    /// #     let addr = listener.local_addr()?;
+    /// #     let c = std::thread::spawn(move || client(std::net::TcpStream::connect(addr)?));
+    /// #     let h = rt
+    /// #         .spawn(move || -> std::io::Result<T> {
+    /// #             let (stream, _) = listener.accept()?;
+    /// #             let mut conn = corewise_kv::server::Connection::new(stream, shared);
+    /// #             server(&mut conn)
+    /// #         })
+    /// #         .map_err(|e| other(&e))?;
+    /// #     let t = h.join().map_err(|e| other(&e))??;
+    /// #     Ok((t, c.join().unwrap()?))
+    /// # }
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// use std::io::{Read, Write};
+    /// use std::sync::Arc;
+    /// let shared = Arc::new(Shared::new(Config::default()));
+    /// let (_, reply) = with_conn(
+    ///     shared,
+    ///     |mut client| {
+    ///         client.write_all(b"get a b\r\n")?;
+    ///         let mut reply = [0; 5];
+    ///         client.read_exact(&mut reply)?;
+    ///         Ok(reply.to_vec())
+    ///     },
+    ///     |conn| {
+    ///         conn.fill_blocking()?;
+    ///         conn.process(); // the replies wait in the connection ...
+    ///         conn.flush() // ... until they are written
+    ///     },
+    /// )?;
+    /// assert_eq!(reply, b"END\r\n");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn flush(&mut self) -> io::Result<()> {
         send_all(&mut self.stream, &mut self.wbuf, &self.shared)
     }
@@ -343,6 +654,56 @@ impl Connection {
     /// Streams the `watch` log of the `mask` events until the client
     /// closes (what it sends meanwhile is read and ignored, as memcached
     /// ignores it). The lines are picked up every 10 ms.
+    ///
+    /// ```
+    /// # // Serves one client with a Connection: `server` runs on a user thread of
+    /// # // a one-core runtime with the accepted connection, `client` on a std
+    /// # // thread with its end; returns what each returned.
+    /// # fn with_conn<T: Send + 'static>(
+    /// #     shared: std::sync::Arc<corewise_kv::exec::Shared>,
+    /// #     client: impl FnOnce(std::net::TcpStream) -> std::io::Result<Vec<u8>> + Send + 'static,
+    /// #     server: impl FnOnce(&mut corewise_kv::server::Connection) -> std::io::Result<T> + Send + 'static,
+    /// # ) -> std::io::Result<(T, Vec<u8>)> {
+    /// #     let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    /// #     let rt = corewise::Runtime::builder().max_cores(1).build().map_err(|e| other(&e))?;
+    /// #     let listener = corewise_kv::server::bind("127.0.0.1", 0)?;
+    /// #     let addr = listener.local_addr()?;
+    /// #     let c = std::thread::spawn(move || client(std::net::TcpStream::connect(addr)?));
+    /// #     let h = rt
+    /// #         .spawn(move || -> std::io::Result<T> {
+    /// #             let (stream, _) = listener.accept()?;
+    /// #             let mut conn = corewise_kv::server::Connection::new(stream, shared);
+    /// #             server(&mut conn)
+    /// #         })
+    /// #         .map_err(|e| other(&e))?;
+    /// #     let t = h.join().map_err(|e| other(&e))??;
+    /// #     Ok((t, c.join().unwrap()?))
+    /// # }
+    /// use corewise_kv::{config::Config, exec::Shared, watch::MUTATIONS};
+    /// use std::io::Read;
+    /// use std::sync::Arc;
+    /// let shared = Arc::new(Shared::new(Config::default()));
+    /// let log = Arc::clone(&shared.store.watch);
+    /// let (_, line) = with_conn(
+    ///     shared,
+    ///     move |mut client| {
+    ///         while log.watchers() == 0 {
+    ///             std::thread::sleep(std::time::Duration::from_millis(1));
+    ///         }
+    ///         log.emit(MUTATIONS, |l| l.push_str("key=k"));
+    ///         let mut line = Vec::new();
+    ///         let mut b = [0; 1];
+    ///         while line.last() != Some(&b'\n') {
+    ///             client.read_exact(&mut b)?;
+    ///             line.push(b[0]);
+    ///         }
+    ///         Ok(line) // and the client leaves: the stream ends
+    ///     },
+    ///     |conn| conn.watch(MUTATIONS),
+    /// )?;
+    /// assert!(line.ends_with(b" key=k\n"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn watch(&mut self, mask: u8) -> io::Result<()> {
         let log = Arc::clone(&self.shared.store.watch);
         let me = log.subscribe(mask);
@@ -442,6 +803,29 @@ fn admit(stream: TcpStream, shared: &Arc<Shared>) -> Option<Connection> {
 /// Runs the server on `listener` until an unrecoverable accept error.
 /// Call it on a user thread of `rt`; `rt` is used to create the dispatch
 /// thread in dispatch mode.
+///
+/// ```
+/// use corewise_kv::{config::Config, exec::Shared, server};
+/// use std::io::{Read, Write};
+/// use std::os::fd::AsRawFd;
+/// use std::sync::Arc;
+/// let listener = server::bind("127.0.0.1", 0)?; // any free port
+/// let (addr, fd) = (listener.local_addr()?, listener.as_raw_fd());
+/// let shared = Arc::new(Shared::new(Config::default()));
+/// let rt = corewise::Runtime::builder().max_cores(1).build()?;
+/// let srv = std::thread::spawn(move || server::serve(&rt, listener, shared));
+/// let mut c = std::net::TcpStream::connect(addr)?;
+/// c.write_all(b"set k 0 0 2\r\nhi\r\nget k\r\n")?;
+/// let mut reply = [0; 30];
+/// c.read_exact(&mut reply)?;
+/// assert_eq!(&reply, b"STORED\r\nVALUE k 0 2\r\nhi\r\nEND\r\n");
+/// drop(c);
+/// // Stopping it: an accept error (here the listening socket shut down).
+/// // SAFETY: shutdown(2) on a socket this process owns.
+/// unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+/// assert!(srv.join().unwrap().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn serve(rt: &corewise::Runtime, listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
     if let Ok(addr) = listener.local_addr() {
         shared
@@ -789,6 +1173,15 @@ fn serve_ready(d: &Dispatch, token: usize, mut conn: Connection) {
 
 /// Raises the open-file limit to its hard limit (memcached does the same
 /// for `-c`); returns the new soft limit.
+///
+/// ```
+/// use corewise_kv::server::raise_fd_limit;
+/// let soft = raise_fd_limit();
+/// // SAFETY: getrlimit writes the struct it is given.
+/// let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+/// assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) }, 0);
+/// assert_eq!((soft, rl.rlim_cur), (rl.rlim_max as u64, rl.rlim_max));
+/// ```
 pub fn raise_fd_limit() -> u64 {
     // SAFETY: getrlimit/setrlimit with a valid struct.
     unsafe {
@@ -805,6 +1198,16 @@ pub fn raise_fd_limit() -> u64 {
 }
 
 /// Binds the listening socket.
+///
+/// ```
+/// use corewise_kv::server::bind;
+/// let l = bind("127.0.0.1", 0)?; // port 0: any free port
+/// let addr = l.local_addr()?;
+/// assert!(addr.ip().is_loopback() && addr.port() != 0);
+/// // Taken: a second bind on it fails.
+/// assert!(bind("127.0.0.1", addr.port()).is_err());
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn bind(listen: &str, port: u16) -> io::Result<TcpListener> {
     TcpListener::bind((listen, port))
 }
