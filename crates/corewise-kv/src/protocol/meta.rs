@@ -7,10 +7,14 @@ use super::ProtoError;
 /// A mode token (`ms M<mode>`, `ma M<mode>`).
 ///
 /// ```
-/// use corewise_kv::protocol::{MetaFlags, MetaMode};
-/// assert_eq!(MetaFlags::parse(b"ME").unwrap().mode, Some(MetaMode::Add));
-/// assert_eq!(MetaFlags::parse(b"M+").unwrap().mode, Some(MetaMode::Incr));
-/// assert!(MetaFlags::parse(b"MX").is_err());
+/// use corewise_kv::protocol::{MetaCmd, MetaFlags, MetaMode};
+/// let set = |raw: &'static [u8]| MetaFlags::parse_for(MetaCmd::Set, raw);
+/// let arith = |raw: &'static [u8]| MetaFlags::parse_for(MetaCmd::Arith, raw);
+/// assert_eq!(set(b"ME").unwrap().mode, Some(MetaMode::Add));
+/// assert_eq!(arith(b"M+").unwrap().mode, Some(MetaMode::Incr));
+/// assert!(set(b"MX").is_err());
+/// // mg takes a mode token and ignores it.
+/// assert_eq!(MetaFlags::parse(b"ME").unwrap().mode, None);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetaMode {
@@ -134,9 +138,10 @@ impl<'a> MetaFlags<'a> {
     /// Parses space-separated flag tokens as `mg` takes them.
     ///
     /// ```
-    /// use corewise_kv::protocol::{MetaFlags, MetaMode, ProtoError};
+    /// use corewise_kv::protocol::{MetaFlags, ProtoError};
     /// let f = MetaFlags::parse(b"N30 J13 D5 MI").unwrap();
-    /// assert_eq!((f.vivify, f.initial, f.delta, f.mode), (Some(30), Some(13), Some(5), Some(MetaMode::Incr)));
+    /// // mg reads N, J and D, and ignores a mode.
+    /// assert_eq!((f.vivify, f.initial, f.delta, f.mode), (Some(30), Some(13), Some(5), None));
     /// assert_eq!(MetaFlags::parse(b"v v").err(), Some(ProtoError::DuplicateFlag));
     /// assert_eq!(MetaFlags::parse(b"!").err(), Some(ProtoError::BadFlag));
     /// ```
