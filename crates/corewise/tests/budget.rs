@@ -565,7 +565,7 @@ fn a_full_grant_gives_a_core_back_to_a_waiting_neighbour() {
     let spinner = kids.0[0].id();
     let crowded = wait_for(budget - 1, Duration::from_secs(10));
     // Then the spinner's CPU and the runtime's over 2 s: the spinner gets
-    // as much as one of the runtime's cores (a whole CPU on a quiet
+    // about as much as one of the runtime's cores (a whole CPU on a quiet
     // machine; other load on the machine shrinks both alike).
     let (t0, own0) = (cpu_ticks(spinner), cpu_ticks(std::process::id()));
     std::thread::sleep(Duration::from_secs(2));
@@ -586,10 +586,12 @@ fn a_full_grant_gives_a_core_back_to_a_waiting_neighbour() {
     assert_eq!(crowded, budget - 1, "no core given back to the spinner");
     assert!(after < budget, "the core was taken back from the spinner");
     // A released core whose kernel thread still ran would leave the
-    // spinner a third of two CPUs against the runtime's two thirds each.
+    // spinner half of what the runtime used per active core (a third of
+    // two CPUs against two thirds); a real release gives it as much, and
+    // beside other load the ratio read 0.72-1.5.
     let per_core = own_cpus / after.max(1) as f64;
     assert!(
-        spinner_cpus > 0.75 * per_core,
+        spinner_cpus > 0.6 * per_core,
         "the spinner got {spinner_cpus:.2} CPU beside {after} cores using {own_cpus:.2}"
     );
 }
