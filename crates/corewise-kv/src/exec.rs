@@ -698,11 +698,24 @@ pub fn execute_conn(
         }
         Request::MetaDebug { key, flags } => {
             store.ops.cmd_meta.fetch_add(1, Ordering::Relaxed);
-            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
+            // memcached answers a base64 key that does not decode as a bad
+            // command line, and names the item by its decoded key.
+            let k = if flags.base64 {
+                match decode_base64(key, scratch) {
+                    Some(()) if !scratch.is_empty() => Some(&scratch[..]),
+                    _ => {
+                        write_error(ProtoError::BadFormat, out);
+                        None
+                    }
+                }
+            } else {
+                Some(key)
+            };
+            if let Some(k) = k {
                 match store.inspect(k) {
                     Some((ttl, la, cas, fetched, size)) => {
                         out.extend_from_slice(b"ME ");
-                        out.extend_from_slice(key);
+                        out.extend_from_slice(k);
                         out.extend_from_slice(b" exp=");
                         inum(out, ttl);
                         out.extend_from_slice(b" la=");

@@ -404,7 +404,8 @@ impl Decoder {
                 }
             }
             b"mn" => Ok(Request::MetaNoop),
-            b"mg" | b"md" | b"ma" | b"me" => meta(cmd, toks),
+            b"mg" | b"md" | b"ma" => meta(cmd, toks),
+            b"me" => meta_debug(toks),
             // An HTTP request line (`GET / HTTP/1.0`): memcached closes the
             // connection rather than answer a client that cannot follow.
             _ if line
@@ -537,7 +538,12 @@ impl Decoder {
     }
 
     fn meta_set<'a>(&mut self, mut toks: Tokens<'a>, after: &'a [u8]) -> (usize, Decoded<'a>) {
-        let (Some(key), Some(len)) = (toks.next_token(), toks.next_token()) else {
+        // No key at all is not a command memcached knows (`ERROR`); a key
+        // without a length is a bad command line.
+        let Some(key) = toks.next_token() else {
+            return (0, Decoded::Error(ProtoError::Unknown));
+        };
+        let Some(len) = toks.next_token() else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
         // memcached checks the key's length before it reads the data
@@ -612,6 +618,22 @@ fn meta_key_ok(key: &[u8], base64: bool) -> bool {
     }
 }
 
+/// `me <key> [b]`, read as memcached 1.6.18 reads it: a key of at most 250
+/// bytes (none is a bad command line), `b` right after it for a base64 key,
+/// and any other token ignored.
+fn meta_debug<'a>(mut toks: Tokens<'a>) -> Result<Request<'a>, ProtoError> {
+    let key = toks
+        .next_token()
+        .filter(|k| k.len() <= KEY_MAX)
+        .ok_or(ProtoError::BadFormat)?;
+    let flags = if toks.next_token() == Some(&b"b"[..]) {
+        MetaFlags::parse(b"b")?
+    } else {
+        MetaFlags::default()
+    };
+    Ok(Request::MetaDebug { key, flags })
+}
+
 fn meta<'a>(cmd: &[u8], mut toks: Tokens<'a>) -> Result<Request<'a>, ProtoError> {
     let key = toks.next_token().ok_or(ProtoError::Unknown)?;
     let which = match cmd {
@@ -626,8 +648,7 @@ fn meta<'a>(cmd: &[u8], mut toks: Tokens<'a>) -> Result<Request<'a>, ProtoError>
     Ok(match cmd {
         b"mg" => Request::MetaGet { key, flags },
         b"md" => Request::MetaDelete { key, flags },
-        b"ma" => Request::MetaArith { key, flags },
-        _ => Request::MetaDebug { key, flags },
+        _ => Request::MetaArith { key, flags },
     })
 }
 
