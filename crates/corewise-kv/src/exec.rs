@@ -1149,14 +1149,66 @@ fn rusage() -> (f64, f64) {
     (t(ru.ru_utime), t(ru.ru_stime))
 }
 
+/// The words of a `stats` line after its group name.
+fn group_args(line: &[u8]) -> Vec<&[u8]> {
+    line.split(|&b| b == b' ')
+        .filter(|w| !w.is_empty())
+        .skip(1)
+        .collect()
+}
+
+/// Most bytes of one `stats cachedump` reply, as memcached's buffer.
+const CACHEDUMP_MAX: usize = 2 * 1024 * 1024;
+
+/// `stats cachedump <class> <limit>`: up to `limit` (0: all that fit in
+/// 2 MiB) items of a slab class, `ITEM <key> [<value bytes> b; <expiry,
+/// unix time, 0 for none> s]`, with memcached 1.6.18's errors.
+fn cachedump(store: &Store, args: Vec<&[u8]>, out: &mut Vec<u8>) {
+    use std::io::Write as _;
+    let [id, limit, ..] = args[..] else {
+        line(out, b"CLIENT_ERROR bad command line");
+        return;
+    };
+    let num = |w: &[u8]| {
+        std::str::from_utf8(w)
+            .ok()
+            .and_then(|t| t.parse::<u32>().ok())
+    };
+    let (Some(id), Some(limit)) = (num(id), num(limit)) else {
+        line(out, b"CLIENT_ERROR bad command line format");
+        return;
+    };
+    if id as usize > slabs::MAX_CLASSES {
+        line(out, b"CLIENT_ERROR Illegal slab id");
+        return;
+    }
+    let clock = store.clock();
+    let start = out.len();
+    store.for_each_in_class(id as usize, limit as usize, |it| {
+        let exp = if it.exptime == 0 {
+            0
+        } else {
+            clock.start_unix() + i64::from(it.exptime) - 1
+        };
+        let at = out.len();
+        out.extend_from_slice(b"ITEM ");
+        out.extend_from_slice(&it.key);
+        let _ = write!(out, " [{} b; {exp} s]\r\n", it.value.len());
+        if out.len() - start > CACHEDUMP_MAX - 5 {
+            out.truncate(at);
+            return false;
+        }
+        true
+    });
+    line(out, b"END");
+}
+
 pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
     let store = &shared.store;
     let cfg = &shared.config;
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let mut words = group
-        .unwrap_or_default()
-        .split(|&b| b == b' ')
-        .filter(|w| !w.is_empty());
+    let whole = group.unwrap_or_default();
+    let mut words = whole.split(|&b| b == b' ').filter(|w| !w.is_empty());
     let (group, arg) = (words.next(), words.next());
     match group {
         Some(b"detail") => {
@@ -1327,6 +1379,12 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "total_malloced", pages_total * slabs::PAGE_SIZE as u64);
         }
         Some(b"sizes") => stat(out, "sizes_status", "disabled"),
+        Some(b"cachedump") => {
+            cachedump(store, group_args(whole), out);
+            return;
+        }
+        // No external storage: memcached without extstore answers so.
+        Some(b"extstore") => {}
         Some(b"reset") => {
             store.reset_counters();
             shared.detail.clear();

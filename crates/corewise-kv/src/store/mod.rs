@@ -1242,6 +1242,43 @@ impl Store {
         }
     }
 
+    /// Visits up to `limit` live items of slab class `class` (0: no
+    /// limit), each shard's most recent first, for `stats cachedump`; the
+    /// visitor returns false to stop early. Each shard is locked while its
+    /// items are visited.
+    ///
+    /// ```
+    /// use corewise_kv::store::{item_size, slabs::class_of, Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.store(SetMode::Set, b"small", 0, Deadline::Never, b"1", None);
+    /// s.store(SetMode::Set, b"big", 0, Deadline::Never, &[0; 5000], None);
+    /// let mut keys = Vec::new();
+    /// s.for_each_in_class(class_of(item_size(3, 0, 5000)), 0, |it| {
+    ///     keys.push(it.key.to_vec());
+    ///     true
+    /// });
+    /// assert_eq!(keys, vec![b"big".to_vec()]);
+    /// ```
+    pub fn for_each_in_class(&self, class: usize, limit: usize, mut f: impl FnMut(&Item) -> bool) {
+        let (now, floor) = self.now_floor();
+        let mut left = if limit == 0 { usize::MAX } else { limit };
+        for sh in self.shards.iter() {
+            let g = sh.lock();
+            for it in g.iter_lru() {
+                if left == 0 {
+                    return;
+                }
+                let live = (it.exptime == 0 || it.exptime > now) && it.cas > floor;
+                if live && it.class() == class {
+                    left -= 1;
+                    if !f(it) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
     /// Items and counters per slab class (index = class id; see
     /// [`slabs`]), from a walk over every shard.
     ///
