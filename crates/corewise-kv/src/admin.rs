@@ -325,7 +325,16 @@ fn lru_crawler(shared: &Shared, t: &[&[u8]], out: &mut Vec<u8>) -> Flow {
             enabled.store(false, Ordering::Relaxed);
             b"OK"
         }
-        [b"sleep" | b"tocrawl", n, ..] if parse::<u32>(n).is_some() => b"OK",
+        // Exactly one argument, as memcached reads them (more: `ERROR`).
+        [b"sleep", n] => match parse::<u32>(n) {
+            Some(us) if us > 1_000_000 => b"CLIENT_ERROR sleep must be one second or less",
+            Some(_) => b"OK",
+            None => b"CLIENT_ERROR bad command line format",
+        },
+        [b"tocrawl", n] => match parse::<u32>(n) {
+            Some(_) => b"OK",
+            None => b"CLIENT_ERROR bad command line format",
+        },
         [b"crawl" | b"metadump", ..] if !on => b"CLIENT_ERROR lru crawler disabled",
         [b"crawl", arg, ..] => match classes(arg) {
             Some(_) => {

@@ -173,14 +173,17 @@ fn run(mode: &str) {
         assert_eq!(me(m.1), ["size=67", "size=71"]);
     }
 
-    // Item 8: cache_memlimit's floor and errors.
+    // Item 8: cache_memlimit's floor and errors; a second token that is
+    // not noreply is ignored, a third is too many.
     check(
         &s,
         &mc,
         b"cache_memlimit 0\r\ncache_memlimit 0 noreply\r\ncache_memlimit abc\r\n\
-          cache_memlimit 7\r\ncache_memlimit -1\r\ncache_memlimit 64\r\n",
+          cache_memlimit 7\r\ncache_memlimit -1\r\ncache_memlimit 64\r\n\
+          cache_memlimit 64 x\r\ncache_memlimit 64 x y\r\n",
         b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\nERROR\r\n\
-          MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\nERROR\r\nOK\r\n",
+          MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\nERROR\r\nOK\r\n\
+          OK\r\nERROR\r\n",
     );
 
     // Defect 6: a get line far over 64 KiB (18 000 keys) is served.

@@ -75,6 +75,16 @@ fn run(mode: &str) {
         "OK\r\nBADCLASS invalid class id\r\nBADCLASS invalid class id\r\nERROR\r\nOK\r\nOK\r\n\
          ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR failed to start lru crawler thread\r\n",
     );
+    // sleep and tocrawl take exactly one unsigned number; sleep at most a
+    // second (in microseconds).
+    check(
+        "lru_crawler sleep x\r\nlru_crawler sleep 2000000\r\nlru_crawler sleep 1000000\r\n\
+         lru_crawler sleep 5 x\r\nlru_crawler sleep -1\r\nlru_crawler sleep\r\n\
+         lru_crawler tocrawl x\r\nlru_crawler tocrawl 5 6\r\n",
+        "CLIENT_ERROR bad command line format\r\nCLIENT_ERROR sleep must be one second or less\r\n\
+         OK\r\nERROR\r\nCLIENT_ERROR bad command line format\r\nERROR\r\n\
+         CLIENT_ERROR bad command line format\r\nERROR\r\n",
+    );
 
     // stats detail in the binary protocol: on/off answer the terminator
     // alone, dump is one statistic named "detail".

@@ -390,9 +390,10 @@ impl Decoder {
             }
             b"cache_memlimit" => {
                 let t = toks.collect_all();
+                // A second token is `noreply` or ignored, as in memcached.
                 let (mb, noreply) = match t.as_slice() {
                     [m] => (*m, false),
-                    [m, b"noreply"] => (*m, true),
+                    [m, last] => (*m, *last == b"noreply"),
                     _ => return (0, Decoded::Error(ProtoError::Unknown)),
                 };
                 // memcached: below 8 MB is refused, and a limit that is not
