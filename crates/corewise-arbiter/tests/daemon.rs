@@ -1101,8 +1101,9 @@ fn equal_split_at_one_priority() {
 }
 
 /// A granted thread's children start in its core's cpuset. Once the core
-/// is given back, what the previous holder left there must not share the
-/// core with the next holder: a grant confines the new holder alone.
+/// is given back, what the previous holder left there is moved to the
+/// unmanaged set (when the daemon has answered, before it waits), so it
+/// neither keeps the freed core nor shares it with the next holder.
 #[test]
 fn a_grant_moves_what_the_previous_holder_left_on_the_core() {
     if !can_run() {
@@ -1125,6 +1126,11 @@ fn a_grant_moves_what_the_previous_holder_left_on_the_core() {
     a.expect("releasing");
     wait_until("a's thread leaves the core", || {
         !sb.core_tasks(m()).contains(&a_tid)
+    });
+    // The set is emptied once the core is given back, not at its next
+    // grant: the child stops running on the freed core.
+    wait_until("the child left on the core moves out", || {
+        sb.unmanaged_tasks().contains(&left) && sb.core_tasks(m()).is_empty()
     });
 
     let mut b = App::spawn(&sb);

@@ -1153,6 +1153,9 @@ fn serve(
         flush(&mut conns, state, frame_timeout);
         // After the replies: a grant's wake-up is not delayed by these writes.
         state.sync_warm(Instant::now());
+        // Likewise: sets of cores given back are emptied now, not at their
+        // next grant.
+        state.tidy();
     }
 }
 

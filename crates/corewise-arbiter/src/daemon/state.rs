@@ -386,6 +386,10 @@ pub struct State {
     apps: BTreeMap<ConnId, App>,
     threads: BTreeMap<ConnId, Thread>,
     holder: BTreeMap<CoreId, ConnId>,
+    /// Managed cores whose set may hold tasks other than its holder: marked
+    /// at every grant and whenever a holder leaves, emptied (but for the
+    /// holder) by [`State::tidy`] once the replies are out.
+    dirty: BTreeSet<CoreId>,
     tokens: BTreeMap<u64, ConnId>,
     tids: BTreeMap<u32, ConnId>,
     deadlines: BTreeSet<(Instant, ConnId)>,
@@ -450,6 +454,7 @@ impl State {
             apps: BTreeMap::new(),
             threads: BTreeMap::new(),
             holder: BTreeMap::new(),
+            dirty: BTreeSet::new(),
             tokens: BTreeMap::new(),
             tids: BTreeMap::new(),
             deadlines: BTreeSet::new(),
@@ -1249,6 +1254,7 @@ impl State {
             }
             if self.holder.get(&core) == Some(&conn) {
                 self.holder.remove(&core);
+                self.dirty.insert(core);
             }
         }
         if let Phase::Running { core, deadline } = new {
@@ -1823,7 +1829,9 @@ impl State {
         self.sync_unmanaged();
         let mut failed = false;
         for (app, tc, core) in grants {
-            self.evacuate(core);
+            // What a previous holder left in the set is moved out by `tidy`
+            // once the replies are out, not on the grant's path.
+            self.dirty.insert(core);
             match self.move_thread(tc, Some(core)) {
                 Ok(()) => {
                     self.set_phase(
@@ -1855,36 +1863,59 @@ impl State {
         }
     }
 
-    /// Empties `core`'s set and its managed siblings' (which leave the
-    /// unmanaged set with it) of everything but their holders, before
-    /// `core` is granted: a thread that held a core may have left children
-    /// there (threads and processes start in their parent's cpuset), which
-    /// would otherwise share the core with its next holder, or keep
-    /// running on a core granted to another application after their own
-    /// one's grant ended.
-    fn evacuate(&mut self, core: CoreId) {
-        let sets: Vec<CoreId> = self
-            .managed
-            .iter()
-            .copied()
-            .filter(|&c| c == core || self.topo.are_siblings(c, core))
-            .collect();
-        for c in sets {
-            // The core being granted keeps nobody (its new holder joins
-            // after this); a sibling keeps its holder, if it has one.
-            let keep = (c != core)
-                .then(|| self.holder.get(&c))
-                .flatten()
+    /// Empties the set of every core marked since it was last emptied of
+    /// everything but its holder: threads and processes start in their
+    /// parent's cpuset, so a thread that held a core may have left children
+    /// there, which would share the core with its next holder (also one of
+    /// another user) and keep running there after their own application's
+    /// grant ended. The daemon calls it when it has answered everything,
+    /// before it waits, so the `tasks` file it reads (some microseconds)
+    /// stays off a grant's path: a newly granted core may share its CPU with
+    /// such leftovers for that moment. Returns how many sets were read.
+    ///
+    /// ```
+    /// # use corewise_arbiter::daemon::state::State;
+    /// # struct Recorder;
+    /// # impl corewise_arbiter::fence::Fence for Recorder {
+    /// #     fn name(&self) -> &'static str { "recorder" }
+    /// #     fn set_unmanaged(&mut self, _: &corewise_arbiter::topology::CpuList) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn confine(&mut self, _: u32, _: u32) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn unconfine(&mut self, _: u32) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// #     fn members(&self, _: u32) -> Vec<u32> { Vec::new() }
+    /// #     fn teardown(&mut self) -> Result<(), corewise_arbiter::fence::FenceError> { Ok(()) }
+    /// # }
+    /// let mut s = State::new(
+    ///     Box::new(Recorder),
+    ///     "0-3".parse().unwrap(),
+    ///     vec![2, 3],
+    ///     corewise_arbiter::topology::Topology::synthetic(1, 4, 1),
+    ///     std::time::Duration::from_millis(10),
+    ///     Default::default(),
+    /// );
+    /// // Nothing was granted: nothing to empty.
+    /// assert_eq!(s.tidy(), 0);
+    /// ```
+    pub fn tidy(&mut self) -> usize {
+        let marked = std::mem::take(&mut self.dirty);
+        for &c in &marked {
+            let keep = self
+                .holder
+                .get(&c)
                 .and_then(|tc| self.threads.get(tc))
                 .map(|t| t.task.tid());
-            let moved = self.fence.evacuate(c, keep);
-            if moved > 0 {
-                tracing::info!(
-                    core = c,
-                    moved,
-                    "moved tasks a previous holder left on the core to the unmanaged set"
-                );
-            }
+            self.empty_set(c, keep);
+        }
+        marked.len()
+    }
+
+    fn empty_set(&mut self, core: CoreId, keep: Option<u32>) {
+        let moved = self.fence.evacuate(core, keep);
+        if moved > 0 {
+            tracing::info!(
+                core,
+                moved,
+                "moved tasks a previous holder left on the core to the unmanaged set"
+            );
         }
     }
 
