@@ -221,10 +221,7 @@ impl OpenOptions {
         let fd = unsafe { op::run(kind, None, None) }?;
         // SAFETY: openat returned a new fd that nobody else owns.
         let file = unsafe { std::fs::File::from_raw_fd(fd as RawFd) };
-        Ok(File {
-            file,
-            state: IoState::default(),
-        })
+        File::with_kind(file)
     }
 }
 
@@ -250,9 +247,33 @@ impl OpenOptions {
 pub struct File {
     file: std::fs::File,
     state: IoState,
+    /// A FIFO or a socket: its reads and writes wait for readiness (the fd
+    /// is non-blocking), so they honour the read timeout and the canceller
+    /// on every back end. Regular files and devices run their calls as they
+    /// are (through the ring, or on a syscall thread under epoll).
+    pollable: bool,
 }
 
 impl File {
+    /// Wraps a newly opened file; a FIFO or socket is made non-blocking and
+    /// waited on for readiness.
+    fn with_kind(file: std::fs::File) -> io::Result<Self> {
+        let mode = rustix::fs::fstat(&file)?.st_mode;
+        let pollable = matches!(
+            rustix::fs::FileType::from_raw_mode(mode),
+            rustix::fs::FileType::Fifo | rustix::fs::FileType::Socket
+        );
+        if pollable {
+            let flags = rustix::fs::fcntl_getfl(&file)?;
+            rustix::fs::fcntl_setfl(&file, flags | rustix::fs::OFlags::NONBLOCK)?;
+        }
+        Ok(File {
+            file,
+            state: IoState::default(),
+            pollable,
+        })
+    }
+
     /// Opens `path` read-only.
     ///
     /// ```
@@ -322,6 +343,9 @@ impl File {
     /// std::fs::remove_file(&p).unwrap();
     /// ```
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.pollable {
+            return self.read_vectored(&mut [IoSliceMut::new(buf)]);
+        }
         let kind = Kind::Read {
             fd: self.as_raw_fd(),
             buf: buf.as_mut_ptr(),
@@ -347,6 +371,9 @@ impl File {
     /// std::fs::remove_file(&p).unwrap();
     /// ```
     pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        if self.pollable {
+            return self.write_vectored(&[IoSlice::new(buf)]);
+        }
         let kind = Kind::Write {
             fd: self.as_raw_fd(),
             buf: buf.as_ptr(),
@@ -465,7 +492,8 @@ impl File {
     /// std::fs::remove_file(&p).unwrap();
     /// ```
     pub fn read_vectored(&self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        self.state.read_vectored(self.as_raw_fd(), bufs, false)
+        self.state
+            .read_vectored(self.as_raw_fd(), bufs, self.pollable)
     }
 
     /// Gather write at the file position.
@@ -480,7 +508,8 @@ impl File {
     /// std::fs::remove_file(&p).unwrap();
     /// ```
     pub fn write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        self.state.write_vectored(self.as_raw_fd(), bufs, false)
+        self.state
+            .write_vectored(self.as_raw_fd(), bufs, self.pollable)
     }
 
     /// Flushes data and metadata to the device (`fsync`).
@@ -555,7 +584,9 @@ impl File {
         self.file.set_len(size)
     }
 
-    /// Timeout of each read (applies where the kernel can wait, e.g. pipes).
+    /// Timeout of each read (applies where the kernel can wait: a FIFO or a
+    /// socket opened as a file, on every back end and on OS threads; a
+    /// regular file's data is there, so its reads do not wait).
     ///
     /// ```
     /// use std::time::Duration;

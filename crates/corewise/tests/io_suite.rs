@@ -744,6 +744,95 @@ fn os_thread_fallback(_b: IoBackend) {
 /// where the kernel has none or forbids it (`kernel.io_uring_disabled`, a
 /// seccomp filter). The `uring` tests are skipped there, with a note,
 /// instead of failing on the fallback they did not ask for.
+/// A FIFO opened as a `corewise::fs::File` waits for data as a socket
+/// does, on both back ends: a read with a timeout times out (under epoll it
+/// used to block on a syscall thread until the writer closed), a cancel
+/// wakes a blocked read, data written meanwhile is read, and the end of the
+/// stream is seen once the writer is gone. On an OS thread it blocks as std.
+fn fifo_files(b: IoBackend) {
+    let path = TempPath::new("fifo");
+    let c = std::ffi::CString::new(path.0.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let (to_writer, writes) = std::sync::mpsc::channel::<&'static [u8]>();
+    let p = path.0.clone();
+    // The writer holds the FIFO open until told to close (an empty slice),
+    // so a read waits rather than seeing the end of the stream. If the
+    // first read does not time out, the writer writes "late" after 2 s, so
+    // the test fails instead of waiting forever.
+    let writer = std::thread::spawn(move || {
+        let mut w = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        let first = match writes.recv_timeout(Duration::from_secs(2)) {
+            Ok(chunk) => chunk,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => b"late",
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        w.write_all(first).unwrap();
+        for chunk in writes {
+            if chunk.is_empty() {
+                return;
+            }
+            w.write_all(chunk).unwrap();
+        }
+    });
+    let rt = rt(b);
+    let p = path.0.clone();
+    let tx = to_writer.clone();
+    let got = rt
+        .block_on(move || {
+            let f = corewise::fs::File::open(&p).unwrap();
+            f.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut buf = [0u8; 8];
+            let timed_out = f.read(&mut buf).map_err(|e| e.kind());
+            tx.send(b"data").unwrap();
+            f.set_read_timeout(None).unwrap();
+            let n = f.read(&mut buf).unwrap();
+            let data = buf[..n].to_vec();
+            // A read blocked with no timeout is woken by the canceller (if
+            // it is not within 2 s, the writer unblocks it with "stuck").
+            let cancel = f.canceller();
+            let returned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let done = returned.clone();
+            let canceller = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                cancel.cancel();
+                let until = std::time::Instant::now() + Duration::from_secs(2);
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    if std::time::Instant::now() > until {
+                        tx.send(b"stuck").unwrap();
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            let cancelled = f.read(&mut buf);
+            returned.store(true, std::sync::atomic::Ordering::Release);
+            canceller.join().unwrap();
+            let cancelled = cancelled.expect_err("a cancelled read returned data");
+            (timed_out, data, corewise::io::is_cancelled(&cancelled))
+        })
+        .unwrap();
+    assert_eq!(
+        got.0,
+        Err(ErrorKind::TimedOut),
+        "{b:?}: a read past its timeout"
+    );
+    assert_eq!(got.1, b"data", "{b:?}");
+    assert!(got.2, "{b:?}: the cancelled read");
+    // A new File of the FIFO, then the writer goes: the end of the stream.
+    let p = path.0.clone();
+    let tx = to_writer.clone();
+    let eof = rt
+        .block_on(move || {
+            let f = corewise::fs::File::open(&p).unwrap();
+            tx.send(b"").unwrap();
+            f.read(&mut [0u8; 4]).unwrap()
+        })
+        .unwrap();
+    writer.join().unwrap();
+    assert_eq!(eof, 0, "{b:?}: end of stream");
+}
+
 fn uring_available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let ok = *AVAILABLE.get_or_init(|| {
@@ -791,6 +880,7 @@ both_backends!(
     blocking_under_load,
     sleeping_core_wakes_for_io,
     os_thread_fallback,
+    fifo_files,
 );
 
 /// SQPOLL (the FlexSC syscall core): the rings' submission pollers run on a
