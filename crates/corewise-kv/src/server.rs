@@ -37,7 +37,8 @@
 //! Buffers follow the traffic, and large ones do not outlive it. The read
 //! buffer starts at [`INITIAL_BUF`] (one page) and doubles when a read
 //! fills it (a pipelining client, up to [`KEEP_BUF`]) or when one request
-//! does not fit (a large value, up to the item size); once everything in
+//! does not fit (a large value, up to the item size, or a long multi-get
+//! line, up to [`GET_LINE_MAX`]); once everything in
 //! it has been run, a buffer larger than [`KEEP_BUF`] goes back to
 //! [`INITIAL_BUF`]. Likewise a reply buffer grown past [`KEEP_BUF`] goes
 //! back to its first size after the send. Buffers up to [`KEEP_BUF`] stay,
@@ -51,7 +52,7 @@ use crate::config::Mode;
 use crate::exec::{execute_conn, write_error, ConnInfo, Flow, Shared, SPILL_AT};
 use crate::exec_binary::{execute_binary, too_large, write_malformed};
 use crate::protocol::binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC};
-use crate::protocol::{Decoded, Decoder, Limits, MAX_LINE};
+use crate::protocol::{Decoded, Decoder, Limits, GET_LINE_MAX, MAX_LINE};
 use corewise::net::{TcpListener, TcpStream};
 use corewise::sync::SpinLock;
 use corewise::ThreadClass;
@@ -249,8 +250,10 @@ impl Connection {
             rbuf: vec![0; INITIAL_BUF],
             pos: 0,
             filled: 0,
-            // A whole value plus its command line always fits.
-            max_buf: item_max + MAX_LINE + 1024,
+            // A whole value plus its command line always fits, and so
+            // does the longest multi-get line (and a byte past it, so that
+            // the decoder sees the line is too long).
+            max_buf: item_max.max(GET_LINE_MAX) + MAX_LINE + 1024,
             wbuf: Vec::with_capacity(INITIAL_BUF),
             scratch: Vec::new(),
             decoder: Decoder::new(Limits { item_max }),

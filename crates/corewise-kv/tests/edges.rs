@@ -347,6 +347,46 @@ fn binary_too_large_dispatch_mode() {
     binary_too_large("dispatch");
 }
 
+/// A multi-get naming more keys than fit in a megabyte (a client's
+/// `get_multi` of many keys is one line per server): memcached answers it
+/// whole, whatever its length, and so must corewise-kv; a longer line of
+/// one key is a key too long, as in memcached.
+fn long_multiget(mode: &str) {
+    let s = Server::start(&["--mode", mode]);
+    let mc = Memcached::start();
+    let mut req = b"set hit1 5 0 1\r\na\r\nset hit2 6 0 2\r\nbb\r\nget hit1".to_vec();
+    for i in 0..60_000 {
+        req.extend_from_slice(format!(" miss:{i:06}:{}", "k".repeat(30)).as_bytes());
+    }
+    req.extend_from_slice(b" hit2\r\n");
+    assert!(req.len() > 2 * 1024 * 1024);
+    check(
+        &s,
+        &mc,
+        &req,
+        b"STORED\r\nSTORED\r\nVALUE hit1 5 1\r\na\r\nVALUE hit2 6 2\r\nbb\r\nEND\r\n",
+    );
+    let mut req = b"get ".to_vec();
+    req.resize(2 * 1024 * 1024, b'g');
+    req.extend_from_slice(b"\r\nget hit1\r\n");
+    check(
+        &s,
+        &mc,
+        &req,
+        b"CLIENT_ERROR bad command line format\r\nVALUE hit1 5 1\r\na\r\nEND\r\n",
+    );
+}
+
+#[test]
+fn long_multiget_conn_mode() {
+    long_multiget("conn");
+}
+
+#[test]
+fn long_multiget_dispatch_mode() {
+    long_multiget("dispatch");
+}
+
 #[test]
 fn edges_conn_mode() {
     run("conn");

@@ -18,7 +18,7 @@ mod parse;
 
 pub use base64::{decode_base64, encode_base64};
 pub use meta::{MetaCmd, MetaFlags, MetaMode};
-pub use parse::{Decoded, Decoder, Limits, KEY_MAX, MAX_LINE, PARTIAL_LINE_MAX};
+pub use parse::{Decoded, Decoder, Limits, GET_LINE_MAX, KEY_MAX, MAX_LINE, PARTIAL_LINE_MAX};
 
 use thiserror::Error;
 
@@ -42,8 +42,8 @@ pub enum ProtoError {
     /// A malformed command line (bad number, key too long, ...).
     #[error("CLIENT_ERROR bad command line format")]
     BadFormat,
-    /// A retrieval line longer than its limit ([`MAX_LINE`] or the item
-    /// size limit, whichever is larger); the rest of the line is skipped.
+    /// A retrieval line longer than its limit ([`GET_LINE_MAX`]); the rest
+    /// of the line is skipped.
     /// (Any other line over [`PARTIAL_LINE_MAX`] closes the connection.)
     #[error("CLIENT_ERROR line too long")]
     LineTooLong,

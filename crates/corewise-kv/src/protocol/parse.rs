@@ -24,18 +24,38 @@ use super::{GetKind, Keys, ProtoError, Request, StoreCmd};
 /// ```
 pub const KEY_MAX: usize = 250;
 
-/// Longest command line (a multi-key get can be long; memcached's own
-/// bound is a few kilobytes per key batch).
+/// Room for a command line beside a value in a connection's read buffer
+/// (other lines are bounded by [`PARTIAL_LINE_MAX`], a multi-key get by
+/// [`GET_LINE_MAX`]).
 ///
 /// ```
-/// use corewise_kv::protocol::{Decoded, Decoder, Limits, ProtoError, MAX_LINE};
-/// let mut d = Decoder::new(Limits { item_max: 1024 });
-/// // A retrieval line past the limit is an error; the rest of it is skipped.
-/// let mut line = b"get ".to_vec();
-/// line.resize(MAX_LINE + 10, b'k');
-/// assert_eq!(d.decode(&line).1, Decoded::Error(ProtoError::LineTooLong));
+/// use corewise_kv::protocol::{GET_LINE_MAX, MAX_LINE};
+/// assert!(MAX_LINE < GET_LINE_MAX);
 /// ```
 pub const MAX_LINE: usize = 64 * 1024;
+
+/// Longest retrieval line (`get`, `gets`, `gat`, `gats`). memcached lets a
+/// multi-get name any number of keys (it grows its read buffer for the
+/// line), and clients send one line for all of a `get_multi`'s keys on a
+/// server: 50 000 keys of 50 bytes are a 2.5 MB line. Past this bound the
+/// line is refused and the rest of it skipped.
+///
+/// ```
+/// use corewise_kv::protocol::{Decoded, Decoder, Limits, ProtoError, GET_LINE_MAX};
+/// let mut d = Decoder::new(Limits { item_max: 1024 });
+/// // Three megabytes of keys: one request.
+/// let mut line = b"get".to_vec();
+/// for i in 0..300_000 {
+///     line.extend_from_slice(format!(" key{i:06}").as_bytes());
+/// }
+/// line.extend_from_slice(b"\r\n");
+/// assert!(matches!(d.decode(&line).1, Decoded::Request(_)));
+/// // A retrieval line past the limit is an error; the rest of it is skipped.
+/// let mut line = b"get ".to_vec();
+/// line.resize(GET_LINE_MAX + 10, b'k');
+/// assert_eq!(d.decode(&line).1, Decoded::Error(ProtoError::LineTooLong));
+/// ```
+pub const GET_LINE_MAX: usize = 64 * 1024 * 1024;
 
 /// Longest command line other than a retrieval's: a longer one closes
 /// the connection, as in memcached (which closes a connection whose
@@ -122,6 +142,10 @@ enum Skip {
 pub struct Decoder {
     limits: Limits,
     skip: Skip,
+    /// How many bytes at the start of the pending line are known to hold
+    /// no newline (a long multi-get arrives in many reads; each is
+    /// searched once).
+    scanned: usize,
 }
 
 fn find_newline(buf: &[u8]) -> Option<usize> {
@@ -187,6 +211,7 @@ impl Decoder {
         Self {
             limits,
             skip: Skip::None,
+            scanned: 0,
         }
     }
 
@@ -248,13 +273,21 @@ impl Decoder {
             self.skip = Skip::All;
             return (used + buf.len(), Decoded::Request(Request::Quit));
         }
-        let Some(nl) = find_newline(buf) else {
+        let from = if used == 0 {
+            self.scanned.min(buf.len())
+        } else {
+            0
+        };
+        let Some(nl) = find_newline(&buf[from..]).map(|p| p + from) else {
             if buf.len() > max {
+                self.scanned = 0;
                 self.skip = Skip::Line;
                 return (used + buf.len(), Decoded::Error(ProtoError::LineTooLong));
             }
+            self.scanned = buf.len();
             return (used, Decoded::Incomplete);
         };
+        self.scanned = 0;
         if nl > max {
             return (used + nl + 1, Decoded::Error(ProtoError::LineTooLong));
         }
@@ -274,8 +307,8 @@ impl Decoder {
     /// The longest command line accepted at the start of `buf`:
     /// [`PARTIAL_LINE_MAX`], except for a retrieval (`get`, `gets`, `gat`,
     /// `gats`), which memcached lets name as many keys as the client likes;
-    /// here as many as fit in [`MAX_LINE`] or the item size limit, whichever
-    /// is larger (a connection's read buffer holds that much).
+    /// here as many as fit in [`GET_LINE_MAX`] (a connection's read buffer
+    /// grows to hold that much while the line arrives).
     fn line_max(&self, buf: &[u8]) -> usize {
         // memcached skips up to 100 leading spaces before it looks.
         let spaces = buf.iter().take(101).take_while(|&&b| b == b' ').count();
@@ -286,7 +319,7 @@ impl Decoder {
                 .iter()
                 .any(|p| head.starts_with(p));
         if retrieval {
-            MAX_LINE.max(self.limits.item_max)
+            GET_LINE_MAX
         } else {
             PARTIAL_LINE_MAX
         }
@@ -813,7 +846,7 @@ mod tests {
     fn long_retrieval_line_is_skipped_in_pieces() {
         let mut d = Decoder::new(Limits { item_max: 1024 });
         let mut big = b"get ".to_vec();
-        big.resize(MAX_LINE + 10, b'x');
+        big.resize(GET_LINE_MAX + 10, b'x');
         let (n, r) = d.decode(&big);
         assert_eq!((n, r), (big.len(), Decoded::Error(ProtoError::LineTooLong)));
         assert_eq!(d.decode(b"xxxx"), (4, Decoded::Incomplete));
