@@ -135,17 +135,29 @@ fn run(mode: &str) {
         ),
         "STORED\r\nSTORED\r\nSTORED\r\n",
     );
+    let want = [
+        "key=a%3Ab exp=-1 la=# cas=# fetch=yes cls=1 size=63",
+        "key=md%251 exp=-1 la=# cas=# fetch=no cls=1 size=64",
+        "key=md%3A2 exp=# la=# cas=# fetch=no cls=1 size=65",
+    ];
     for port in std::iter::once(both.server.port).chain(both.memcached.as_ref().map(|m| m.1)) {
+        // memcached's crawler walks its LRUs while its maintainer moves
+        // items between them, and may miss one now and then: its dump is
+        // taken again (up to 5 times). corewise-kv's must match at once.
+        let tries = if port == both.server.port { 1 } else { 5 };
         let mut dump = metadump(port, "all");
+        for _ in 1..tries {
+            if dump.len() == 4 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            dump = metadump(port, "all");
+        }
         let big = dump.pop().expect("four items");
         assert_eq!(
-            dump,
-            [
-                "key=a%3Ab exp=-1 la=# cas=# fetch=yes cls=1 size=63",
-                "key=md%251 exp=-1 la=# cas=# fetch=no cls=1 size=64",
-                "key=md%3A2 exp=# la=# cas=# fetch=no cls=1 size=65",
-            ],
-            "port {port}"
+            dump, want,
+            "port {port} (corewise-kv is on {})",
+            both.server.port
         );
         assert_eq!(big, "key=big exp=-1 la=# cas=# fetch=no cls=15 size=2066");
         assert_eq!(metadump(port, "15").len(), 1, "port {port}");
