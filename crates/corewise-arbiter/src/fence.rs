@@ -95,9 +95,11 @@ pub enum FenceError {
 pub trait Fence: Send {
     /// Short name for logs.
     fn name(&self) -> &'static str;
-    /// Called once per attached kernel thread before it is ever confined.
-    fn adopt(&mut self, _pid: u32, _tid: u32) -> Result<(), FenceError> {
-        Ok(())
+    /// Called once per attached kernel thread before it is ever confined;
+    /// returns whether it moved the thread's whole process by pid (cgroup
+    /// v2), which the caller then checks again.
+    fn adopt(&mut self, _pid: u32, _tid: u32) -> Result<bool, FenceError> {
+        Ok(false)
     }
     /// Sets the CPUs of the unmanaged set.
     fn set_unmanaged(&mut self, cpus: &CpuList) -> Result<(), FenceError>;
@@ -107,12 +109,22 @@ pub trait Fence: Send {
     fn unconfine(&mut self, tid: u32) -> Result<(), FenceError>;
     /// Threads currently confined to `core`, as the kernel sees it.
     fn members(&self, core: CoreId) -> Vec<u32>;
-    /// Moves every task in `core`'s set but `keep` to the unmanaged set;
-    /// returns how many moved. A confined thread's children (threads and
-    /// processes) start in its set and stay there after the thread leaves,
-    /// so a core must be emptied before it is granted again. Backends
-    /// without sets of their own do nothing.
-    fn evacuate(&mut self, _core: CoreId, _keep: Option<u32>) -> usize {
+    /// Moves every task in `core`'s set but `keep` to the unmanaged set and
+    /// returns how many tasks are still there after (0: emptied). A
+    /// confined thread's children (threads and processes) start in its set
+    /// and stay there after the thread leaves, so a core must be emptied
+    /// before it is granted again. A task whose process `whole` accepts
+    /// (one with no thread that must stay on a core) moves with its whole
+    /// process in one write, which the kernel makes atomic with the
+    /// process's forks: threads that replace themselves faster than they
+    /// can be moved one by one go too. Backends without sets of their own
+    /// do nothing.
+    fn evacuate(
+        &mut self,
+        _core: CoreId,
+        _keep: Option<u32>,
+        _whole: &dyn Fn(u32) -> bool,
+    ) -> usize {
         0
     }
     /// Moves everything back where it came from and removes what was created.
@@ -310,6 +322,15 @@ pub fn read_ids(path: &Path) -> Vec<u32> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect()
+}
+
+/// The process (thread group) of thread `tid`, from its `status`.
+fn thread_group(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/task/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn write_tid(f: &File, path: &Path, tid: u32) -> Result<(), FenceError> {
@@ -714,7 +735,7 @@ impl Fence for CgroupFence {
         }
     }
 
-    fn adopt(&mut self, pid: u32, tid: u32) -> Result<(), FenceError> {
+    fn adopt(&mut self, pid: u32, tid: u32) -> Result<bool, FenceError> {
         if self.version == CgroupVersion::V2 {
             // Threads can only move within their process's threaded domain,
             // so the whole process joins the unmanaged set first - unless it
@@ -725,9 +746,10 @@ impl Fence for CgroupFence {
                 .any(|p| read_ids(p).contains(&tid));
             if !inside {
                 write_file(&self.unmanaged.join("cgroup.procs"), &pid.to_string())?;
+                return Ok(true);
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     fn set_unmanaged(&mut self, cpus: &CpuList) -> Result<(), FenceError> {
@@ -759,10 +781,11 @@ impl Fence for CgroupFence {
             .unwrap_or_default()
     }
 
-    fn evacuate(&mut self, core: CoreId, keep: Option<u32>) -> usize {
+    fn evacuate(&mut self, core: CoreId, keep: Option<u32>, whole: &dyn Fn(u32) -> bool) -> usize {
         let Some(set) = self.core(core) else {
             return 0;
         };
+        let procs = self.unmanaged.join("cgroup.procs");
         let mut moved = 0;
         for _ in 0..EVACUATE_PASSES {
             // A fresh open each time: cgroup v1 caches the list of an open
@@ -792,6 +815,22 @@ impl Fence for CgroupFence {
                     if !now.contains(&t.tid()) || !t.alive() {
                         continue;
                     }
+                    // Its whole process, when nothing of it must stay on a
+                    // core: checked by identity as the thread is.
+                    if let Some(tgid) = thread_group(t.tid()).filter(|&g| whole(g)) {
+                        if let Ok(p) = TaskIdent::process(tgid) {
+                            if t.alive() && std::fs::write(&procs, tgid.to_string()).is_ok() {
+                                moved += 1;
+                                if !p.alive() {
+                                    tracing::warn!(
+                                        pid = tgid,
+                                        "a process left on a core exited while it was moved out"
+                                    );
+                                }
+                                continue;
+                            }
+                        }
+                    }
                     if write_tid(
                         &self.unmanaged_threads,
                         &self.unmanaged_threads_path,
@@ -810,7 +849,17 @@ impl Fence for CgroupFence {
                 }
             }
         }
-        moved
+        if moved > 0 {
+            tracing::info!(
+                core,
+                moved,
+                "moved tasks a previous holder left on the core to the unmanaged set"
+            );
+        }
+        read_ids(&set.threads_path)
+            .into_iter()
+            .filter(|&t| Some(t) != keep)
+            .count()
     }
 
     fn teardown(&mut self) -> Result<(), FenceError> {

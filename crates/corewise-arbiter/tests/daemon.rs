@@ -117,6 +117,25 @@ fn both() -> String {
 
 // ---------------------------------------------------------------- child side
 
+/// Set in a process started by a `chainer` thread: `chain_entry` runs.
+const CHAIN_ENV: &str = "COREWISE_ARBITER_TEST_CHAIN";
+
+/// A process whose threads each start their successor and exit, for ever
+/// (until killed); a no-op in the normal test run.
+#[test]
+fn chain_entry() {
+    if std::env::var_os(CHAIN_ENV).is_none() {
+        return;
+    }
+    fn link() {
+        let _ = std::thread::Builder::new().stack_size(64 << 10).spawn(link);
+    }
+    link();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 /// Entry point of the re-executed child; a no-op in the normal test run.
 #[test]
 fn child_entry() {
@@ -210,7 +229,11 @@ fn child_main(socket: PathBuf) {
                 next_thread += 1;
                 let c = client.clone().unwrap();
                 let stubborn = *mode == "stubborn";
-                let forker = *mode == "forker";
+                let forker = match *mode {
+                    "forker" => Some(Leftover::Sleep),
+                    "chainer" => Some(Leftover::Chain),
+                    _ => None,
+                };
                 std::thread::spawn(move || kernel_thread(c, idx, stubborn, forker));
             }
             ["handoff", foreign] => {
@@ -387,10 +410,20 @@ fn raise_fd_limit() {
 /// `forker`: on its first grant the thread starts a child process (a
 /// `sleep`, killed when this kernel thread dies) from the granted core,
 /// where the child's cpuset is the core's, and reports its pid.
-fn kernel_thread(c: client::Client, idx: u32, stubborn: bool, forker: bool) {
+/// What a `forker` or `chainer` thread leaves on its core.
+#[derive(Clone, Copy)]
+enum Leftover {
+    /// A `sleep` process.
+    Sleep,
+    /// A process whose threads each start their successor and exit (see
+    /// `chain_entry`): moved one thread at a time, it escapes.
+    Chain,
+}
+
+fn kernel_thread(c: client::Client, idx: u32, stubborn: bool, forker: Option<Leftover>) {
     let mut me = c.thread().expect("attach thread");
     say(format!("attached {idx} {}", me.tid()));
-    let mut forked = !forker;
+    let mut forked = forker.is_none();
     loop {
         let core = match me.block_until_core_available() {
             Ok(core) => core,
@@ -407,8 +440,21 @@ fn kernel_thread(c: client::Client, idx: u32, stubborn: bool, forker: bool) {
         say(format!("granted {idx} {} {core} {cpu}", me.tid()));
         if !forked {
             forked = true;
-            let mut cmd = Command::new("sleep");
-            cmd.arg("600");
+            let mut cmd = match forker {
+                Some(Leftover::Chain) => {
+                    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+                    cmd.args(["--exact", "chain_entry", "--nocapture"])
+                        .env(CHAIN_ENV, "1")
+                        .env_remove(CHILD_ENV)
+                        .stdout(std::process::Stdio::null());
+                    cmd
+                }
+                _ => {
+                    let mut cmd = Command::new("sleep");
+                    cmd.arg("600");
+                    cmd
+                }
+            };
             // SAFETY: prctl is async-signal-safe and touches no memory.
             unsafe {
                 std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
@@ -1146,6 +1192,40 @@ fn a_grant_moves_what_the_previous_holder_left_on_the_core() {
 
     drop(a);
     drop(b);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+/// A leftover process whose threads replace themselves faster than they
+/// can be moved one by one: it leaves the freed core, moved whole.
+#[test]
+fn a_process_whose_threads_replace_themselves_leaves_a_freed_core() {
+    if !can_run() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--reclaim-timeout-ms", "20000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let a_tid = a.thread("chainer");
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    assert_eq!(cpu, m());
+    let chain: u32 = a.expect("forked")[1].parse().unwrap();
+    let _kill_chain = PidGuard(chain);
+    wait_until("the chain runs on the core", || {
+        sb.core_tasks(m()).iter().any(|&t| t != a_tid)
+    });
+    a.request([0; 8]);
+    a.expect("releasing");
+    wait_until("the freed core's set is empty", || {
+        sb.core_tasks(m()).is_empty()
+    });
+    assert!(
+        sb.unmanaged_tasks().contains(&chain),
+        "the chain's process is in the unmanaged set"
+    );
+    drop(a);
     assert!(d.stop());
     assert_cleaned(&sb);
 }

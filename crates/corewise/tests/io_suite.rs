@@ -740,10 +740,6 @@ fn os_thread_fallback(_b: IoBackend) {
     assert_eq!(corewise::blocking(|| 5), 5);
 }
 
-/// Whether io_uring works here: a runtime asked for it falls back to epoll
-/// where the kernel has none or forbids it (`kernel.io_uring_disabled`, a
-/// seccomp filter). The `uring` tests are skipped there, with a note,
-/// instead of failing on the fallback they did not ask for.
 /// A FIFO opened as a `corewise::fs::File` waits for data as a socket
 /// does, on both back ends: a read with a timeout times out (under epoll it
 /// used to block on a syscall thread until the writer closed), a cancel
@@ -833,6 +829,10 @@ fn fifo_files(b: IoBackend) {
     assert_eq!(eof, 0, "{b:?}: end of stream");
 }
 
+/// Whether io_uring works here: a runtime asked for it falls back to epoll
+/// where the kernel has none or forbids it (`kernel.io_uring_disabled`, a
+/// seccomp filter). The `uring` tests are skipped there, with a note,
+/// instead of failing on the fallback they did not ask for.
 fn uring_available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let ok = *AVAILABLE.get_or_init(|| {

@@ -1024,6 +1024,8 @@ fn serve(
                 state.warm_deadline(),
                 accept_paused_until,
                 conns.deadlines.first().map(|d| d.0),
+                // A set that could not be emptied is tried again soon.
+                state.untidy().then(|| now + Duration::from_millis(1)),
             ])
         };
         let timeout = wake_at.map(|d| {

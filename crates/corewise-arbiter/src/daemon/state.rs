@@ -386,9 +386,10 @@ pub struct State {
     apps: BTreeMap<ConnId, App>,
     threads: BTreeMap<ConnId, Thread>,
     holder: BTreeMap<CoreId, ConnId>,
-    /// Managed cores whose set may hold tasks other than its holder: marked
-    /// at every grant and whenever a holder leaves, emptied (but for the
-    /// holder) by [`State::tidy`] once the replies are out.
+    /// Managed cores whose set may hold tasks a previous holder left:
+    /// marked whenever a holder leaves (and all of them at start), emptied
+    /// by [`State::tidy`] once the replies are out, and kept marked while
+    /// something is left.
     dirty: BTreeSet<CoreId>,
     tokens: BTreeMap<u64, ConnId>,
     tids: BTreeMap<u32, ConnId>,
@@ -454,7 +455,9 @@ impl State {
             apps: BTreeMap::new(),
             threads: BTreeMap::new(),
             holder: BTreeMap::new(),
-            dirty: BTreeSet::new(),
+            // A crashed daemon's sets were emptied once at start; forking
+            // leftovers are chased from the first pass on.
+            dirty: managed.iter().copied().collect(),
             tokens: BTreeMap::new(),
             tids: BTreeMap::new(),
             deadlines: BTreeSet::new(),
@@ -1039,8 +1042,9 @@ impl State {
         if !task.runs_as(uid) {
             return Err(Reject::NotTheUsers { tid, uid });
         }
-        self.fence.adopt(peer_pid, tid)?;
-        check_adopted(&app.process);
+        if self.fence.adopt(peer_pid, tid)? {
+            check_adopted(&app.process);
+        }
         if !task.alive() {
             return Err(Reject::ForeignThread { tid, pid: peer_pid });
         }
@@ -1149,8 +1153,9 @@ impl State {
         if !task.runs_as(app.uid) {
             return Err(Reject::NotTheUsers { tid, uid: app.uid });
         }
-        self.fence.adopt(pid, tid)?;
-        check_adopted(&app.process);
+        if self.fence.adopt(pid, tid)? {
+            check_adopted(&app.process);
+        }
         if let Phase::Running { core, .. } = phase {
             self.fence.confine(tid, core)?;
             if !task.alive() {
@@ -1332,7 +1337,10 @@ impl State {
             Some(core) => self.fence.confine(tid, core),
             None => self.fence.unconfine(tid),
         };
-        if self.threads.get(&conn).is_some_and(|t| t.task.alive()) {
+        // Checked again after the write: the thread may have run a
+        // set-user-ID program (an exec keeps the task) in between.
+        let still_ok = |t: &Thread| t.task.alive() && (to.is_none() || t.task.runs_as(t.uid));
+        if self.threads.get(&conn).is_some_and(still_ok) {
             return r;
         }
         if to.is_some() && r.is_ok() {
@@ -1346,7 +1354,7 @@ impl State {
         tracing::warn!(
             conn,
             tid,
-            "thread went away during a move; undone and dropped"
+            "thread went away (or changed user) during a move; undone and dropped"
         );
         self.forget(conn);
         Err(FenceError::NoSuchThread(tid))
@@ -1829,9 +1837,9 @@ impl State {
         self.sync_unmanaged();
         let mut failed = false;
         for (app, tc, core) in grants {
-            // What a previous holder left in the set is moved out by `tidy`
-            // once the replies are out, not on the grant's path.
-            self.dirty.insert(core);
+            // What a previous holder left in the set was moved out by `tidy`
+            // when it left (a set that could not be emptied stays marked and
+            // is tried again), so nothing is read on the grant's path.
             match self.move_thread(tc, Some(core)) {
                 Ok(()) => {
                     self.set_phase(
@@ -1870,8 +1878,11 @@ impl State {
     /// another user) and keep running there after their own application's
     /// grant ended. The daemon calls it when it has answered everything,
     /// before it waits, so the `tasks` file it reads (some microseconds)
-    /// stays off a grant's path: a newly granted core may share its CPU with
-    /// such leftovers for that moment. Returns how many sets were read.
+    /// stays off a grant's path; a holder's own children stay with it while
+    /// it holds the core. A process with no thread on a core moves whole
+    /// (atomic with its forks); a holding process's threads move one by
+    /// one, and a set they keep repopulating stays marked, tried again
+    /// every millisecond. Returns how many sets were read.
     ///
     /// ```
     /// # use corewise_arbiter::daemon::state::State;
@@ -1892,31 +1903,51 @@ impl State {
     ///     std::time::Duration::from_millis(10),
     ///     Default::default(),
     /// );
-    /// // Nothing was granted: nothing to empty.
+    /// // The first pass reads both managed sets (a crashed daemon's
+    /// // leftovers); then nothing was granted, so nothing is read.
+    /// assert_eq!(s.tidy(), 2);
     /// assert_eq!(s.tidy(), 0);
     /// ```
     pub fn tidy(&mut self) -> usize {
         let marked = std::mem::take(&mut self.dirty);
+        if marked.is_empty() {
+            return 0;
+        }
+        // Processes with a thread on a core move thread by thread; any
+        // other process found in a set moves whole.
+        let holding: BTreeSet<u32> = self
+            .holder
+            .values()
+            .filter_map(|tc| self.threads.get(tc))
+            .filter_map(|t| self.apps.get(&t.app))
+            .map(|a| a.pid)
+            .collect();
+        let whole = |tgid: u32| !holding.contains(&tgid);
         for &c in &marked {
             let keep = self
                 .holder
                 .get(&c)
                 .and_then(|tc| self.threads.get(tc))
                 .map(|t| t.task.tid());
-            self.empty_set(c, keep);
+            let left = self.fence.evacuate(c, keep, &whole);
+            if left > 0 {
+                // Threads of a holding process that replace themselves
+                // faster than they are moved: tried again at once.
+                tracing::warn!(
+                    core = c,
+                    left,
+                    "tasks left on a core could not all be moved out yet"
+                );
+                self.dirty.insert(c);
+            }
         }
         marked.len()
     }
 
-    fn empty_set(&mut self, core: CoreId, keep: Option<u32>) {
-        let moved = self.fence.evacuate(core, keep);
-        if moved > 0 {
-            tracing::info!(
-                core,
-                moved,
-                "moved tasks a previous holder left on the core to the unmanaged set"
-            );
-        }
+    /// Whether [`State::tidy`] has sets left to empty (the daemon then
+    /// does not wait before its next pass).
+    pub fn untidy(&self) -> bool {
+        !self.dirty.is_empty()
     }
 
     /// The unmanaged set: every CPU but the physical cores that hold a
