@@ -225,7 +225,9 @@ impl OpenOptions {
     }
 }
 
-/// An open file.
+/// An open file. A FIFO or socket opened as a file is made non-blocking
+/// and waited on like a socket, so its read timeout and canceller hold on
+/// every back end.
 ///
 /// ```
 /// use std::io::{Read, Write};
@@ -356,7 +358,9 @@ impl File {
         unsafe { self.state.read(kind) }
     }
 
-    /// Writes at the file position (the end, in append mode).
+    /// Writes at the file position (the end, in append mode). On a FIFO
+    /// (non-blocking, see [`File`]) it may write part of `buf` when the
+    /// pipe is nearly full: `write_all` writes the rest.
     ///
     /// ```
     /// let rt = corewise::Runtime::new().unwrap();
