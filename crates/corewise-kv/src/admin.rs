@@ -233,7 +233,8 @@ pub fn execute(shared: &Shared, cmd: &[u8], args: &[u8], out: &mut Vec<u8>) -> F
     Flow::Continue
 }
 
-fn parse<T: std::str::FromStr>(t: &[u8]) -> Option<T> {
+/// A token as a number of type `T` (`None` when it is not one).
+pub(crate) fn parse<T: std::str::FromStr>(t: &[u8]) -> Option<T> {
     std::str::from_utf8(t).ok()?.parse().ok()
 }
 

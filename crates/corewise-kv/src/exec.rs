@@ -1169,11 +1169,7 @@ fn cachedump(store: &Store, args: Vec<&[u8]>, out: &mut Vec<u8>) {
         line(out, b"CLIENT_ERROR bad command line");
         return;
     };
-    let num = |w: &[u8]| {
-        std::str::from_utf8(w)
-            .ok()
-            .and_then(|t| t.parse::<u32>().ok())
-    };
+    let num = crate::admin::parse::<u32>;
     let (Some(id), Some(limit)) = (num(id), num(limit)) else {
         line(out, b"CLIENT_ERROR bad command line format");
         return;
