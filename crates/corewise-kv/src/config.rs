@@ -112,7 +112,10 @@ pub enum ConfigError {
 #[command(
     name = "corewise-kv",
     version,
-    about = "A memcached-compatible server on corewise user threads"
+    about = "A memcached-compatible server on corewise user threads",
+    // The doc comment above is for the library's readers (it holds a
+    // doctest); without this clap would print it as `--help`'s text.
+    long_about = None
 )]
 pub struct Args {
     /// TCP port to listen on.

@@ -305,3 +305,25 @@ fn bad_flags_are_reported() {
         assert!(!out.stderr.is_empty(), "{args:?}: no message");
     }
 }
+
+#[test]
+fn help_is_for_the_operator() {
+    for flag in ["-h", "--help"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_corewise-kv"))
+            .arg(flag)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{flag}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.starts_with("A memcached-compatible server"),
+            "{flag}:\n{text}"
+        );
+        // The library's doc comments (with their doctests) are not help.
+        assert!(
+            !text.contains("```") && !text.contains("assert"),
+            "{flag}:\n{text}"
+        );
+        assert!(text.contains("--conn-limit"), "{flag}:\n{text}");
+    }
+}
