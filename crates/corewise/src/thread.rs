@@ -637,10 +637,15 @@ pub fn sleep(d: Duration) {
     // A sleep longer than a sweep period would leave the slot at the next
     // sweep anyway: it leaves it as soon as it switches out.
     let long = d >= crate::sched::park::SWEEP;
+    let after = if long {
+        crate::sched::context::AfterRun::Park
+    } else {
+        crate::sched::context::AfterRun::Nothing
+    };
     loop {
-        slot.park_now.set(long);
+        slot.after_run.set(after);
         block_ticks(slot, ticks);
-        slot.park_now.set(false);
+        slot.after_run.set(crate::sched::context::AfterRun::Nothing);
         if Instant::now() >= deadline {
             return;
         }

@@ -793,3 +793,62 @@ fn a_cancel_and_a_completion_reach_threads_that_left_their_slot() {
         .unwrap();
     }
 }
+
+/// Threads that wait for a slot run before threads spawned after them.
+/// One core, its 56 slots full of threads that compute 1 ms each; 20 more
+/// are spawned (they wait), then, once a few of the first have ended,
+/// 5 more. Those 5 used to claim the slots the ended threads freed, and
+/// ran a whole rotation of the slots before the 20 that had waited.
+#[test]
+fn threads_waiting_for_a_slot_are_not_overtaken_by_later_spawns() {
+    const SLOTS: usize = 56;
+    let rt = Runtime::builder()
+        .cpus([0])
+        .neighbour_awareness(None)
+        .build()
+        .expect("runtime");
+    let order = Arc::new(AtomicUsize::new(0));
+    let ended = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(AtomicBool::new(false));
+    let spawn = |wait_for_go: bool| {
+        let (order, ended, go) = (order.clone(), ended.clone(), go.clone());
+        Builder::new()
+            .spawn_in(&rt, move || {
+                let start = order.fetch_add(1, Ordering::SeqCst);
+                if wait_for_go {
+                    // Computes (no runtime call) until every spawn of the
+                    // test's first two groups has been made.
+                    while !go.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                }
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_millis(1) {
+                    std::hint::spin_loop();
+                }
+                ended.fetch_add(1, Ordering::SeqCst);
+                start
+            })
+            .unwrap()
+    };
+    let first: Vec<_> = (0..SLOTS).map(|_| spawn(true)).collect();
+    let waiting: Vec<_> = (0..20).map(|_| spawn(false)).collect();
+    go.store(true, Ordering::Release);
+    let t = Instant::now();
+    while ended.load(Ordering::SeqCst) < 3 {
+        assert!(t.elapsed() < Duration::from_secs(60), "no thread ended");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let later: Vec<_> = (0..5).map(|_| spawn(false)).collect();
+    for h in first {
+        h.join().unwrap();
+    }
+    let waited: Vec<usize> = waiting.into_iter().map(|h| h.join().unwrap()).collect();
+    let late: Vec<usize> = later.into_iter().map(|h| h.join().unwrap()).collect();
+    let last_waited = waited.iter().max().unwrap();
+    let first_late = late.iter().min().unwrap();
+    assert!(
+        last_waited < first_late,
+        "threads spawned later started before ones that waited: waited {waited:?}, later {late:?}"
+    );
+}

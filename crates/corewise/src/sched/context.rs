@@ -50,13 +50,30 @@ pub(crate) struct ThreadContext {
     /// given back: the next thread that parks here gives back the pages
     /// below its stack pointer.
     pub(crate) stack_used: Cell<bool>,
-    /// The thread blocks for longer than a sweep period (a `sleep`): the
-    /// dispatcher parks it as soon as it switches out instead of leaving it
-    /// in its slot until the next sweep.
-    pub(crate) park_now: Cell<bool>,
+    /// What the dispatcher does with the slot once the thread switched out
+    /// (set by the thread while it runs; see [`AfterRun`]).
+    pub(crate) after_run: Cell<AfterRun>,
     /// The kernel thread that runs the thread now (set by the dispatcher
     /// before each run): its handoff flags.
     pub(crate) kthread: Cell<*const crate::sched::kthread::KernelThread>,
+}
+
+/// What the dispatcher does with a slot after its thread switched out: a
+/// flag the thread leaves on its own context, so the dispatcher's run loop
+/// tests one field for both cases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterRun {
+    /// Nothing: the thread yielded or blocked in its slot, or its slot was
+    /// freed when it ended.
+    Nothing,
+    /// The thread blocks for longer than a sweep period (a `sleep`): it
+    /// is parked at once instead of staying in its slot until the next
+    /// sweep.
+    Park,
+    /// The thread ended while threads waited for a slot on its core: its
+    /// slot was kept for the oldest of them (see
+    /// [`crate::sched::park::hand_over`]).
+    HandOver,
 }
 
 // SAFETY: the `Cell`/`UnsafeCell` fields are touched only by the kernel
@@ -151,7 +168,7 @@ impl ThreadContext {
             yielder: Cell::new(std::ptr::null()),
             stack_pointer: Cell::new(0),
             stack_used: Cell::new(false),
-            park_now: Cell::new(false),
+            after_run: Cell::new(AfterRun::Nothing),
             kthread: Cell::new(std::ptr::null()),
         }
     }

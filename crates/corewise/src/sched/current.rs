@@ -7,6 +7,7 @@
 //! thread may resume on another kernel thread once cores are released).
 
 use super::context::ThreadContext;
+use crate::shim::Ordering;
 use std::cell::Cell;
 
 thread_local! {
@@ -43,6 +44,16 @@ pub(crate) fn exit_slot_thread(slot: &'static ThreadContext) {
     slot.wakeup().reset();
     let shared = core.runtime();
     shared.policy.thread_exited(class, core.index);
-    core.mask.release(slot.index());
+    if core.queued.load(Ordering::Relaxed) == 0 {
+        core.mask.release(slot.index());
+    } else {
+        // Threads wait for a slot on this core: the dispatcher gives this
+        // one to the oldest of them once the coroutine is back. Freed, it
+        // would go to the next spawner, which would overtake them all (a
+        // pool fed faster than it drains ran new threads first and left
+        // the waiting ones a whole rotation of the slots behind).
+        slot.after_run
+            .set(crate::sched::context::AfterRun::HandOver);
+    }
     shared.limit_wait.notify();
 }

@@ -44,6 +44,7 @@
 //! lets threads that stayed blocked leave their slots.
 
 use crate::clock;
+use crate::sched::context::AfterRun;
 use crate::sched::{Core, ThreadContext, BLOCKED};
 use crate::shim::Ordering;
 
@@ -310,9 +311,16 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
                 return Outcome::Lost;
             }
             let ran = core.slot(i);
-            if ran.park_now.get() {
-                ran.park_now.set(false);
-                crate::sched::park::park_at_once(core, i);
+            match ran.after_run.get() {
+                AfterRun::Nothing => {}
+                AfterRun::Park => {
+                    ran.after_run.set(AfterRun::Nothing);
+                    crate::sched::park::park_at_once(core, i);
+                }
+                AfterRun::HandOver => {
+                    ran.after_run.set(AfterRun::Nothing);
+                    crate::sched::park::hand_over(core, i);
+                }
             }
             // The thread switched out: what it reserved on other cores for
             // more spawns goes back (a load and a branch when nothing is).

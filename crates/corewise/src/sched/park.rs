@@ -409,6 +409,38 @@ fn service_slow(core: &'static Core, s: &mut CoreSched) -> bool {
     put
 }
 
+/// Slot `i`'s thread ran to its end while threads were counted waiting for
+/// a slot here, so its coroutine kept the slot's bit (see
+/// `current::exit_slot_thread`): the oldest waiting thread takes the slot
+/// (the dispatcher, between runs). Nothing else can claim it meanwhile, so
+/// a spawner that comes later waits behind the threads that were first.
+/// If none is found after all (counted, but not yet in the inbox), the
+/// slot is freed.
+pub(crate) fn hand_over(core: &'static Core, i: usize) {
+    // SAFETY: the dispatcher of `core`, between runs.
+    let s = unsafe { core.sched() };
+    let shared = core.runtime();
+    if s.pending.is_empty() {
+        core.inbox.take_all(&mut s.pending);
+        let homeless = shared.homeless.take_all(&mut s.pending);
+        if homeless > 0 {
+            core.queued.fetch_add(homeless as u32, Ordering::Relaxed);
+        }
+    }
+    let Some(next) = s.pending.pop_front() else {
+        core.mask.release(i);
+        return;
+    };
+    core.queued.fetch_sub(1, Ordering::Relaxed);
+    let ended = core.slot(i);
+    next.relocate(core, i);
+    core.set_slot(i, next);
+    next.prefetch_stack();
+    shared.detached.fetch_sub(1, Ordering::Relaxed);
+    // The ended thread's context (suspended, no thread) becomes a spare.
+    keep_spare(shared, &mut s.spares, ended);
+}
+
 /// Puts the runnable `ctx` into a free slot of `core`; false when none is.
 fn install(core: &'static Core, s: &mut CoreSched, ctx: &'static ThreadContext) -> bool {
     let Some(j) = core.mask.claim() else {
@@ -526,7 +558,7 @@ fn park(core: &'static Core, s: &mut CoreSched, i: usize, now: u64) -> bool {
 }
 
 /// The thread in slot `i` just switched out to sleep for longer than a
-/// sweep period (see `ThreadContext::park_now`): parks it now.
+/// sweep period (see [`AfterRun::Park`](crate::sched::context::AfterRun)): parks it now.
 pub(crate) fn park_at_once(core: &'static Core, i: usize) {
     // SAFETY: the dispatcher of `core`, between runs.
     let s = unsafe { core.sched() };
