@@ -237,6 +237,53 @@ fn an_edge_while_nobody_waits(b: IoBackend) {
     .unwrap();
 }
 
+/// Data and the peer's close reported in one readiness event: the reader
+/// reads the data in two reads, the second short, and the next read must
+/// still see end of stream. One core, and the writer runs on it, so both
+/// arrive before the core polls again: one edge carries both. The epoll
+/// back end used to give that edge wholly to the woken read, and the read
+/// after the short one, which waits for readiness first, waited for an
+/// edge that never came (a `read_to_end` of a short reply hung).
+fn end_of_stream_in_the_same_edge_as_data(b: IoBackend) {
+    let rt = Runtime::builder().cpus([0]).io_backend(b).build().unwrap();
+    rt.block_on(|| {
+        for close in ["drop", "shutdown"] {
+            let (s, c) = pair();
+            // A lost end of stream fails the test instead of hanging it.
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let writer = corewise::spawn(move || {
+                corewise::sleep(Duration::from_millis(20));
+                (&c).write_all(&[7u8; 100]).unwrap();
+                if close == "shutdown" {
+                    c.shutdown(Shutdown::Write).unwrap();
+                    Some(c)
+                } else {
+                    drop(c);
+                    None
+                }
+            })
+            .unwrap();
+            let mut buf = [0u8; 64];
+            let got: Vec<usize> = (0..3).map(|_| s.read(&mut buf).expect(close)).collect();
+            assert_eq!(got, [64, 36, 0], "{close}");
+            let _peer = writer.join().unwrap();
+            // A reply read whole at once, as `read_to_end` does.
+            let (s, c) = pair();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let writer = corewise::spawn(move || {
+                corewise::sleep(Duration::from_millis(20));
+                (&c).write_all(b"HTTP/1.0 200 OK\r\n\r\nbody").unwrap();
+            })
+            .unwrap();
+            let mut all = Vec::new();
+            (&s).read_to_end(&mut all).expect(close);
+            assert_eq!(all, b"HTTP/1.0 200 OK\r\n\r\nbody");
+            writer.join().unwrap();
+        }
+    })
+    .unwrap();
+}
+
 fn a_reused_fd_number_is_registered_afresh(b: IoBackend) {
     // Closing a socket takes it out of the epoll set; a new socket that gets
     // the same number must be registered again, or its reads would wait
@@ -869,6 +916,7 @@ both_backends!(
     read_times_out_then_works,
     reads_after_a_short_read,
     an_edge_while_nobody_waits,
+    end_of_stream_in_the_same_edge_as_data,
     a_reused_fd_number_is_registered_afresh,
     an_error_edge_is_used_once,
     cancel_from_another_thread,

@@ -68,6 +68,18 @@ struct FdWaiters {
 /// Events that satisfy any waiter (the call will not block).
 const ANY: u32 = epoll::EventFlags::ERR.bits() | epoll::EventFlags::HUP.bits();
 
+/// The peer shut its side down: every read from now on returns at once
+/// (data, then end of stream), so for readers this stays ready once seen.
+const RDHUP: u32 = epoll::EventFlags::RDHUP.bits();
+
+/// What, in an edge-triggered fd's kept events, satisfies a waiter for
+/// `events`: those, an error or hang-up, and for a reader the peer's
+/// shutdown.
+fn satisfies(events: u32) -> u32 {
+    let reading = epoll::EventFlags::IN.bits();
+    events | ANY | if events & reading != 0 { RDHUP } else { 0 }
+}
+
 /// One core's epoll set, waiter lists and wake bridge.
 pub(crate) struct Epoll {
     epfd: OwnedFd,
@@ -155,11 +167,16 @@ impl Epoll {
                 register_edge(&self.epfd, fd)?;
                 entry.registered = true;
             }
-            if entry.ready & (events | ANY) != 0 {
+            if entry.ready & satisfies(events) != 0 {
                 // All of it is used up, ERR and HUP too: a socket that is
                 // still hung up or in error does not answer `EAGAIN`, and
                 // one whose error was read (a UDP socket after an ICMP
-                // error) must not be retried forever on an old edge.
+                // error) must not be retried forever on an old edge. The
+                // peer's shutdown stays: it is for good, and a read after
+                // a short one waits for readiness first (see
+                // `IoState::read_stream`), so end of stream must be found
+                // then even when the edge that reported it also carried
+                // the data that woke an earlier read.
                 entry.ready &= !(events | ANY);
                 return Ok(Armed::Ready);
             }
@@ -265,8 +282,9 @@ impl Epoll {
             });
             if entry.ident != 0 {
                 // Edge-triggered: this edge is not reported again, so what
-                // no waiter took is kept for the next wait.
-                entry.ready |= revents & !taken;
+                // no waiter took is kept for the next wait, and the peer's
+                // shutdown in any case (see `arm`).
+                entry.ready |= (revents & !taken) | (revents & RDHUP);
             } else if !entry.waiters.is_empty() {
                 let interest = entry.waiters.iter().fold(0, |a, w| a | w.1);
                 let _ = ctl(&self.epfd, fd, interest, true);
