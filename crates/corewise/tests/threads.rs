@@ -852,3 +852,44 @@ fn threads_waiting_for_a_slot_are_not_overtaken_by_later_spawns() {
         "threads spawned later started before ones that waited: waited {waited:?}, later {late:?}"
     );
 }
+
+/// A runtime's drop does not wait out the deadlines of waits that ended
+/// early. A thread woken long before its timeout leaves its timer on the
+/// core that parked it (it would fire as a spurious signal); at shutdown,
+/// with no thread left anywhere, the cores waited for those timers: here
+/// an hour, for a condition variable notified after 20 ms.
+#[test]
+fn dropping_a_runtime_does_not_wait_for_deadlines_of_answered_waits() {
+    use corewise::sync::{Condvar, Mutex};
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = Runtime::builder()
+            .neighbour_awareness(None)
+            .build()
+            .expect("runtime");
+        rt.block_on(|| {
+            let pair = Arc::new((Mutex::new(false), Condvar::new()));
+            let p = pair.clone();
+            let waiter = corewise::spawn(move || {
+                let mut g = p.0.lock();
+                while !*g {
+                    g = p.1.wait_timeout(g, Duration::from_secs(3600)).0;
+                }
+            })
+            .unwrap();
+            // Long enough for the waiter to leave its slot for the timers.
+            corewise::sleep(Duration::from_millis(20));
+            *pair.0.lock() = true;
+            pair.1.notify_one();
+            waiter.join().unwrap();
+        })
+        .unwrap();
+        let t = Instant::now();
+        drop(rt);
+        let _ = tx.send(t.elapsed());
+    });
+    let took = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the runtime's drop waited for an answered wait's deadline");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}

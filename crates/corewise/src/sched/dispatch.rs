@@ -502,10 +502,12 @@ fn shutdown_done(core: &'static Core) -> bool {
         return false;
     }
     // SAFETY: the dispatcher, between runs; the reference ends here.
-    let s = unsafe { core.sched() };
-    if s.waiting() || s.next_timer().is_some() {
+    if unsafe { core.sched() }.waiting() {
         return false;
     }
+    // No thread is parked (`detached` is 0) and none is in a slot here:
+    // the timers left are stale.
+    crate::sched::park::drop_stale_timers(core);
     // Closed for good: a thread placed from now on goes to a core that
     // still runs (or to the runtime's shared inbox).
     !crate::sched::park::close_for_shutdown(core)

@@ -97,6 +97,22 @@ impl CoreSched {
     }
 }
 
+/// Shutting down, with no thread parked anywhere (the runtime's `detached`
+/// count is 0) and none in a slot of `core`: drops the timers left here and
+/// returns how many there were. Each was for a thread woken before its
+/// deadline (a timer is not removed then; it would fire as a spurious
+/// signal), so no thread needs them; waiting for them made a runtime's drop
+/// sit out, for example, a socket's whole read timeout on the epoll back
+/// end after the read had been answered.
+pub(crate) fn drop_stale_timers(core: &'static Core) -> usize {
+    // SAFETY: the dispatcher of `core`, between runs.
+    let s = unsafe { core.sched() };
+    let n = s.timers.len();
+    s.timers.clear();
+    publish_timers(core, s);
+    n
+}
+
 /// Sets the sweep period in ticks (once the clock is calibrated).
 pub(crate) fn init() {
     SWEEP_TICKS.store(
