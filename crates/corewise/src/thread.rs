@@ -490,6 +490,36 @@ pub fn current() -> Option<ThreadId> {
     current_slot().map(ThreadId::new)
 }
 
+/// The calling thread's name: a user thread's is the one given to
+/// [`Builder::name`] (`None` if it had none); an OS thread's is std's.
+///
+/// Use it where std code calls `std::thread::current().name()`: inside a
+/// user thread, std names the kernel thread that runs it (such as
+/// `corewise-core-0`), which changes as the thread moves between cores.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// let h = corewise::thread::Builder::new()
+///     .name("worker-7")
+///     .spawn_in(&rt, corewise::thread::current_name)
+///     .unwrap();
+/// assert_eq!(h.join().unwrap().as_deref(), Some("worker-7"));
+/// let unnamed = rt.spawn(corewise::thread::current_name).unwrap();
+/// assert_eq!(unnamed.join().unwrap(), None);
+/// // An OS thread: std's name.
+/// let os = std::thread::Builder::new()
+///     .name("plain".into())
+///     .spawn(corewise::thread::current_name)
+///     .unwrap();
+/// assert_eq!(os.join().unwrap().as_deref(), Some("plain"));
+/// ```
+pub fn current_name() -> Option<String> {
+    match current_slot() {
+        Some(slot) => slot.name().map(str::to_owned),
+        None => std::thread::current().name().map(str::to_owned),
+    }
+}
+
 /// The runtime core the caller runs on (`None` on an OS thread).
 ///
 /// ```

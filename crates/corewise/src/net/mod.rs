@@ -47,6 +47,10 @@
 //!   `canceller`.
 //! - The five types are one generic type, [`Socket<K>`]: code generic over
 //!   sockets can name [`SocketKind`], [`StreamKind`] or [`ListenerKind`].
+//! - A read, write or accept whose timeout passes fails with
+//!   `ErrorKind::TimedOut`, where std on Linux gives `WouldBlock` (the
+//!   kernel's `EAGAIN` under `SO_RCVTIMEO`): code that matches on
+//!   `WouldBlock` for a timeout matches on `TimedOut` here.
 
 mod addr;
 mod socket;
