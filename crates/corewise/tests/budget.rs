@@ -462,7 +462,13 @@ fn a_confined_process_counts_its_share_over_its_own_cpus() {
         "over CPU 1: {confined:.2}, its counters say {on_cpu1:.2}"
     );
     // The control: counted over the host the share would be `on_host`,
-    // which the neighbour on CPU 0 holds well below `on_cpu1`.
+    // which the neighbour on CPU 0 holds well below `on_cpu1`. It tells
+    // the two apart only while the spinner has most of CPU 1: other work
+    // there (a build beside the tests) takes both shares down together.
+    if on_cpu1 < 0.6 {
+        eprintln!("control skipped: the spinner had {on_cpu1:.2} of CPU 1");
+        return;
+    }
     assert!(
         on_cpu1 - on_host >= 0.1 && confined - on_host >= 0.1,
         "over CPU 1 {confined:.2}: not told apart from the host's {on_host:.2}"
