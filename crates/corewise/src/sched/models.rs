@@ -7,7 +7,7 @@ mod loom_tests {
     use crate::sched::idle::IdleGate;
     use crate::sched::occupancy::*;
     use crate::sched::wakeup::*;
-    use crate::shim::{AtomicBool, Ordering, UnsafeCell};
+    use crate::shim::{fence, AtomicBool, Ordering, UnsafeCell};
     use loom::sync::Arc;
 
     /// The dispatcher's loop, reduced to one slot: take a due thread, or
@@ -272,6 +272,43 @@ mod loom_tests {
             got.sort_unstable();
             assert_eq!(got, vec![0, 1]);
             assert_eq!(mask.count(), 2);
+        });
+    }
+
+    /// A core being given back, and a spawner that read it as active: the
+    /// dispatcher clears `active`, fences and looks at its slots a last
+    /// time (`dispatch::release`, `park::evict_all`); the spawner claims a
+    /// slot, fences and reads `active` (`spawn::still_active`). Either the
+    /// dispatcher sees the slot taken and stays until the thread has moved,
+    /// or the spawner sees the core inactive and gives the slot back; never
+    /// neither. With either fence removed, the model finds the run where
+    /// both miss: a thread on a core nobody runs.
+    #[test]
+    fn a_spawn_never_lands_on_a_core_after_its_last_look() {
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            let active = Arc::new(AtomicBool::new(true));
+            let spawner = {
+                let (mask, active) = (mask.clone(), active.clone());
+                loom::thread::spawn(move || {
+                    let slot = mask.claim().unwrap();
+                    fence(Ordering::SeqCst);
+                    if active.load(Ordering::Acquire) {
+                        true
+                    } else {
+                        mask.release(slot);
+                        false
+                    }
+                })
+            };
+            active.store(false, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let left = mask.occupied() == 0;
+            let kept = spawner.join().unwrap();
+            assert!(
+                !(left && kept),
+                "a thread was put on a core after its dispatcher's last look"
+            );
         });
     }
 }

@@ -909,6 +909,11 @@ pub(crate) fn evict_all(core: &'static Core) -> bool {
         core.queued.fetch_sub(1, Ordering::Relaxed);
         place(shared, ctx, Some(core.index));
     }
+    // `active` was cleared before this (see `dispatch::release`): after the
+    // fence, a spawner that claims a slot here from now on sees the core
+    // inactive and chooses again (see `spawn::still_active`), and one that
+    // claimed before is seen here.
+    crate::shim::fence(Ordering::SeqCst);
     done && core.mask.occupied() == 0
 }
 
