@@ -32,9 +32,17 @@ pub struct Args {
     /// Key/value distribution and mix.
     #[arg(long, value_enum, default_value_t = Kind::Etc)]
     pub workload: Kind,
-    /// Number of distinct keys (all preloaded).
+    /// Number of distinct keys (all preloaded). Default 100 000 (20 000
+    /// with `--quick`); with `--value-size`, as many as fill 32 MiB (at
+    /// most that default), so that both servers' 64 MB hold them all.
     #[arg(long)]
     pub keys: Option<usize>,
+    /// Every value this many bytes (1 to 1 000 000), instead of the
+    /// workload's sizes; the workload still decides keys and the get/set
+    /// mix (both get-heavy). For large values: `--workload memtier
+    /// --value-size 204800`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub value_size: Option<u32>,
     /// Client connections.
     #[arg(long, default_value_t = 50)]
     pub connections: usize,
@@ -500,6 +508,30 @@ fn show(name: &str, p: &Point) {
     );
 }
 
+/// User plus system CPU seconds `pid` has used (all its threads), from
+/// `/proc/<pid>/stat`; 0 if it cannot be read.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces): utime and
+    // stime are the 12th and 13th of them.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    ticks as f64 / hz as f64
+}
+
+/// What the preloaded values add up to by default with `--value-size`:
+/// half of the servers' `-m 64`, so nothing is evicted.
+const FIXED_SIZE_BYTES: usize = 32 << 20;
+
 /// Runs the benchmark.
 pub fn run(args: &Args) -> Result<(), BenchError> {
     let allowed = crate::affinity::allowed_cpus()?;
@@ -514,8 +546,15 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     };
     crate::affinity::pin_current(client_cpu)?;
     let quick = args.quick;
-    let keys = args.keys.unwrap_or(if quick { 20_000 } else { 100_000 });
-    let workload = Workload::new(args.workload, keys, args.seed);
+    let default_keys = if quick { 20_000 } else { 100_000 };
+    let keys = args.keys.unwrap_or(match args.value_size {
+        Some(v) => (FIXED_SIZE_BYTES / v as usize).clamp(1, default_keys),
+        None => default_keys,
+    });
+    let mut workload = Workload::new(args.workload, keys, args.seed);
+    if let Some(v) = args.value_size {
+        workload.fix_size(v);
+    }
     let max_size = (0..keys as u32)
         .map(|i| workload.size(i))
         .max()
@@ -563,13 +602,21 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     }
 
     if let Some(depths) = &args.closed {
-        println!("closed loop:");
+        println!("closed loop (server CPU: its user+system time over the run, warm-up included, per reply):");
         for &d in depths {
             for (i, s) in both.iter().enumerate() {
                 let _idle = both[1 - i].pause()?;
+                let (cpu0, t0) = (cpu_seconds(s.pid()), std::time::Instant::now());
                 let o = setup.measure(s.port, Pace::Closed(d))?;
+                let (cpu, wall) = (cpu_seconds(s.pid()) - cpu0, t0.elapsed().as_secs_f64());
                 print!("  depth {d:>3} ");
                 show(s.name, &Point::of(&o));
+                let replies = o.throughput_per_s * wall;
+                println!(
+                    "              server CPU {:>5.1} us/reply ({:.0} % of its CPU)",
+                    cpu * 1e6 / replies.max(1.0),
+                    100.0 * cpu / wall.max(1e-9)
+                );
             }
         }
         return Ok(());

@@ -155,6 +155,11 @@ impl Workload {
         self.sizes[id as usize % self.sizes.len()] as usize
     }
 
+    /// Makes every value `size` bytes (keys, popularity and mix stay).
+    pub fn fix_size(&mut self, size: u32) {
+        self.sizes.iter_mut().for_each(|s| *s = size);
+    }
+
     /// Mean value size.
     pub fn mean_size(&self) -> f64 {
         self.sizes.iter().map(|&s| f64::from(s)).sum::<f64>() / self.sizes.len() as f64
@@ -221,6 +226,21 @@ mod tests {
             k[k.len() / 2]
         };
         assert!((20..50).contains(&key_median));
+    }
+
+    #[test]
+    fn fixed_size() {
+        let mut w = Workload::new(Kind::Memtier, 10, 1);
+        w.fix_size(204_800);
+        assert!((0..10).all(|i| w.size(i) == 204_800));
+        let fill = vec![b'x'; 204_800];
+        let mut out = Vec::new();
+        w.encode(Op::Set(2), &fill, &mut out);
+        assert!(out.starts_with(b"set memtier-2 0 0 204800\r\n"));
+        assert_eq!(
+            out.len(),
+            "set memtier-2 0 0 204800\r\n".len() + 204_800 + 2
+        );
     }
 
     #[test]
