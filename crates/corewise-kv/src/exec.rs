@@ -3,12 +3,16 @@
 //! Why a module of its own: the same code serves both server modes and the
 //! in-process tests, and the reply formats (classic and meta) are the part
 //! that real clients check byte for byte, so they live in one place next to
-//! each other. Replies are appended to the connection's output buffer; the
-//! server writes that buffer once per batch of pipelined requests.
+//! each other. Replies are appended to the connection's output (a
+//! [`Sink`]: the server's [`crate::reply::Reply`] keeps values of
+//! [`crate::reply::REF_MIN`] bytes or more by reference instead of copying
+//! them); the server writes that output once per batch of pipelined
+//! requests.
 
 use crate::admin::{Detail, DetailOp};
 use crate::config::Config;
 use crate::protocol::{decode_base64, GetKind, MetaFlags, MetaMode, ProtoError, Request, StoreCmd};
+use crate::reply::Sink;
 use crate::store::{
     exptime_at, slabs, ArithOutcome, Deadline, DeleteOutcome, MetaStore, SetMode, Store,
     StoreOutcome,
@@ -416,16 +420,17 @@ pub fn write_error(e: ProtoError, out: &mut Vec<u8>) {
 /// }
 /// assert_eq!(out, b"STORED\r\nVALUE a 1 1\r\nx\r\nEND\r\n");
 /// ```
-pub fn execute(
+pub fn execute<O: Sink>(
     shared: &Shared,
     req: &Request<'_>,
-    out: &mut Vec<u8>,
+    out: &mut O,
     scratch: &mut Vec<u8>,
 ) -> Flow {
     execute_spilling(shared, req, out, scratch, &mut |_| Ok(()))
 }
 
-/// Unsent reply bytes above which a multi-key `get` hands its output to
+/// Unsent reply bytes (referenced values included, see
+/// [`crate::reply`]) above which a multi-key `get` hands its output to
 /// `spill` before looking up the next key.
 ///
 /// ```
@@ -447,10 +452,11 @@ pub fn execute(
 pub const SPILL_AT: usize = 256 * 1024;
 
 /// [`execute`], bounding the output of a multi-key retrieval: whenever
-/// `out` holds more than [`SPILL_AT`] bytes between two keys, `spill`
-/// is called to send them (and empty `out`), so one request naming many
-/// large values never holds more than one value plus [`SPILL_AT`] of
-/// reply. A `spill` error closes the connection.
+/// `out` holds more than [`SPILL_AT`] bytes between two keys (copied or
+/// referenced, [`Sink::pending`]), `spill` is called to send them (and
+/// empty `out`), so one request naming many large values never holds more
+/// than one value plus [`SPILL_AT`] of reply, nor references to more.
+/// A `spill` error closes the connection.
 ///
 /// ```
 /// use corewise_kv::{config::Config, exec::{execute_spilling, Flow, Shared}, protocol::{Decoded, Decoder, Limits}};
@@ -463,12 +469,12 @@ pub const SPILL_AT: usize = 256 * 1024;
 /// }
 /// assert_eq!(out, b"END\r\n");
 /// ```
-pub fn execute_spilling(
+pub fn execute_spilling<O: Sink>(
     shared: &Shared,
     req: &Request<'_>,
-    out: &mut Vec<u8>,
+    out: &mut O,
     scratch: &mut Vec<u8>,
-    spill: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
+    spill: &mut dyn FnMut(&mut O) -> std::io::Result<()>,
 ) -> Flow {
     execute_conn(shared, req, out, scratch, spill, -1)
 }
@@ -488,15 +494,17 @@ pub fn execute_spilling(
 /// // The `watch` log names the connection's descriptor.
 /// assert!(w.drain()[0].contains("cfd=42"));
 /// ```
-pub fn execute_conn(
+pub fn execute_conn<O: Sink>(
     shared: &Shared,
     req: &Request<'_>,
-    out: &mut Vec<u8>,
+    out: &mut O,
     scratch: &mut Vec<u8>,
-    spill: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
+    spill: &mut dyn FnMut(&mut O) -> std::io::Result<()>,
     cfd: i32,
 ) -> Flow {
     let store = &shared.store;
+    // The retrievals write values (copied or referenced, as `out` does);
+    // everything else writes bytes only.
     match *req {
         Request::Get {
             kind,
@@ -510,28 +518,43 @@ pub fn execute_conn(
                 let mut seen = None;
                 let hit = store.get(key, touch, |it, _| {
                     seen = Some((it.class(), it.value.len()));
-                    out.extend_from_slice(b"VALUE ");
-                    out.extend_from_slice(key);
-                    out.push(b' ');
-                    num(out, u64::from(it.flags));
-                    out.push(b' ');
-                    num(out, it.value.len() as u64);
+                    let head = out.bytes();
+                    head.extend_from_slice(b"VALUE ");
+                    head.extend_from_slice(key);
+                    head.push(b' ');
+                    num(head, u64::from(it.flags));
+                    head.push(b' ');
+                    num(head, it.value.len() as u64);
                     if with_cas {
-                        out.push(b' ');
-                        num(out, it.cas);
+                        head.push(b' ');
+                        num(head, it.cas);
                     }
-                    out.extend_from_slice(b"\r\n");
-                    out.extend_from_slice(&it.value);
-                    out.extend_from_slice(b"\r\n");
+                    head.extend_from_slice(b"\r\n");
+                    out.value(&it.value);
+                    out.bytes().extend_from_slice(b"\r\n");
                 });
                 shared.detail.record(key, DetailOp::Get(hit));
                 log_get(shared, key, seen, cfd);
-                if out.len() > SPILL_AT && spill(out).is_err() {
+                if out.pending() > SPILL_AT && spill(out).is_err() {
                     return Flow::Close;
                 }
             }
-            out.extend_from_slice(b"END\r\n");
+            out.bytes().extend_from_slice(b"END\r\n");
+            return Flow::Continue;
         }
+        Request::MetaGet { key, flags } => {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out.bytes()) {
+                let seen = meta_get(shared, key, k, &flags, out);
+                log_get(shared, k, seen, cfd);
+            }
+            return Flow::Continue;
+        }
+        _ => {}
+    }
+    let out = out.bytes();
+    match *req {
+        // Answered above.
+        Request::Get { .. } | Request::MetaGet { .. } => {}
         Request::Store {
             cmd,
             key,
@@ -660,12 +683,6 @@ pub fn execute_conn(
             }
         }
         Request::MetaNoop => line(out, b"MN"),
-        Request::MetaGet { key, flags } => {
-            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
-                let seen = meta_get(shared, key, k, &flags, out);
-                log_get(shared, k, seen, cfd);
-            }
-        }
         Request::MetaSet { key, data, flags } => {
             if let Some(k) = meta_key(key, flags.base64, scratch, out) {
                 meta_set(shared, key, k, data, &flags, out, cfd);
@@ -813,7 +830,7 @@ fn meta_get(
     wire_key: &[u8],
     key: &[u8],
     flags: &MetaFlags<'_>,
-    out: &mut Vec<u8>,
+    out: &mut impl Sink,
 ) -> Option<(usize, usize)> {
     let store = &shared.store;
     let clock = store.clock();
@@ -822,7 +839,7 @@ fn meta_get(
     let hit = store.meta_get(key, vivify, !flags.no_bump, touch, |it, view| {
         seen = Some((it.class(), it.value.len()));
         // Written straight into the reply: no buffer of its own per hit.
-        let head: &mut Vec<u8> = out;
+        let head = out.bytes();
         if flags.value {
             head.extend_from_slice(b"VA ");
             num(head, it.value.len() as u64);
@@ -894,11 +911,12 @@ fn meta_get(
         }
         head.extend_from_slice(b"\r\n");
         if flags.value {
-            head.extend_from_slice(&it.value);
-            head.extend_from_slice(b"\r\n");
+            out.value(&it.value);
+            out.bytes().extend_from_slice(b"\r\n");
         }
     });
     if !hit && !flags.quiet {
+        let out = out.bytes();
         out.extend_from_slice(b"EN");
         meta_ret(shared, wire_key, flags, None, out);
         out.extend_from_slice(b"\r\n");

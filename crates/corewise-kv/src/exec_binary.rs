@@ -17,6 +17,7 @@ use crate::admin::DetailOp;
 use crate::exec::{stats, Flow, Shared, VERSION};
 use crate::protocol::binary::{Frame, Header, RESPONSE_MAGIC};
 use crate::protocol::KEY_MAX;
+use crate::reply::Sink;
 use crate::store::{ArithOutcome, Deadline, DeleteOutcome, SetMode, StoreOutcome};
 use std::sync::atomic::Ordering;
 
@@ -95,19 +96,34 @@ fn respond(
     value: &[u8],
 ) {
     out.reserve(24 + extras.len() + key.len() + value.len());
+    respond_head(out, h, status, cas, extras, key, value.len());
+    out.extend_from_slice(value);
+}
+
+/// Appends one response up to its value, of `value_len` bytes, which the
+/// caller appends.
+#[allow(clippy::too_many_arguments)]
+fn respond_head(
+    out: &mut Vec<u8>,
+    h: &Header,
+    status: u16,
+    cas: u64,
+    extras: &[u8],
+    key: &[u8],
+    value_len: usize,
+) {
     out.push(RESPONSE_MAGIC);
     out.push(h.opcode);
     out.extend_from_slice(&(key.len() as u16).to_be_bytes());
     out.push(extras.len() as u8);
     out.push(0);
     out.extend_from_slice(&status.to_be_bytes());
-    let body = (extras.len() + key.len() + value.len()) as u32;
+    let body = (extras.len() + key.len() + value_len) as u32;
     out.extend_from_slice(&body.to_be_bytes());
     out.extend_from_slice(&h.opaque.to_be_bytes());
     out.extend_from_slice(&cas.to_be_bytes());
     out.extend_from_slice(extras);
     out.extend_from_slice(key);
-    out.extend_from_slice(value);
 }
 
 /// Appends an error response (errors are sent for quiet commands too).
@@ -223,7 +239,63 @@ fn layout(f: &Frame<'_>, extras: &[usize], key: Option<bool>, value: bool) -> bo
 /// assert_eq!(out.len(), 24);
 /// assert_eq!((out[0], out[1], out[15]), (0x81, 0x0a, 5));
 /// ```
-pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow {
+pub fn execute_binary<O: Sink>(shared: &Shared, f: &Frame<'_>, out: &mut O) -> Flow {
+    match f.header.opcode {
+        op::GET
+        | op::GETQ
+        | op::GETK
+        | op::GETKQ
+        | op::GAT
+        | op::GATQ
+        | op::GATK
+        | op::GATKQ
+        | op::TOUCH => retrieve(shared, f, out),
+        _ => execute_bytes(shared, f, out.bytes()),
+    }
+}
+
+/// The get, get-and-touch and touch opcodes: the ones that send a value,
+/// by reference when `out` keeps large ones that way.
+fn retrieve<O: Sink>(shared: &Shared, f: &Frame<'_>, out: &mut O) -> Flow {
+    let h = &f.header;
+    let store = &shared.store;
+    let touching = matches!(
+        h.opcode,
+        op::GAT | op::GATQ | op::GATK | op::GATKQ | op::TOUCH
+    );
+    let want = if touching { 4 } else { 0 };
+    if !layout(f, &[want], Some(true), false) {
+        // As in `execute_bytes`: invalid arguments, and close.
+        write_error(h, status::EINVAL, out.bytes());
+        return Flow::Close;
+    }
+    let touch = touching.then(|| store.clock().deadline(i64::from(be32(f.extras))));
+    let with_key = matches!(h.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
+    let quiet = matches!(h.opcode, op::GETQ | op::GETKQ | op::GATQ | op::GATKQ);
+    // A touch answers with the flags but not the value (memcached).
+    let with_value = h.opcode != op::TOUCH;
+    let key: &[u8] = if with_key { f.key } else { &[] };
+    let hit = store.get(f.key, touch, |it, _| {
+        let len = if with_value { it.value.len() } else { 0 };
+        let flags = it.flags.to_be_bytes();
+        respond_head(out.bytes(), h, status::OK, it.cas, &flags, key, len);
+        if with_value {
+            out.value(&it.value);
+        }
+    });
+    shared.detail.record(f.key, DetailOp::Get(hit));
+    if !hit && !quiet {
+        if with_key {
+            respond(out.bytes(), h, status::KEY_ENOENT, 0, &[], f.key, &[]);
+        } else {
+            write_error(h, status::KEY_ENOENT, out.bytes());
+        }
+    }
+    Flow::Continue
+}
+
+/// [`execute_binary`] of the opcodes that write bytes only.
+fn execute_bytes(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow {
     let h = &f.header;
     let store = &shared.store;
     let deadline = |exptime: u32| store.clock().deadline(i64::from(exptime));
@@ -235,6 +307,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
         Flow::Close
     };
     match h.opcode {
+        // Answered by `retrieve`.
         op::GET
         | op::GETQ
         | op::GETK
@@ -243,42 +316,7 @@ pub fn execute_binary(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow
         | op::GATQ
         | op::GATK
         | op::GATKQ
-        | op::TOUCH => {
-            let touching = matches!(
-                h.opcode,
-                op::GAT | op::GATQ | op::GATK | op::GATKQ | op::TOUCH
-            );
-            let want = if touching { 4 } else { 0 };
-            if !layout(f, &[want], Some(true), false) {
-                return invalid(out);
-            }
-            let touch = touching.then(|| deadline(be32(f.extras)));
-            let with_key = matches!(h.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
-            let quiet = matches!(h.opcode, op::GETQ | op::GETKQ | op::GATQ | op::GATKQ);
-            // A touch answers with the flags but not the value (memcached).
-            let with_value = h.opcode != op::TOUCH;
-            let key: &[u8] = if with_key { f.key } else { &[] };
-            let hit = store.get(f.key, touch, |it, _| {
-                let value: &[u8] = if with_value { &it.value } else { &[] };
-                respond(
-                    out,
-                    h,
-                    status::OK,
-                    it.cas,
-                    &it.flags.to_be_bytes(),
-                    key,
-                    value,
-                );
-            });
-            shared.detail.record(f.key, DetailOp::Get(hit));
-            if !hit && !quiet {
-                if with_key {
-                    respond(out, h, status::KEY_ENOENT, 0, &[], f.key, &[]);
-                } else {
-                    write_error(h, status::KEY_ENOENT, out);
-                }
-            }
-        }
+        | op::TOUCH => {}
         op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => {
             if !layout(f, &[8], Some(true), true) {
                 return invalid(out);

@@ -21,6 +21,11 @@
 //!
 //! Both modes share [`Connection`]: a read buffer that the decoder parses
 //! in place, and an output buffer written once per batch of requests.
+//! The output is a [`Reply`]: values of [`crate::reply::REF_MIN`] bytes or
+//! more are not copied into it but referenced, and a send gathers the
+//! reply's bytes and those values with one vectored write (`sendmsg`), as
+//! memcached sends from its items: a large value is copied once, by the
+//! kernel, instead of twice.
 //!
 //! Output is bounded per connection. A client can ask for far more reply
 //! than it sends (a 10-byte `get` of a 1 MB value; memcached's "reply
@@ -53,6 +58,7 @@ use crate::exec::{execute_conn, write_error, ConnInfo, Flow, Shared, SPILL_AT};
 use crate::exec_binary::{execute_binary, too_large, write_malformed};
 use crate::protocol::binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC};
 use crate::protocol::{Decoded, Decoder, Limits, GET_LINE_MAX, MAX_LINE};
+use crate::reply::{Reply, Sink};
 use corewise::net::{TcpListener, TcpStream};
 use corewise::sync::SpinLock;
 use corewise::ThreadClass;
@@ -172,7 +178,7 @@ pub struct Connection {
     pos: usize,
     filled: usize,
     max_buf: usize,
-    wbuf: Vec<u8>,
+    wbuf: Reply,
     scratch: Vec<u8>,
     decoder: Decoder,
     /// The binary decoder, when the connection's first byte chose the
@@ -254,7 +260,7 @@ impl Connection {
             // does the longest multi-get line (and a byte past it, so that
             // the decoder sees the line is too long).
             max_buf: item_max.max(GET_LINE_MAX) + MAX_LINE + 1024,
-            wbuf: Vec::with_capacity(INITIAL_BUF),
+            wbuf: Reply::with_capacity(INITIAL_BUF),
             scratch: Vec::new(),
             decoder: Decoder::new(Limits { item_max }),
             binary: None,
@@ -523,12 +529,12 @@ impl Connection {
                 Decoded::Request(r) => {
                     let (stream, shared) = (&mut self.stream, &*self.shared);
                     let cfd = stream.as_raw_fd();
-                    let mut spill = |o: &mut Vec<u8>| send_all(stream, o, shared);
+                    let mut spill = |o: &mut Reply| send_all(stream, o, shared);
                     let (out, scratch) = (&mut self.wbuf, &mut self.scratch);
                     execute_conn(shared, &r, out, scratch, &mut spill, cfd)
                 }
                 Decoded::Error(e) => {
-                    write_error(e, &mut self.wbuf);
+                    write_error(e, self.wbuf.bytes());
                     Flow::Continue
                 }
             };
@@ -536,12 +542,12 @@ impl Connection {
             if let Flow::Watch(_) = flow {
                 // As memcached: `watch` must be the last request buffered.
                 if self.pos < self.filled {
-                    self.wbuf.extend_from_slice(
+                    self.wbuf.bytes().extend_from_slice(
                         b"ERROR cannot pipeline other commands before watch\r\n",
                     );
                     continue;
                 }
-                self.wbuf.extend_from_slice(b"OK\r\n");
+                self.wbuf.bytes().extend_from_slice(b"OK\r\n");
                 return flow;
             }
             if flow == Flow::Close || self.spill_if_full().is_err() {
@@ -564,11 +570,11 @@ impl Connection {
                 BinDecoded::Incomplete => Flow::Continue,
                 BinDecoded::Frame(f) => execute_binary(&self.shared, &f, &mut self.wbuf),
                 BinDecoded::TooLarge(h, key) => {
-                    too_large(&self.shared, &h, key, &mut self.wbuf);
+                    too_large(&self.shared, &h, key, self.wbuf.bytes());
                     Flow::Continue
                 }
                 BinDecoded::Malformed(h) => {
-                    write_malformed(&h, &mut self.wbuf);
+                    write_malformed(&h, self.wbuf.bytes());
                     Flow::Close
                 }
                 // Not a request: the stream cannot be followed (memcached
@@ -577,7 +583,7 @@ impl Connection {
             };
             self.pos += used;
             if flow == Flow::Close
-                || (self.wbuf.len() > SPILL_AT
+                || (self.wbuf.pending() > SPILL_AT
                     && send_all(&mut self.stream, &mut self.wbuf, &self.shared).is_err())
             {
                 return Flow::Close;
@@ -644,7 +650,7 @@ impl Connection {
     /// connection reads and runs nothing more until the client has taken
     /// them, so its unsent output stays bounded (see the module docs).
     fn spill_if_full(&mut self) -> io::Result<()> {
-        if self.wbuf.len() > SPILL_AT {
+        if self.wbuf.pending() > SPILL_AT {
             send_all(&mut self.stream, &mut self.wbuf, &self.shared)?;
         }
         Ok(())
@@ -713,7 +719,7 @@ impl Connection {
         let r = loop {
             let lines = me.drain();
             for l in &lines {
-                self.wbuf.extend_from_slice(l.as_bytes());
+                self.wbuf.bytes().extend_from_slice(l.as_bytes());
             }
             if let Err(e) = self.flush() {
                 break Err(e);
@@ -733,43 +739,52 @@ impl Connection {
 }
 
 /// Sends all of `wbuf` and empties it: straight to the socket while it
-/// takes the bytes, then through corewise's blocking write (the user
-/// thread waits, its core runs others).
-fn send_all(stream: &mut TcpStream, wbuf: &mut Vec<u8>, shared: &Shared) -> io::Result<()> {
-    let mut off = 0;
-    while off < wbuf.len() {
-        let rest = &wbuf[off..];
-        // SAFETY: `rest` is valid for reads of its length.
-        let n = unsafe {
-            libc::send(
-                stream.as_raw_fd(),
-                rest.as_ptr().cast(),
-                rest.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => {
-                    stream.write_all(rest)?;
-                    off = wbuf.len();
-                    break;
-                }
-                _ => return Err(e),
+/// takes the bytes (one `sendmsg` of the reply's byte runs and referenced
+/// values), then through corewise's blocking write (the user thread waits,
+/// its core runs others). A write that stops in the middle of a segment
+/// resumes there ([`Reply::write_with`]).
+fn send_all(stream: &mut TcpStream, wbuf: &mut Reply, shared: &Shared) -> io::Result<()> {
+    let total = wbuf.pending();
+    let fd = stream.as_raw_fd();
+    let mut blocked = false;
+    while !wbuf.is_empty() {
+        let r = wbuf.write_with(|iov| {
+            if blocked {
+                // A socket that was full: wait (the user thread, not the
+                // core) for room for the first segment, then try the rest
+                // again without waiting. `send`, not `writev`: a peer that
+                // has gone raises no SIGPIPE.
+                blocked = false;
+                return stream.write(&iov[0]);
             }
+            // SAFETY: an all-zero `msghdr` is valid (no name, no control
+            // data); it points at `iov`, whose `IoSlice`s are
+            // ABI-compatible with `iovec` and borrow buffers that outlive
+            // the call, which only reads them.
+            let n = unsafe {
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = iov.as_ptr().cast_mut().cast();
+                msg.msg_iovlen = iov.len() as _;
+                libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+            };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match r {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && !blocked => blocked = true,
+            Err(e) => return Err(e),
         }
-        off += n as usize;
     }
     shared
         .conns
         .bytes_written
-        .fetch_add(off as u64, Ordering::Relaxed);
-    wbuf.clear();
-    if wbuf.capacity() > KEEP_BUF {
-        *wbuf = Vec::with_capacity(INITIAL_BUF);
-    }
+        .fetch_add(total as u64, Ordering::Relaxed);
+    wbuf.reset(KEEP_BUF, INITIAL_BUF);
     Ok(())
 }
 

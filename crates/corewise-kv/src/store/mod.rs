@@ -23,7 +23,7 @@ pub mod slabs;
 
 pub use clock::{Clock, Deadline, MAX_RELATIVE_EXPIRY};
 pub use hash::{hash_key, FxBuild, FxHasher};
-pub use shard::{Item, Miss, Shard, ShardCounters, ITEM_OVERHEAD};
+pub use shard::{Item, Miss, Shard, ShardCounters, Value, ITEM_OVERHEAD};
 
 use crate::watch::Watch;
 use corewise::sync::SpinLock;
@@ -39,7 +39,7 @@ use std::sync::Arc;
 /// assert!(matches!(s.store(SetMode::Add, b"k", 0, Deadline::Never, b"a", None), StoreOutcome::Stored(_)));
 /// s.store(SetMode::Append, b"k", 0, Deadline::Never, b"b", None);
 /// s.store(SetMode::Prepend, b"k", 0, Deadline::Never, b"c", None);
-/// assert!(s.get(b"k", None, |it, _| assert_eq!(it.value, b"cab")));
+/// assert!(s.get(b"k", None, |it, _| assert_eq!(it.value[..], b"cab"[..])));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetMode {
@@ -800,7 +800,7 @@ impl Store {
     /// let meta = MetaStore { invalidate: true, ..MetaStore::default() };
     /// let r = s.store_with(SetMode::Set, b"k", 0, Deadline::Never, b"v0", Some(old), meta);
     /// assert!(matches!(r, StoreOutcome::Stored(_)));
-    /// assert!(s.get(b"k", None, |it, _| assert!(it.stale && it.value == b"v0")));
+    /// assert!(s.get(b"k", None, |it, _| assert!(it.stale && it.value[..] == b"v0"[..])));
     /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn store_with(
@@ -985,8 +985,16 @@ impl Store {
                     v.saturating_sub(delta)
                 };
                 let (old, cls) = (it.size(), it.class());
-                it.value.clear();
-                it.value.extend_from_slice(v.to_string().as_bytes());
+                // In place unless a reply still holds the old bytes (a
+                // counter is short and seldom referenced), then anew.
+                let digits = v.to_string();
+                match Arc::get_mut(&mut it.value) {
+                    Some(buf) => {
+                        buf.clear();
+                        buf.extend_from_slice(digits.as_bytes());
+                    }
+                    None => it.value = Arc::new(digits.into_bytes()),
+                }
                 it.cas = self.new_cas();
                 it.last_access = now;
                 let cas = it.cas;
@@ -1369,7 +1377,7 @@ mod tests {
 
     fn value(s: &Store, k: &[u8]) -> Option<Vec<u8>> {
         let mut out = None;
-        s.get(k, None, |it, _| out = Some(it.value.clone()));
+        s.get(k, None, |it, _| out = Some(it.value.to_vec()));
         out
     }
 

@@ -37,6 +37,21 @@ pub const ITEM_OVERHEAD: usize = 96;
 /// (memcached's `lru_pull_tail` search depth).
 const TAIL_SEARCH: usize = 5;
 
+/// An item's value bytes, shared and immutable: a reply that sends a
+/// large value holds a reference to it instead of a copy (see
+/// [`crate::reply`]), and a change builds a new buffer (or edits this one
+/// in place when nothing else holds it, [`Arc::make_mut`]), so a value
+/// being sent never changes under the send.
+///
+/// ```
+/// use corewise_kv::store::{Item, Value};
+/// use std::sync::Arc;
+/// let it = Item::new(b"k", b"abc".to_vec(), 0, 0, 1, 1);
+/// let sent: Value = Arc::clone(&it.value); // what a reply keeps
+/// assert_eq!((&sent[..], Arc::strong_count(&it.value)), (&b"abc"[..], 2));
+/// ```
+pub type Value = Arc<Vec<u8>>;
+
 /// A stored item.
 ///
 /// ```
@@ -49,8 +64,8 @@ const TAIL_SEARCH: usize = 5;
 pub struct Item {
     /// The key.
     pub key: Box<[u8]>,
-    /// The value bytes.
-    pub value: Vec<u8>,
+    /// The value bytes (shared with replies that are sending them).
+    pub value: Value,
     /// The client's opaque flags.
     pub flags: u32,
     /// Expiry in server seconds, 0 for never.
@@ -80,12 +95,12 @@ impl Item {
     /// use corewise_kv::store::{Item, Shard};
     /// let mut sh = Shard::new(1 << 20);
     /// assert!(sh.insert(Item::new(b"k", b"v".to_vec(), 0, 0, 1, 1), 1));
-    /// assert_eq!(sh.lookup(b"k", 1, 0, false).unwrap().value, b"v");
+    /// assert_eq!(sh.lookup(b"k", 1, 0, false).unwrap().value[..], b"v"[..]);
     /// ```
     pub fn new(key: &[u8], value: Vec<u8>, flags: u32, exptime: u32, cas: u64, now: u32) -> Self {
         Self {
             key: key.into(),
-            value,
+            value: Arc::new(value),
             flags,
             exptime,
             cas,
@@ -360,8 +375,8 @@ impl Shard {
     /// let mut sh = Shard::new(1 << 20);
     /// sh.insert(Item::new(b"k", b"v".to_vec(), 0, 10, 1, 1), 1); // expires at 10
     /// let it = sh.lookup(b"k", 9, 0, true).unwrap();
-    /// it.value.push(b'!'); // items are edited in place
-    /// assert_eq!(sh.lookup(b"k", 9, 0, false).unwrap().value, b"v!");
+    /// std::sync::Arc::make_mut(&mut it.value).push(b'!'); // items are edited in place
+    /// assert_eq!(sh.lookup(b"k", 9, 0, false).unwrap().value[..], b"v!"[..]);
     /// assert_eq!(sh.lookup(b"k", 10, 0, false).err(), Some(Miss::Expired));
     /// assert!(sh.is_empty()); // the expired item was removed
     /// ```
@@ -452,7 +467,7 @@ impl Shard {
     /// use corewise_kv::store::{Item, Shard};
     /// let mut sh = Shard::new(1 << 20);
     /// sh.insert(Item::new(b"k", b"v".to_vec(), 0, 0, 1, 1), 1);
-    /// assert_eq!(sh.remove(b"k").map(|it| it.value), Some(b"v".to_vec()));
+    /// assert_eq!(sh.remove(b"k").map(|it| it.value.to_vec()), Some(b"v".to_vec()));
     /// assert!(sh.remove(b"k").is_none());
     /// ```
     pub fn remove(&mut self, key: &[u8]) -> Option<Item> {
@@ -469,7 +484,7 @@ impl Shard {
     /// sh.insert(Item::new(b"k", b"v".to_vec(), 0, 0, 1, 1), 1);
     /// let it = sh.lookup(b"k", 1, 0, false).unwrap();
     /// let old = it.size();
-    /// it.value.extend_from_slice(&[0; 100]);
+    /// std::sync::Arc::make_mut(&mut it.value).extend_from_slice(&[0; 100]);
     /// sh.resized(b"k", old, 1);
     /// assert_eq!(sh.used(), old + 100);
     /// ```
