@@ -5,7 +5,10 @@
 //! back end each call runs on a syscall thread ([`crate::blocking()`]) while
 //! the user thread blocks; on a plain OS thread it is the system call.
 //! Metadata calls that never wait for the disk (`fstat`, `lseek`,
-//! `ftruncate`) are made directly.
+//! `ftruncate`) are made directly. An open blocks as `open(2)` does (a
+//! FIFO's waits for its peer): on the ring it always runs on the kernel's
+//! workers, whose open blocks (the inline attempt would open as if
+//! `O_NONBLOCK`), on the epoll back end on a syscall thread.
 //!
 //! The `std::fs` helpers have std's signatures. [`read`],
 //! [`read_to_string`] and [`write()`] open and transfer through the path
@@ -195,7 +198,11 @@ impl OpenOptions {
         Ok(f)
     }
 
-    /// Opens `path` (through the ring when there is one).
+    /// Opens `path` (through the ring when there is one). The open blocks as
+    /// std's does, but only the user thread: a FIFO opened for reading
+    /// waits for a writer, one opened for writing waits for a reader, while
+    /// the core runs other threads (the ring runs the open on the kernel's
+    /// workers, the epoll back end on a syscall thread).
     ///
     /// ```
     /// let rt = corewise::Runtime::new().unwrap();
@@ -226,8 +233,9 @@ impl OpenOptions {
 }
 
 /// An open file. A FIFO or socket opened as a file is made non-blocking
-/// and waited on like a socket, so its read timeout and canceller hold on
-/// every back end.
+/// (once its open, which waits for a FIFO's peer as std's does, has
+/// returned) and waited on like a socket, so its read timeout and canceller
+/// hold on every back end.
 ///
 /// ```
 /// use std::io::{Read, Write};

@@ -124,6 +124,97 @@ fn read_waiting_on_a_released_core_continues_on_io_uring() {
     read_across_release(IoBackend::Uring);
 }
 
+/// A FIFO's open that waits for a writer while its core is released
+/// continues on the core it moved to: the release cancels the open (on the
+/// ring it runs on a kernel worker), the thread opens again there and
+/// returns once the writer comes, with the writer's data; not an
+/// interrupted-call error, and the release does not wait for the writer.
+fn fifo_open_across_release(backend: IoBackend) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let rt = corewise::Runtime::builder()
+        .cpus([0, 1])
+        .min_cores(2)
+        .io_backend(backend)
+        .build()
+        .unwrap();
+    wait_for("two cores", Duration::from_secs(10), || {
+        rt.active_cores() == 2
+    });
+    let path = std::env::temp_dir().join(format!(
+        "corewise-migrate-fifo-{}-{backend}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let p = path.clone();
+    let reader = Builder::new()
+        .core(1)
+        .spawn_in(&rt, move || {
+            let start = corewise::current_core();
+            let opened = corewise::fs::File::open(&p).map_err(|e| e.to_string());
+            let end = corewise::current_core();
+            let mut data = Vec::new();
+            if let Ok(mut f) = opened.as_ref() {
+                f.read_to_end(&mut data).unwrap();
+            }
+            (start, opened.map(drop), end, data)
+        })
+        .unwrap();
+    // Let the reader's open start waiting, then take its core away.
+    std::thread::sleep(Duration::from_millis(50));
+    rt.set_max_cores(1);
+    let released = {
+        let start = Instant::now();
+        loop {
+            if rt.active_cores() == 1 && !rt.core_stats()[1].active {
+                break true;
+            }
+            if start.elapsed() > GIVE_UP {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    // The writer comes (non-blocking, so a reader that is gone fails the
+    // test instead of hanging it).
+    let until = Instant::now() + GIVE_UP;
+    let wrote = loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+        {
+            Ok(mut w) => break w.write_all(b"after the release").is_ok(),
+            Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => break false,
+        }
+    };
+    let (start, opened, end, data) = reader.join().unwrap();
+    rt.set_max_cores(usize::MAX);
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        released,
+        "{backend}: core 1 was not released while the open waited"
+    );
+    assert_eq!(opened, Ok(()), "{backend}: the open across the release");
+    assert!(wrote, "{backend}: the writer found no reader");
+    assert_eq!(data, b"after the release", "{backend}");
+    assert_eq!(start, Some(1), "the reader started on core 1");
+    assert_eq!(end, Some(0), "the reader moved to core 0");
+}
+
+#[test]
+fn fifo_open_waiting_on_a_released_core_continues_on_epoll() {
+    fifo_open_across_release(IoBackend::Epoll);
+}
+
+#[test]
+fn fifo_open_waiting_on_a_released_core_continues_on_io_uring() {
+    fifo_open_across_release(IoBackend::Uring);
+}
+
 /// Runs `cycles` short connections (connect, two requests, close) from
 /// `clients` OS threads against a thread-per-connection server on the
 /// epoll back end; each client now and then pauses, so that the policy

@@ -876,6 +876,144 @@ fn fifo_files(b: IoBackend) {
     assert_eq!(eof, 0, "{b:?}: end of stream");
 }
 
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &TempPath) {
+    let c = std::ffi::CString::new(path.0.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Waits up to 2 s for `fd` to be ready for `events`; whether it was.
+fn poll_2s(fd: &impl AsRawFd, events: i16) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, 2000) > 0 }
+}
+
+/// Opening a FIFO waits for the other end, as std's open does, but blocks
+/// only the user thread: on a one-core runtime another user thread keeps
+/// running meanwhile. A reader's open returns once a writer opened (its
+/// data is then read whole, not an early end of stream); a writer's open
+/// returns once a reader opened (not `ENXIO`). The peers here are OS
+/// threads that open non-blocking and give up after 2 s, so a wrong open
+/// fails the test instead of hanging it.
+fn fifo_open_waits_for_peer(b: IoBackend) {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::time::Instant;
+    const DELAY: Duration = Duration::from_millis(150);
+    let rt = Runtime::builder()
+        .io_backend(b)
+        .max_cores(1)
+        .build()
+        .unwrap();
+    assert_eq!(rt.io_backend(), b);
+
+    // A reader first: the writer comes after DELAY.
+    let path = TempPath::new("fifo-rd");
+    mkfifo(&path);
+    let p = path.0.clone();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(DELAY);
+        let until = Instant::now() + Duration::from_secs(2);
+        loop {
+            // Succeeds once a reader has the FIFO open (ENXIO before).
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&p)
+            {
+                Ok(mut w) => return w.write_all(b"from the writer").is_ok(),
+                Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
+                Err(_) => return false,
+            }
+        }
+    });
+    let p = path.0.clone();
+    let (waited, ticked_during_open, data) = rt
+        .block_on(move || {
+            let start = Instant::now();
+            let ticker = corewise::spawn(|| {
+                for _ in 0..5 {
+                    corewise::sleep(Duration::from_millis(5));
+                }
+                Instant::now()
+            })
+            .unwrap();
+            let mut f = corewise::fs::File::open(&p).unwrap();
+            let opened = Instant::now();
+            let ticked = ticker.join().unwrap();
+            let mut data = Vec::new();
+            f.read_to_end(&mut data).unwrap();
+            (opened - start, ticked < opened, data)
+        })
+        .unwrap();
+    let writer_found_reader = writer.join().unwrap();
+    assert_eq!(
+        data, b"from the writer",
+        "{b:?}: a FIFO's reader reads what the writer wrote"
+    );
+    assert!(writer_found_reader, "{b:?}: the writer found no reader");
+    assert!(
+        waited >= DELAY - Duration::from_millis(20),
+        "{b:?}: the reader's open returned after {waited:?}, before any writer"
+    );
+    assert!(ticked_during_open, "{b:?}: the open stalled the core");
+
+    // A writer first: the reader comes after DELAY.
+    let path = TempPath::new("fifo-wr");
+    mkfifo(&path);
+    let p = path.0.clone();
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(DELAY);
+        let mut r = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&p)
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        // Until the writer closes (POLLHUP after its data) or 2 s pass.
+        while poll_2s(&r, libc::POLLIN) {
+            match r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => break,
+            }
+        }
+        got
+    });
+    let p = path.0.clone();
+    let (waited, ticked_during_open) = rt
+        .block_on(move || {
+            let start = Instant::now();
+            let ticker = corewise::spawn(|| {
+                for _ in 0..5 {
+                    corewise::sleep(Duration::from_millis(5));
+                }
+                Instant::now()
+            })
+            .unwrap();
+            let opened = corewise::fs::File::options().write(true).open(&p);
+            let at = Instant::now();
+            let ticked = ticker.join().unwrap();
+            let mut f = opened.expect("a FIFO's writer opens once a reader comes");
+            f.write_all(b"from the corewise writer").unwrap();
+            (at - start, ticked < at)
+        })
+        .unwrap();
+    assert_eq!(reader.join().unwrap(), b"from the corewise writer", "{b:?}");
+    assert!(
+        waited >= DELAY - Duration::from_millis(20),
+        "{b:?}: the writer's open returned after {waited:?}, before any reader"
+    );
+    assert!(ticked_during_open, "{b:?}: the open stalled the core");
+}
+
 /// Whether io_uring works here: a runtime asked for it falls back to epoll
 /// where the kernel has none or forbids it (`kernel.io_uring_disabled`, a
 /// seccomp filter). The `uring` tests are skipped there, with a note,
@@ -929,6 +1067,7 @@ both_backends!(
     sleeping_core_wakes_for_io,
     os_thread_fallback,
     fifo_files,
+    fifo_open_waits_for_peer,
 );
 
 /// SQPOLL (the FlexSC syscall core): the rings' submission pollers run on a

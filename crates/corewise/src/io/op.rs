@@ -80,7 +80,8 @@ pub(crate) enum Kind {
     Fsync { fd: RawFd, data_only: bool },
     /// Waits until the fd is ready for `events` (poll bits).
     Poll { fd: RawFd, events: u32 },
-    /// `openat(AT_FDCWD, path, flags, mode)`.
+    /// `openat(AT_FDCWD, path, flags, mode)`, blocking as `open(2)` (a
+    /// FIFO's open waits for its peer) on every back end.
     OpenAt {
         path: *const libc::c_char,
         flags: i32,
@@ -145,10 +146,17 @@ impl Kind {
                 opcode::Fsync::new(Fd(fd)).flags(flags).build()
             }
             Kind::Poll { fd, events } => opcode::PollAdd::new(Fd(fd), events).build(),
+            // Always on the kernel's io-wq workers (`IOSQE_ASYNC`): the
+            // inline attempt opens as if with `O_NONBLOCK`, so a FIFO's
+            // reader would not wait for a writer (its first read then sees
+            // the end of the stream) and a writer would fail with `ENXIO`.
+            // A worker opens in blocking mode, as `open(2)` does; the user
+            // thread waits for the CQE while its core runs others.
             Kind::OpenAt { path, flags, mode } => opcode::OpenAt::new(Fd(libc::AT_FDCWD), path)
                 .flags(flags)
                 .mode(mode)
-                .build(),
+                .build()
+                .flags(squeue::Flags::ASYNC),
         }
     }
 

@@ -240,7 +240,7 @@ impl Uring {
                 token => {
                     *inflight -= 1;
                     let mut r = cqe.result();
-                    if *evacuating && r == -libc::ECANCELED {
+                    if *evacuating && cancelled_by_evacuation(r) {
                         r = EVACUATED;
                     }
                     if let Some(waiter) = slab.complete(token, r) {
@@ -324,4 +324,17 @@ impl Uring {
         gate.store(crate::sched::idle::AWAKE, Ordering::SeqCst);
         self.reap();
     }
+}
+
+/// Whether a completion seen while evacuating is the evacuation's cancel.
+/// An operation not yet started completes with `-ECANCELED`; one that an
+/// io-wq worker was running (an open waiting for a FIFO's peer) is
+/// interrupted by the cancel's signal and completes with `-EINTR` or with
+/// the kernel's internal restart codes (`ERESTARTSYS` and its kin, 512 to
+/// 514), which io_uring passes on as they are. Either way it did nothing
+/// and its thread submits it again on its new core.
+fn cancelled_by_evacuation(r: i32) -> bool {
+    /// `ERESTARTSYS`, `ERESTARTNOINTR`, `ERESTARTNOHAND` (linux/errno.h).
+    const RESTART: std::ops::RangeInclusive<i32> = 512..=514;
+    r == -libc::ECANCELED || r == -libc::EINTR || RESTART.contains(&-r)
 }
