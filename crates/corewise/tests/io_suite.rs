@@ -1014,6 +1014,88 @@ fn fifo_open_waits_for_peer(b: IoBackend) {
     assert!(ticked_during_open, "{b:?}: the open stalled the core");
 }
 
+/// A std socket adopted with `From` keeps the timeouts std set on it: the
+/// getters report them and a read with nothing to read fails with
+/// `TimedOut` after about that long, instead of waiting forever. Likewise
+/// a datagram socket's receive, a Unix stream's read and a listener's
+/// accept.
+fn adopted_sockets_keep_timeouts(b: IoBackend) {
+    use std::time::Instant;
+    const T: Duration = Duration::from_millis(100);
+    /// Runs `f` (a call expected to time out) and checks it did, after
+    /// about `T`.
+    fn times_out<R: std::fmt::Debug>(what: &str, f: impl FnOnce() -> std::io::Result<R>) {
+        let start = Instant::now();
+        let e = f().expect_err(what);
+        let took = start.elapsed();
+        assert_eq!(e.kind(), ErrorKind::TimedOut, "{what}");
+        assert!(
+            took >= T - Duration::from_millis(10) && took < T * 10,
+            "{what}: timed out after {took:?}"
+        );
+    }
+    rt(b)
+        .block_on(|| {
+            // TCP: a stream with a read and a write timeout.
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (_server, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(T)).unwrap();
+            c.set_write_timeout(Some(2 * T)).unwrap();
+            let (rd, wr) = (c.read_timeout().unwrap(), c.write_timeout().unwrap());
+            assert!(rd.is_some() && wr.is_some());
+            let c: TcpStream = c.into();
+            assert_eq!(c.read_timeout().unwrap(), rd);
+            assert_eq!(c.write_timeout().unwrap(), wr);
+            times_out("an adopted TCP stream's read", || c.read(&mut [0u8; 4]));
+            // One without timeouts stays without.
+            let plain: TcpStream = std::net::TcpStream::connect(l.local_addr().unwrap())
+                .unwrap()
+                .into();
+            assert_eq!(plain.read_timeout().unwrap(), None);
+            assert_eq!(plain.write_timeout().unwrap(), None);
+
+            // A listener (std has no setter for it): its `SO_RCVTIMEO` is
+            // the accept timeout.
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: T.as_micros() as libc::suseconds_t,
+            };
+            // SAFETY: a valid socket and a timeval of the size passed.
+            let r = unsafe {
+                libc::setsockopt(
+                    l.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&tv as *const libc::timeval).cast(),
+                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(r, 0, "SO_RCVTIMEO");
+            let l: TcpListener = l.into();
+            assert!(l.read_timeout().unwrap().is_some());
+            times_out("an adopted listener's accept", || l.accept());
+
+            // UDP.
+            let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            u.set_read_timeout(Some(T)).unwrap();
+            let rd = u.read_timeout().unwrap();
+            let u: UdpSocket = u.into();
+            assert_eq!(u.read_timeout().unwrap(), rd);
+            times_out("an adopted UDP socket's recv", || u.recv(&mut [0u8; 4]));
+
+            // A Unix stream, through `From<OwnedFd>`.
+            let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+            a.set_read_timeout(Some(T)).unwrap();
+            let rd = a.read_timeout().unwrap();
+            let a = UnixStream::from(std::os::fd::OwnedFd::from(a));
+            assert_eq!(a.read_timeout().unwrap(), rd);
+            times_out("an adopted Unix stream's read", || a.read(&mut [0u8; 4]));
+        })
+        .unwrap();
+}
+
 /// Whether io_uring works here: a runtime asked for it falls back to epoll
 /// where the kernel has none or forbids it (`kernel.io_uring_disabled`, a
 /// seccomp filter). The `uring` tests are skipped there, with a note,
@@ -1068,6 +1150,7 @@ both_backends!(
     os_thread_fallback,
     fifo_files,
     fifo_open_waits_for_peer,
+    adopted_sockets_keep_timeouts,
 );
 
 /// SQPOLL (the FlexSC syscall core): the rings' submission pollers run on a

@@ -26,7 +26,10 @@
 //!   `From<OwnedFd>`, `FromRawFd`) makes it non-blocking: the back ends
 //!   need that. The flag lives on the open file description, so other
 //!   handles to the same socket see it too; a socket given back
-//!   (`IntoRawFd`, `OwnedFd::from`) stays non-blocking.
+//!   (`IntoRawFd`, `OwnedFd::from`) stays non-blocking. The timeouts std
+//!   set on it (`SO_RCVTIMEO`, `SO_SNDTIMEO`) are carried over as the
+//!   adopted socket's own, so a read that timed out under std times out
+//!   here too (a listener's read timeout is its accept timeout).
 //! - There is no `set_nonblocking`: a call blocks only its user thread, and
 //!   [timeouts](Socket::set_read_timeout) and a
 //!   [`Canceller`](crate::io::Canceller) bound the wait instead.

@@ -516,23 +516,51 @@ fn adopt(fd: BorrowedFd<'_>) {
     let _ = rustix::io::ioctl_fionbio(fd, true);
 }
 
+/// The timeouts a socket carries in the kernel (`SO_RCVTIMEO`,
+/// `SO_SNDTIMEO`), which std's `set_read_timeout`/`set_write_timeout`
+/// set: an adopted socket keeps them as its own, as std's socket had them.
+/// A timeout that cannot be read (never on a socket) counts as none.
+fn adopted_timeouts(sock: &impl AsFd, state: &IoState) {
+    use rustix::net::sockopt::{socket_timeout, Timeout};
+    let read = socket_timeout(sock, Timeout::Recv).unwrap_or(None);
+    let write = socket_timeout(sock, Timeout::Send).unwrap_or(None);
+    // Neither fails: the kernel reports no timeout as `None`, never zero.
+    let _ = state.set_read_timeout(read.filter(|d| !d.is_zero()));
+    let _ = state.set_write_timeout(write.filter(|d| !d.is_zero()));
+}
+
 /// Adopts a std socket (as `tokio`'s `from_std`, but infallible): sets it
-/// non-blocking (see the module docs).
+/// non-blocking (see the module docs) and carries over its read and write
+/// timeouts (`SO_RCVTIMEO`/`SO_SNDTIMEO`, what std's `set_read_timeout`
+/// and `set_write_timeout` set), which then fail a call with
+/// [`TimedOut`](std::io::ErrorKind::TimedOut) like any timeout set here.
+/// A listener's read timeout becomes its accept timeout.
 ///
 /// ```
+/// use std::time::Duration;
 /// let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
 /// let l = corewise::net::TcpListener::from(std_listener);
-/// let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-/// assert!(l.accept().is_ok());
+/// let std_stream = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+/// let (_server, _) = l.accept().unwrap(); // kept open: no end of stream
+/// std_stream.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+/// let set = std_stream.read_timeout().unwrap(); // as the kernel keeps it
+/// let s = corewise::net::TcpStream::from(std_stream);
+/// assert_eq!(s.read_timeout().unwrap(), set);
+/// assert_eq!(s.write_timeout().unwrap(), None);
+/// let e = s.read(&mut [0u8; 1]).unwrap_err(); // nothing sent: it times out
+/// assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
 /// ```
 impl<K: SocketKind> From<K> for Socket<K> {
     fn from(sock: K) -> Self {
         adopt(sock.as_fd());
-        Self::from_nonblocking(sock)
+        let s = Self::from_nonblocking(sock);
+        adopted_timeouts(&s.sock, &s.state);
+        s
     }
 }
 
-/// Adopts an owned socket fd, setting it non-blocking.
+/// Adopts an owned socket fd, setting it non-blocking and carrying over
+/// its timeouts (as `From<K>` does).
 ///
 /// ```
 /// use std::os::fd::OwnedFd;
@@ -561,7 +589,8 @@ impl<K: SocketKind> From<Socket<K>> for OwnedFd {
     }
 }
 
-/// Adopts a raw socket fd, setting it non-blocking.
+/// Adopts a raw socket fd, setting it non-blocking and carrying over its
+/// timeouts (as `From<K>` does).
 ///
 /// ```
 /// use std::os::fd::{FromRawFd, IntoRawFd};
