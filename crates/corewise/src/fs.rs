@@ -58,12 +58,23 @@ pub struct OpenOptions {
 impl OpenOptions {
     /// No access, no creation.
     ///
+    /// [`open`](Self::open) validates the options as std does: it fails
+    /// with [`InvalidInput`](io::ErrorKind::InvalidInput), and leaves the
+    /// file alone, when no access mode is set, when `truncate`, `create`
+    /// or `create_new` is set without `write` or `append`, and when
+    /// `append` and `truncate` are both set (without `create_new`).
+    ///
     /// ```
     /// use corewise::fs::OpenOptions;
     /// let p = std::env::temp_dir().join(format!("cw-doc-optnew-{}", std::process::id()));
     /// std::fs::write(&p, b"x").unwrap();
     /// // No access asked for: the open fails, as with std.
-    /// assert!(OpenOptions::new().open(&p).is_err());
+    /// let e = OpenOptions::new().open(&p).unwrap_err();
+    /// assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    /// // Truncating needs write access: refused, and the data stays.
+    /// let e = OpenOptions::new().read(true).truncate(true).open(&p).unwrap_err();
+    /// assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    /// assert_eq!(std::fs::read(&p).unwrap(), b"x");
     /// assert!(OpenOptions::new().read(true).open(&p).is_ok());
     /// std::fs::remove_file(&p).unwrap();
     /// ```
@@ -171,31 +182,43 @@ impl OpenOptions {
         self
     }
 
+    /// The `open` flags, checked as std checks them: an access mode is
+    /// needed, and truncating or creating needs write or append access
+    /// (and truncating cannot be combined with append, unless
+    /// `create_new` makes the file new anyway). Anything else is `EINVAL`
+    /// (kind [`InvalidInput`](io::ErrorKind::InvalidInput)), before any
+    /// file is touched.
     fn flags(&self) -> io::Result<i32> {
-        let access = match (self.read, self.write || self.append) {
-            (true, false) => libc::O_RDONLY,
-            (false, true) => libc::O_WRONLY,
-            (true, true) => libc::O_RDWR,
-            (false, false) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "open needs read, write or append access",
-                ))
-            }
+        let einval = || io::Error::from_raw_os_error(libc::EINVAL);
+        let access = match (self.read, self.write, self.append) {
+            (true, false, false) => libc::O_RDONLY,
+            (false, true, false) => libc::O_WRONLY,
+            (true, true, false) => libc::O_RDWR,
+            (false, _, true) => libc::O_WRONLY | libc::O_APPEND,
+            (true, _, true) => libc::O_RDWR | libc::O_APPEND,
+            (false, false, false) => return Err(einval()),
         };
-        let mut f = access | libc::O_CLOEXEC;
-        if self.append {
-            f |= libc::O_APPEND;
+        match (self.write, self.append) {
+            (true, false) => {}
+            (false, false) => {
+                if self.truncate || self.create || self.create_new {
+                    return Err(einval());
+                }
+            }
+            (_, true) => {
+                if self.truncate && !self.create_new {
+                    return Err(einval());
+                }
+            }
         }
-        if self.truncate {
-            f |= libc::O_TRUNC;
-        }
-        if self.create_new {
-            f |= libc::O_CREAT | libc::O_EXCL;
-        } else if self.create {
-            f |= libc::O_CREAT;
-        }
-        Ok(f)
+        let creation = match (self.create, self.truncate, self.create_new) {
+            (false, false, false) => 0,
+            (true, false, false) => libc::O_CREAT,
+            (false, true, false) => libc::O_TRUNC,
+            (true, true, false) => libc::O_CREAT | libc::O_TRUNC,
+            (_, _, true) => libc::O_CREAT | libc::O_EXCL,
+        };
+        Ok(access | creation | libc::O_CLOEXEC)
     }
 
     /// Opens `path` (through the ring when there is one). The open blocks as

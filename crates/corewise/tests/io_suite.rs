@@ -550,6 +550,69 @@ fn files(b: IoBackend) {
         .unwrap();
 }
 
+/// `OpenOptions` checks its flags as std does: every combination of the
+/// six flags, on an existing file and on a missing path, gives the same
+/// result (success or error kind) as `std::fs::OpenOptions`, and leaves
+/// the file or path as std does. In particular truncating or creating
+/// without write access, append with truncate, and no access at all are
+/// `InvalidInput`, and the file keeps its data.
+fn open_options_checked_as_std(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            // What an open did: its result, and the file afterwards.
+            fn outcome(r: std::io::Result<()>, p: &std::path::Path) -> String {
+                let r = r.map_err(|e| e.kind());
+                format!("{r:?} -> {:?}", std::fs::read(p).ok())
+            }
+            let p = TempPath::new("flags");
+            for bits in 0u32..64 {
+                let on = |i: u32| bits & (1 << i) != 0;
+                let std_opts = {
+                    let mut o = std::fs::OpenOptions::new();
+                    o.read(on(0)).write(on(1)).append(on(2));
+                    o.truncate(on(3)).create(on(4)).create_new(on(5));
+                    o
+                };
+                let mut cw_opts = corewise::fs::File::options();
+                cw_opts.read(on(0)).write(on(1)).append(on(2));
+                cw_opts.truncate(on(3)).create(on(4)).create_new(on(5));
+                for existing in [true, false] {
+                    let reset = || {
+                        let _ = std::fs::remove_file(&p.0);
+                        if existing {
+                            std::fs::write(&p.0, b"data").unwrap();
+                        }
+                    };
+                    reset();
+                    let want = outcome(std_opts.open(&p.0).map(drop), &p.0);
+                    reset();
+                    let got = outcome(cw_opts.open(&p.0).map(drop), &p.0);
+                    assert_eq!(got, want, "flags {bits:06b}, existing: {existing}");
+                }
+            }
+            // The cases std refuses, spelled out.
+            std::fs::write(&p.0, b"data").unwrap();
+            let o = || corewise::fs::File::options();
+            for (what, r) in [
+                ("no access", o().open(&p.0)),
+                ("read+truncate", o().read(true).truncate(true).open(&p.0)),
+                (
+                    "append+truncate",
+                    o().append(true).truncate(true).open(&p.0),
+                ),
+                ("read+create", o().read(true).create(true).open(&p.0)),
+                (
+                    "read+create_new",
+                    o().read(true).create_new(true).open(&p.0),
+                ),
+            ] {
+                assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidInput, "{what}");
+            }
+            assert_eq!(std::fs::read(&p.0).unwrap(), b"data");
+        })
+        .unwrap();
+}
+
 fn file_larger_than_any_buffer(b: IoBackend) {
     rt(b)
         .block_on(|| {
@@ -1143,6 +1206,7 @@ both_backends!(
     udp,
     unix,
     files,
+    open_options_checked_as_std,
     file_larger_than_any_buffer,
     batch_accepts_and_writes,
     blocking_under_load,
