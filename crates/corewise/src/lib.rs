@@ -52,6 +52,7 @@
 // protocols' helpers that only the runtime calls are unused there.
 #![cfg_attr(loom, allow(dead_code))]
 
+mod deadline;
 mod error;
 pub mod policy;
 mod sched;

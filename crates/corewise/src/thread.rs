@@ -650,7 +650,7 @@ pub fn sleep(d: Duration) {
         std::thread::sleep(d);
         return;
     };
-    let Some(deadline) = Instant::now().checked_add(d) else {
+    let Some(deadline) = crate::deadline::after(d) else {
         // Beyond the clock's range: until the end of time, as std does.
         loop {
             block_ticks(slot, u64::MAX - 1);

@@ -643,6 +643,37 @@ fn file_larger_than_any_buffer(b: IoBackend) {
         .unwrap();
 }
 
+/// Timeouts at the extremes, as std: `connect_timeout` with zero is
+/// `InvalidInput` and makes no connection; a timeout too large for the
+/// clock (`Duration::MAX`) is no deadline, so a connect with it ends
+/// normally when the listener answers (no panic).
+fn zero_and_huge_timeouts(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let e = TcpStream::connect_timeout(&addr, Duration::ZERO).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidInput);
+            l.set_timeout(Some(Duration::from_millis(10))).unwrap();
+            assert_eq!(
+                l.accept().unwrap_err().kind(),
+                ErrorKind::TimedOut,
+                "a zero timeout must not connect"
+            );
+            l.set_timeout(None).unwrap();
+
+            let mut c = TcpStream::connect_timeout(&addr, Duration::MAX).unwrap();
+            let (mut s, peer) = l.accept().unwrap();
+            assert_eq!(peer, c.local_addr().unwrap());
+
+            c.write_all(b"ping").unwrap();
+            let mut buf = [0u8; 4];
+            s.read_exact(&mut buf).unwrap();
+            assert_eq!(&buf, b"ping");
+        })
+        .unwrap();
+}
+
 fn batch_accepts_and_writes(b: IoBackend) {
     rt(b)
         .block_on(|| {
@@ -1208,6 +1239,7 @@ both_backends!(
     files,
     open_options_checked_as_std,
     file_larger_than_any_buffer,
+    zero_and_huge_timeouts,
     batch_accepts_and_writes,
     blocking_under_load,
     sleeping_core_wakes_for_io,

@@ -515,3 +515,102 @@ fn barrier_rounds_across_cores_and_an_os_thread() {
         assert_eq!(leaders[r].load(Ordering::SeqCst), 1, "round {r}");
     }
 }
+
+/// Runs `wait` on a user thread of the runtime this is called in, calls
+/// `release` after a pause (so the waiter is blocked by then) and returns
+/// what `wait` returned.
+fn released_after_a_pause<T: Send + 'static>(
+    wait: impl FnOnce() -> T + Send + 'static,
+    release: impl FnOnce(),
+) -> T {
+    let h = corewise::spawn(wait).unwrap();
+    corewise::sleep(Duration::from_millis(10));
+    release();
+    h.join().unwrap()
+}
+
+/// A timeout too large for the clock (`Duration::MAX`) means no deadline,
+/// as in std: every timed wait blocks until it is released and then
+/// succeeds, rather than panicking while adding the timeout to `now`.
+#[test]
+fn huge_timeouts_wait_until_released() {
+    Runtime::new()
+        .unwrap()
+        .block_on(|| {
+            let m = Arc::new(Mutex::new(0));
+            let mut g = m.lock();
+            let m2 = m.clone();
+            let seen = released_after_a_pause(
+                move || m2.try_lock_for(Duration::MAX).map(|g| *g),
+                || {
+                    *g = 1;
+                    drop(g);
+                },
+            );
+            assert_eq!(seen, Some(1), "Mutex::try_lock_for");
+
+            let l = Arc::new(RwLock::new(0));
+            let mut w = l.write();
+            let l2 = l.clone();
+            let seen = released_after_a_pause(
+                move || l2.try_read_for(Duration::MAX).map(|g| *g),
+                || {
+                    *w = 1;
+                    drop(w);
+                },
+            );
+            assert_eq!(seen, Some(1), "RwLock::try_read_for");
+            let r = l.read();
+            let l2 = l.clone();
+            let seen = released_after_a_pause(
+                move || {
+                    l2.try_write_for(Duration::MAX)
+                        .map(|mut g| std::mem::replace(&mut *g, 2))
+                },
+                || drop(r),
+            );
+            assert_eq!((seen, *l.read()), (Some(1), 2), "RwLock::try_write_for");
+
+            let s = Arc::new(Semaphore::new(0));
+            let s2 = s.clone();
+            let got =
+                released_after_a_pause(move || s2.acquire_timeout(Duration::MAX), || s.release());
+            assert!(got, "Semaphore::acquire_timeout");
+
+            let (tx, rx) = channel::<u32>(1);
+            let got = released_after_a_pause(
+                move || rx.recv_timeout(Duration::MAX),
+                || tx.send(7).unwrap(),
+            );
+            assert_eq!(got, Ok(7), "Receiver::recv_timeout");
+
+            let (tx, rx) = channel::<u32>(1);
+            tx.send(1).unwrap();
+            let sent = released_after_a_pause(
+                move || tx.send_timeout(2, Duration::MAX).is_ok(),
+                || assert_eq!(rx.recv(), Ok(1)),
+            );
+            assert!(sent, "Sender::send_timeout");
+
+            let pair = Arc::new((Mutex::new(false), Condvar::new()));
+            let p = pair.clone();
+            let woken = released_after_a_pause(
+                move || {
+                    let (m, cv) = &*p;
+                    let mut g = m.lock();
+                    while !*g {
+                        let (ng, r) = cv.wait_timeout(g, Duration::MAX);
+                        assert!(!r.timed_out());
+                        g = ng;
+                    }
+                    *g
+                },
+                || {
+                    *pair.0.lock() = true;
+                    pair.1.notify_one();
+                },
+            );
+            assert!(woken, "Condvar::wait_timeout");
+        })
+        .unwrap();
+}

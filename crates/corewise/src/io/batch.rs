@@ -398,7 +398,7 @@ impl<'a> Batch<'a> {
         timeout: Option<Duration>,
     ) -> io::Result<Option<(Token, Completion)>> {
         let _entry = crate::sched::handoff::Entry::enter();
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(crate::deadline::after);
         loop {
             if self.left == 0 {
                 return Ok(None);

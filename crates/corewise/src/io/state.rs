@@ -100,7 +100,7 @@ impl IoState {
     /// # Safety
     /// As [`op::run`].
     unsafe fn read_op(&self, kind: Kind, wait_first: bool) -> io::Result<usize> {
-        let deadline = self.read_timeout().map(|d| Instant::now() + d);
+        let deadline = self.read_timeout().and_then(crate::deadline::after);
         let cancel = self.cancel.get().map(|c| &**c);
         let object = op::Object {
             ident: self.ident,
@@ -133,7 +133,7 @@ impl IoState {
     /// # Safety
     /// As [`op::run`].
     pub(crate) unsafe fn write(&self, kind: Kind) -> io::Result<usize> {
-        let deadline = self.write_timeout().map(|d| Instant::now() + d);
+        let deadline = self.write_timeout().and_then(crate::deadline::after);
         let object = op::Object {
             ident: self.ident,
             wait_first: false,

@@ -110,15 +110,27 @@ impl Socket<std::net::TcpStream> {
 
     /// Connects to `addr`, giving up after `timeout`.
     ///
+    /// As in std, a zero `timeout` is an error of kind
+    /// [`InvalidInput`](io::ErrorKind::InvalidInput), and one too large for
+    /// the clock (`Duration::MAX`) sets no deadline.
+    ///
     /// ```
     /// use std::time::Duration;
     /// let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     /// let addr = l.local_addr().unwrap();
     /// let c = corewise::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
     /// assert_eq!(c.peer_addr().unwrap(), addr);
+    /// let e = corewise::net::TcpStream::connect_timeout(&addr, Duration::ZERO).unwrap_err();
+    /// assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     /// ```
     pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<Self> {
-        Self::connect_inner(addr, Some(Instant::now() + timeout))
+        if timeout.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "cannot set a 0 duration timeout",
+            ));
+        }
+        Self::connect_inner(addr, crate::deadline::after(timeout))
     }
 
     fn connect_inner(a: &SocketAddr, deadline: Option<Instant>) -> io::Result<Self> {

@@ -250,7 +250,7 @@ impl<T> Sender<T> {
     /// assert_eq!(rx.recv(), Ok(1));
     /// ```
     pub fn send_timeout(&self, value: T, timeout: Duration) -> Result<(), SendTimeoutError<T>> {
-        self.send_until(value, Some(Instant::now() + timeout))
+        self.send_until(value, crate::deadline::after(timeout))
     }
 
     fn send_until(
@@ -332,7 +332,7 @@ impl<T> Receiver<T> {
     /// assert_eq!(rx.recv_timeout(Duration::from_millis(1)), Err(RecvTimeoutError::Timeout));
     /// ```
     pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
-        self.recv_until(Some(Instant::now() + timeout))
+        self.recv_until(crate::deadline::after(timeout))
     }
 
     fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {

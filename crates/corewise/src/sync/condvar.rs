@@ -158,7 +158,7 @@ impl Condvar {
         guard: MutexGuard<'a, T>,
         timeout: Duration,
     ) -> (MutexGuard<'a, T>, WaitTimeoutResult) {
-        self.wait_until(guard, Some(Instant::now() + timeout))
+        self.wait_until(guard, crate::deadline::after(timeout))
     }
 
     fn wait_until<'a, T>(

@@ -121,7 +121,7 @@ impl<T> Mutex<T> {
     /// assert!(m.try_lock_for(Duration::from_millis(1)).is_some());
     /// ```
     pub fn try_lock_for(&self, timeout: Duration) -> Option<MutexGuard<'_, T>> {
-        self.lock_until(Some(Instant::now() + timeout))
+        self.lock_until(crate::deadline::after(timeout))
     }
 
     fn lock_until(&self, deadline: Option<Instant>) -> Option<MutexGuard<'_, T>> {

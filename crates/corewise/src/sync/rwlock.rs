@@ -205,7 +205,7 @@ impl<T> RwLock<T> {
     /// assert!(l.try_read_for(Duration::from_millis(1)).is_some());
     /// ```
     pub fn try_read_for(&self, timeout: Duration) -> Option<RwLockReadGuard<'_, T>> {
-        self.read_until(Some(Instant::now() + timeout))
+        self.read_until(crate::deadline::after(timeout))
     }
 
     fn read_until(&self, deadline: Option<Instant>) -> Option<RwLockReadGuard<'_, T>> {
@@ -248,7 +248,7 @@ impl<T> RwLock<T> {
     /// assert!(l.try_write_for(Duration::from_millis(1)).is_some());
     /// ```
     pub fn try_write_for(&self, timeout: Duration) -> Option<RwLockWriteGuard<'_, T>> {
-        self.write_until(Some(Instant::now() + timeout))
+        self.write_until(crate::deadline::after(timeout))
     }
 
     fn write_until(&self, deadline: Option<Instant>) -> Option<RwLockWriteGuard<'_, T>> {

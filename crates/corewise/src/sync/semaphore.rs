@@ -87,7 +87,7 @@ impl Semaphore {
     /// assert!(!s.acquire_timeout(Duration::from_millis(1)));
     /// ```
     pub fn acquire_timeout(&self, timeout: Duration) -> bool {
-        self.acquire_until(Some(Instant::now() + timeout))
+        self.acquire_until(crate::deadline::after(timeout))
     }
 
     fn acquire_until(&self, deadline: Option<Instant>) -> bool {
