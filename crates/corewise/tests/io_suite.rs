@@ -674,6 +674,51 @@ fn zero_and_huge_timeouts(b: IoBackend) {
         .unwrap();
 }
 
+/// A batch read that waits for data which a user thread on the same core
+/// writes a little later: `wait_any` returns it (or times out).
+fn batch_read_of_data_that_comes_later(b: IoBackend) {
+    for (cores, os_writer) in [(1, false), (2, false), (2, true), (1, true)] {
+        batch_read_later(b, cores, os_writer);
+    }
+}
+
+fn batch_read_later(b: IoBackend, cores: usize, os_writer: bool) {
+    let rt = Runtime::builder()
+        .cpus(0..cores)
+        .min_cores(cores)
+        .io_backend(b)
+        .build()
+        .unwrap();
+    rt.block_on(move || {
+        let (s, c) = pair();
+        let write = move || {
+            std::thread::sleep(Duration::from_millis(10));
+            (&c).write_all(b"later").unwrap();
+            c
+        };
+        let writer: Box<dyn FnOnce() -> TcpStream> = if os_writer {
+            let h = std::thread::spawn(write);
+            Box::new(move || h.join().unwrap())
+        } else {
+            let h = corewise::spawn(write).unwrap();
+            Box::new(move || h.join().unwrap())
+        };
+        let mut batch = Batch::new();
+        let t = batch.read(&s, 16);
+        let (tok, comp) = batch
+            .wait_any(Some(Duration::from_secs(5)))
+            .expect("the read completes before the timeout")
+            .unwrap();
+        assert_eq!(tok, t);
+        let Completion::Read(Ok(n), buf) = comp else {
+            panic!("read failed")
+        };
+        assert_eq!(&buf[..n], b"later");
+        drop(writer());
+    })
+    .unwrap();
+}
+
 fn batch_accepts_and_writes(b: IoBackend) {
     rt(b)
         .block_on(|| {
@@ -1241,6 +1286,7 @@ both_backends!(
     file_larger_than_any_buffer,
     zero_and_huge_timeouts,
     batch_accepts_and_writes,
+    batch_read_of_data_that_comes_later,
     blocking_under_load,
     sleeping_core_wakes_for_io,
     os_thread_fallback,
