@@ -240,18 +240,28 @@ fn layout(f: &Frame<'_>, extras: &[usize], key: Option<bool>, value: bool) -> bo
 /// assert_eq!((out[0], out[1], out[15]), (0x81, 0x0a, 5));
 /// ```
 pub fn execute_binary<O: Sink>(shared: &Shared, f: &Frame<'_>, out: &mut O) -> Flow {
-    match f.header.opcode {
-        op::GET
-        | op::GETQ
-        | op::GETK
-        | op::GETKQ
-        | op::GAT
-        | op::GATQ
-        | op::GATK
-        | op::GATKQ
-        | op::TOUCH => retrieve(shared, f, out),
-        _ => execute_bytes(shared, f, out.bytes()),
+    if retrieves(f.header.opcode) {
+        retrieve(shared, f, out)
+    } else {
+        execute_bytes(shared, f, out.bytes())
     }
+}
+
+/// The commands whose replies may carry an item's value, answered by
+/// `retrieve` (into a [`Sink`] that may keep large values by reference).
+fn retrieves(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        op::GET
+            | op::GETQ
+            | op::GETK
+            | op::GETKQ
+            | op::GAT
+            | op::GATQ
+            | op::GATK
+            | op::GATKQ
+            | op::TOUCH
+    )
 }
 
 /// The get, get-and-touch and touch opcodes: the ones that send a value,
@@ -308,15 +318,7 @@ fn execute_bytes(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow {
     };
     match h.opcode {
         // Answered by `retrieve`.
-        op::GET
-        | op::GETQ
-        | op::GETK
-        | op::GETKQ
-        | op::GAT
-        | op::GATQ
-        | op::GATK
-        | op::GATKQ
-        | op::TOUCH => {}
+        o if retrieves(o) => {}
         op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => {
             if !layout(f, &[8], Some(true), true) {
                 return invalid(out);

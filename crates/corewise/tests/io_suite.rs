@@ -1033,6 +1033,19 @@ fn poll_2s(fd: &impl AsRawFd, events: i16) -> bool {
     unsafe { libc::poll(&mut p, 1, 2000) > 0 }
 }
 
+/// A user thread that sleeps five times 5 ms on the runtime's core, then
+/// says when it was done: finished before a blocking call returned, it ran
+/// while the call waited.
+fn ticker() -> corewise::JoinHandle<std::time::Instant> {
+    corewise::spawn(|| {
+        for _ in 0..5 {
+            corewise::sleep(Duration::from_millis(5));
+        }
+        std::time::Instant::now()
+    })
+    .unwrap()
+}
+
 /// Opening a FIFO waits for the other end, as std's open does, but blocks
 /// only the user thread: on a one-core runtime another user thread keeps
 /// running meanwhile. A reader's open returns once a writer opened (its
@@ -1075,13 +1088,7 @@ fn fifo_open_waits_for_peer(b: IoBackend) {
     let (waited, ticked_during_open, data) = rt
         .block_on(move || {
             let start = Instant::now();
-            let ticker = corewise::spawn(|| {
-                for _ in 0..5 {
-                    corewise::sleep(Duration::from_millis(5));
-                }
-                Instant::now()
-            })
-            .unwrap();
+            let ticker = ticker();
             let mut f = corewise::fs::File::open(&p).unwrap();
             let opened = Instant::now();
             let ticked = ticker.join().unwrap();
@@ -1130,13 +1137,7 @@ fn fifo_open_waits_for_peer(b: IoBackend) {
     let (waited, ticked_during_open) = rt
         .block_on(move || {
             let start = Instant::now();
-            let ticker = corewise::spawn(|| {
-                for _ in 0..5 {
-                    corewise::sleep(Duration::from_millis(5));
-                }
-                Instant::now()
-            })
-            .unwrap();
+            let ticker = ticker();
             let opened = corewise::fs::File::options().write(true).open(&p);
             let at = Instant::now();
             let ticked = ticker.join().unwrap();

@@ -98,19 +98,17 @@ impl CoreSched {
 }
 
 /// Shutting down, with no thread parked anywhere (the runtime's `detached`
-/// count is 0) and none in a slot of `core`: drops the timers left here and
-/// returns how many there were. Each was for a thread woken before its
+/// count is 0) and none in a slot of `core`: drops the timers left here.
+/// Each was for a thread woken before its
 /// deadline (a timer is not removed then; it would fire as a spurious
 /// signal), so no thread needs them; waiting for them made a runtime's drop
 /// sit out, for example, a socket's whole read timeout on the epoll back
 /// end after the read had been answered.
-pub(crate) fn drop_stale_timers(core: &'static Core) -> usize {
+pub(crate) fn drop_stale_timers(core: &'static Core) {
     // SAFETY: the dispatcher of `core`, between runs.
     let s = unsafe { core.sched() };
-    let n = s.timers.len();
     s.timers.clear();
     publish_timers(core, s);
-    n
 }
 
 /// Sets the sweep period in ticks (once the clock is calibrated).
@@ -402,12 +400,7 @@ pub(crate) fn service(core: &'static Core) -> bool {
 
 #[cold]
 fn service_slow(core: &'static Core, s: &mut CoreSched) -> bool {
-    let shared = core.runtime();
-    core.inbox.take_all(&mut s.pending);
-    let homeless = shared.homeless.take_all(&mut s.pending);
-    if homeless > 0 {
-        core.queued.fetch_add(homeless as u32, Ordering::Relaxed);
-    }
+    take_arrivals(core, s);
     let free = crate::sched::occupancy::SLOTS - core.mask.occupied().count_ones() as usize;
     for ctx in s.pending.iter().take(free) {
         ctx.prefetch();
@@ -435,26 +428,27 @@ fn service_slow(core: &'static Core, s: &mut CoreSched) -> bool {
 pub(crate) fn hand_over(core: &'static Core, i: usize) {
     // SAFETY: the dispatcher of `core`, between runs.
     let s = unsafe { core.sched() };
-    let shared = core.runtime();
     if s.pending.is_empty() {
-        core.inbox.take_all(&mut s.pending);
-        let homeless = shared.homeless.take_all(&mut s.pending);
-        if homeless > 0 {
-            core.queued.fetch_add(homeless as u32, Ordering::Relaxed);
-        }
+        take_arrivals(core, s);
     }
     let Some(next) = s.pending.pop_front() else {
         core.mask.release(i);
         return;
     };
     core.queued.fetch_sub(1, Ordering::Relaxed);
-    let ended = core.slot(i);
-    next.relocate(core, i);
-    core.set_slot(i, next);
-    next.prefetch_stack();
-    shared.detached.fetch_sub(1, Ordering::Relaxed);
     // The ended thread's context (suspended, no thread) becomes a spare.
-    keep_spare(shared, &mut s.spares, ended);
+    fill_slot(core, s, i, next);
+    next.prefetch_stack();
+}
+
+/// Moves the threads handed to `core` (its inbox) and to the whole runtime
+/// (the shared inbox, counted here from now on) to the back of its FIFO.
+fn take_arrivals(core: &'static Core, s: &mut CoreSched) {
+    core.inbox.take_all(&mut s.pending);
+    let homeless = core.runtime().homeless.take_all(&mut s.pending);
+    if homeless > 0 {
+        core.queued.fetch_add(homeless as u32, Ordering::Relaxed);
+    }
 }
 
 /// Puts the runnable `ctx` into a free slot of `core`; false when none is.
@@ -462,14 +456,21 @@ fn install(core: &'static Core, s: &mut CoreSched, ctx: &'static ThreadContext) 
     let Some(j) = core.mask.claim() else {
         return false;
     };
+    // The slot's free context (no thread: we hold the slot's bit, so no
+    // spawner writes it) becomes a spare.
+    fill_slot(core, s, j, ctx);
+    true
+}
+
+/// Puts `ctx`, a thread that waited in no slot, into slot `j`, whose bit the
+/// dispatcher holds; the slot's context, which holds no thread, becomes a
+/// spare.
+fn fill_slot(core: &'static Core, s: &mut CoreSched, j: usize, ctx: &'static ThreadContext) {
     let old = core.slot(j);
     ctx.relocate(core, j);
     core.set_slot(j, ctx);
     core.runtime().detached.fetch_sub(1, Ordering::Relaxed);
-    // The slot's free context (no thread: we hold the slot's bit, so no
-    // spawner writes it) becomes a spare.
     keep_spare(core.runtime(), &mut s.spares, old);
-    true
 }
 
 /// Takes the thread in slot `i` out (it does not run meanwhile) and puts a
