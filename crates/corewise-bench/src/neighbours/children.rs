@@ -22,7 +22,7 @@
 //! starts them from its main thread); a pool neighbour also exits by
 //! itself when its parent changes or after `--neighbour-lifetime` seconds.
 
-use super::pools::{neighbour_task, saturate, CorewisePool, Credits, StdPool, Submit};
+use super::pools::{neighbour_task, saturate, CorewisePool, Credits, Share, StdPool, Submit};
 use super::{optimal_workers, PoolKind};
 use crate::error::BenchError;
 use std::io::BufRead;
@@ -51,8 +51,8 @@ pub struct PoolSpec {
     pub processes: usize,
     /// `fib` argument.
     pub n: u32,
-    /// Overcommit factor of corewise's neighbour cap.
-    pub overcommit: f64,
+    /// How a corewise neighbour measures its share.
+    pub share: Share,
     /// Seconds after which the child exits by itself.
     pub lifetime_s: f64,
 }
@@ -71,7 +71,11 @@ impl PoolSpec {
             "--fib-n".into(),
             self.n.to_string(),
             "--overcommit".into(),
-            self.overcommit.to_string(),
+            self.share.overcommit.to_string(),
+            "--share-window-ms".into(),
+            self.share.window_ms.to_string(),
+            "--share-smoothing".into(),
+            self.share.smoothing.to_string(),
             "--neighbour-lifetime".into(),
             self.lifetime_s.to_string(),
         ]
@@ -256,7 +260,7 @@ pub fn serve(spec: &PoolSpec) -> Result<(), BenchError> {
             optimal_workers(spec.cpus, spec.processes.saturating_sub(1)),
             &task,
         )?),
-        PoolKind::Corewise => Box::new(CorewisePool::start(&task, Some(spec.overcommit))?),
+        PoolKind::Corewise => Box::new(CorewisePool::start(&task, Some(spec.share))?),
     };
     println!("ready");
     let deadline = Instant::now() + Duration::from_secs_f64(spec.lifetime_s.clamp(1.0, 3600.0));
@@ -314,7 +318,11 @@ mod tests {
             cpus: 2,
             processes: 3,
             n: 27,
-            overcommit: 1.5,
+            share: Share {
+                overcommit: 1.5,
+                window_ms: 25.0,
+                smoothing: 0.5,
+            },
             lifetime_s: 60.0,
         };
         let mut argv = vec!["corewise-bench".to_string()];

@@ -20,8 +20,9 @@
 //! - `corewise`: one corewise user thread per task, created from the
 //!   generator with `wait_for_slot(true)`; the runtime's default policy and
 //!   neighbour awareness (cap `ceil(O · cpu_self / cpu_all · CPUs)`, O =
-//!   `--overcommit`, 1 by default, from nanosecond counters every 10 ms
-//!   through a moving average and a dead band) choose how many cores it
+//!   `--overcommit`, 1 by default, from nanosecond counters every
+//!   `--share-window-ms` (10) through a moving average of weight
+//!   `--share-smoothing` (0.3) and a dead band) choose how many cores it
 //!   holds (the paper's "Collaborative" friendlypool, built into the
 //!   runtime).
 //! - `optimal`: a static pool with `ceil(CPUs / processes)` workers
@@ -43,7 +44,10 @@
 //! calibration, and keeps no unbounded backlog; an open-loop neighbour at
 //! our rate would also be saturated here (1.5 and 2.25 times the machine
 //! in total beside one and two), so the difference would only be its
-//! ever-growing queue. With `2 · CPUs` in flight every worker of an
+//! ever-growing queue. `--neighbour-kind KIND` makes every cell's
+//! neighbours of one kind instead: a control, since neighbours of the
+//! measured kind also differ in how they disturb the measured pool (see
+//! `docs/benchmarks.md`, 2026-11-27 morning). With `2 · CPUs` in flight every worker of an
 //! ignorant or optimal neighbour always has a task, and a corewise
 //! neighbour's cores always have a queue, so its policy asks for every
 //! core and only the neighbour cap holds it back. Neighbours start, print
@@ -119,7 +123,7 @@ use crate::error::BenchError;
 use crate::stats::percentile_sorted;
 use children::{Neighbours, PoolSpec};
 use plot::{Canvas, Chart, Series, PALETTE};
-use pools::{drive, CorewisePool, Stamps, StdPool, Submit, Work};
+use pools::{drive, CorewisePool, Share, Stamps, StdPool, Submit, Work};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -180,9 +184,22 @@ pub struct Args {
     /// On/off scenario: write its samples and follow times as JSON here.
     #[arg(long)]
     pub on_off_json: Option<PathBuf>,
+    /// Neighbours of this kind beside every pool, instead of the measured
+    /// pool's own kind: a control that holds the neighbours fixed, so the
+    /// cells compare the pools alone.
+    #[arg(long)]
+    pub neighbour_kind: Option<PoolKind>,
     /// Overcommit factor O of corewise's neighbour cap.
     #[arg(long, default_value_t = 1.0, value_parser = positive_f64)]
     pub overcommit: f64,
+    /// Sampling window of corewise's neighbour share, ms (the runtime's
+    /// default: 10).
+    #[arg(long, default_value_t = Share::default().window_ms, value_parser = positive_f64)]
+    pub share_window_ms: f64,
+    /// Weight of the newest window in corewise's moving average of the
+    /// share, in (0, 1] (the runtime's default: 0.3).
+    #[arg(long, default_value_t = Share::default().smoothing, value_parser = smoothing)]
+    pub share_smoothing: f64,
     /// Internal: run as a neighbour process with a pool of this kind.
     #[arg(long, hide = true)]
     pub as_neighbour: Option<PoolKind>,
@@ -207,9 +224,18 @@ impl Args {
             cpus: self.neighbour_cpus as usize,
             processes: self.neighbour_processes as usize,
             n: self.fib_n.unwrap_or(30),
-            overcommit: self.overcommit,
+            share: self.share(),
             lifetime_s: self.neighbour_lifetime,
         })
+    }
+
+    /// How corewise pools measure their neighbour share.
+    pub fn share(&self) -> Share {
+        Share {
+            overcommit: self.overcommit,
+            window_ms: self.share_window_ms,
+            smoothing: self.share_smoothing,
+        }
     }
 }
 
@@ -222,13 +248,22 @@ fn positive_f64(s: &str) -> Result<f64, String> {
     }
 }
 
-fn load_fraction(s: &str) -> Result<f64, String> {
+/// A positive number at most `max`; `what` names it in the error.
+fn positive_at_most(s: &str, max: f64, what: &str) -> Result<f64, String> {
     let v = positive_f64(s)?;
-    if v <= 4.0 {
+    if v <= max {
         Ok(v)
     } else {
-        Err(format!("{s:?}: load must be in (0, 4]"))
+        Err(format!("{s:?}: {what} must be in (0, {max}]"))
     }
+}
+
+fn smoothing(s: &str) -> Result<f64, String> {
+    positive_at_most(s, 1.0, "smoothing")
+}
+
+fn load_fraction(s: &str) -> Result<f64, String> {
+    positive_at_most(s, 4.0, "load")
 }
 
 /// Which pool.
@@ -298,6 +333,8 @@ pub struct Cell {
     pub pool: PoolKind,
     /// CPU-bound neighbour processes.
     pub neighbours: u32,
+    /// Their pool kind (the measured pool's unless `--neighbour-kind`).
+    pub neighbour_kind: PoolKind,
     /// Completed tasks per second.
     pub throughput_per_s: f64,
     /// Start → end: the paper's "fib latency".
@@ -386,7 +423,7 @@ struct Plan {
     duration: Duration,
     warmup: Duration,
     drain: Duration,
-    overcommit: f64,
+    share: Share,
 }
 
 /// Every 10 ms until `stop`: the cap (the runtime's own when `runtime`
@@ -394,15 +431,12 @@ struct Plan {
 /// read) and the cores (workers) the pool holds.
 fn sample(
     budget: usize,
-    overcommit: f64,
+    share_settings: Share,
     probe: &pools::Probe,
     runtime: Option<&corewise::budget::BudgetHandle>,
     stop: &AtomicBool,
 ) -> (Vec<usize>, Vec<usize>) {
-    let cfg = corewise::budget::NeighbourConfig {
-        overcommit,
-        ..corewise::budget::NeighbourConfig::default()
-    };
+    let cfg = share_settings.config();
     let mut share = match runtime {
         Some(_) => None,
         None => corewise::budget::NeighbourShare::new(budget, cfg).ok(),
@@ -447,6 +481,7 @@ fn run_cell(
     plan: &Plan,
     pool: PoolKind,
     neighbours: u32,
+    neighbour_kind: PoolKind,
     nbs: &Neighbours,
 ) -> Result<Cell, BenchError> {
     let clock = plan.clock;
@@ -464,7 +499,7 @@ fn run_cell(
             optimal_workers(plan.cpus, neighbours as usize),
             &task,
         )?),
-        PoolKind::Corewise => Box::new(CorewisePool::start(&task, Some(plan.overcommit))?),
+        PoolKind::Corewise => Box::new(CorewisePool::start(&task, Some(plan.share))?),
     };
     let interval = 1e9 / plan.rate * clock.ticks_per_ns();
     let nb0 = nbs.cpu_seconds();
@@ -478,8 +513,7 @@ fn run_cell(
     let handle = sink.budget();
     let changes0 = handle.as_ref().map(|h| h.active_changes());
     let (driven, (caps, samples)) = std::thread::scope(|sc| {
-        let sampler =
-            sc.spawn(|| sample(plan.cpus, plan.overcommit, &probe, handle.as_ref(), &stop));
+        let sampler = sc.spawn(|| sample(plan.cpus, plan.share, &probe, handle.as_ref(), &stop));
         let driven = drive(sink, &clock, &stamps, t0, interval, count, plan.drain);
         stop.store(true, Ordering::Relaxed);
         (driven, sampler.join().unwrap_or_default())
@@ -551,6 +585,7 @@ fn run_cell(
     Ok(Cell {
         pool,
         neighbours,
+        neighbour_kind,
         throughput_per_s: if span > 0.0 {
             (completed as f64 / span * 10.0).round() / 10.0
         } else {
@@ -652,7 +687,11 @@ pub fn markdown(cells: &[Cell]) -> String {
             s,
             "| {} | {} | {:.1} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
             c.pool.name(),
-            c.neighbours,
+            if c.neighbour_kind == c.pool || c.neighbours == 0 {
+                c.neighbours.to_string()
+            } else {
+                format!("{} {}", c.neighbours, c.neighbour_kind.name())
+            },
             c.throughput_per_s,
             l(&c.task_latency_us),
             l(&c.queue_latency_us),
@@ -685,6 +724,14 @@ pub fn markdown(cells: &[Cell]) -> String {
             t.cap_changes_per_s,
             if t.met() { "MET" } else { "NOT MET" }
         );
+        if let Some(c) = cells.iter().find(|c| c.neighbour_kind != c.pool) {
+            let _ = writeln!(
+                s,
+                "(Neighbours ran {} pools beside every pool: a control, not the paper's \
+                 same-kind setting.)",
+                c.neighbour_kind.name()
+            );
+        }
     }
     s
 }
@@ -776,14 +823,14 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         duration,
         warmup,
         drain: duration.max(Duration::from_secs(3)),
-        overcommit: args.overcommit,
+        share: args.share(),
     };
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "neighbours: {} CPUs (budget), fib({}) = {:.2} ms here{}; offered {:.1} tasks/s \
          (load {:.0} % of the CPUs alone), {:.1} s per cell after {:.1} s warm-up; \
-         neighbours: the same pool kind, {} fib({}) tasks in flight each, {:.1} s to settle; \
-         clock {}; loadavg before: {}",
+         neighbours: {}, {} fib({}) tasks in flight each, {:.1} s to settle; \
+         corewise's share: O = {}, window {} ms, smoothing {}; clock {}; loadavg before: {}",
         budget,
         cal.n,
         cal.task.as_secs_f64() * 1e3,
@@ -801,9 +848,16 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         args.load * 100.0,
         duration.as_secs_f64(),
         warmup.as_secs_f64(),
+        match args.neighbour_kind {
+            Some(k) => format!("{} pools beside every pool (--neighbour-kind)", k.name()),
+            None => "the same pool kind".to_string(),
+        },
         2 * budget,
         cal.n,
         settle.as_secs_f64(),
+        args.overcommit,
+        args.share_window_ms,
+        args.share_smoothing,
         clock.source().name(),
         load_before.trim()
     );
@@ -815,11 +869,11 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     for &nb in &args.neighbours {
         for &p in &args.pools {
             let spec = PoolSpec {
-                kind: p,
+                kind: args.neighbour_kind.unwrap_or(p),
                 cpus: budget,
                 processes: nb as usize + 1,
                 n: cal.n,
-                overcommit: args.overcommit,
+                share: args.share(),
                 lifetime_s: lifetime.as_secs_f64(),
             };
             // The guard kills the neighbours when this iteration ends, on
@@ -829,17 +883,17 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
                 eprintln!(
                     "  {} {} neighbours: pids {:?}",
                     guard.len(),
-                    p.name(),
+                    spec.kind.name(),
                     guard.pids()
                 );
                 std::thread::sleep(settle);
             }
-            let c = run_cell(&plan, p, nb, &guard)?;
+            let c = run_cell(&plan, p, nb, spec.kind, &guard)?;
             let dead = guard.exited();
             if !dead.is_empty() {
                 return Err(BenchError::Thread(format!(
                     "{} neighbour(s) {dead:?} exited during the cell",
-                    p.name()
+                    spec.kind.name()
                 )));
             }
             drop(guard);
@@ -868,11 +922,12 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     println!("\nloadavg after: {}", load_after.trim());
     let title = format!(
         "corewise-bench neighbours: fib({}) {:.2} ms, {:.0} tasks/s offered, {} CPUs, \
-         neighbours run the same pool, saturated",
+         neighbours run {}, saturated",
         cal.n,
         cal.task.as_secs_f64() * 1e3,
         rate,
-        budget
+        budget,
+        args.neighbour_kind.map_or("the same pool", |k| k.name())
     );
     draw(&cells, &title).save(&args.png)?;
     println!("plot: {}", args.png.display());
@@ -886,7 +941,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             cpus: budget,
             n: cal.n,
             rate,
-            overcommit: args.overcommit,
+            share: args.share(),
             period: Duration::from_secs_f64(args.on_off_period),
             cycles,
             own_cgroup: args.on_off_cgroup,
@@ -954,6 +1009,12 @@ mod tests {
     }
 
     #[test]
+    fn default_share_is_the_runtimes() {
+        let d = corewise::budget::NeighbourConfig::default();
+        assert_eq!(Share::default().config(), d);
+    }
+
+    #[test]
     fn busy_cpus_from_jiffies() {
         assert_eq!(busy_cpus((100, 1000), (150, 1100), 2), 1.0);
         assert_eq!(busy_cpus((100, 1000), (100, 1000), 2), 0.0);
@@ -966,5 +1027,8 @@ mod tests {
         assert!(positive_f64("x").is_err());
         assert!(load_fraction("5").is_err());
         assert_eq!(load_fraction("0.5"), Ok(0.5));
+        assert!(smoothing("1.5").is_err());
+        assert!(smoothing("0").is_err());
+        assert_eq!(smoothing("1"), Ok(1.0));
     }
 }

@@ -25,7 +25,7 @@
 
 use super::children::{Neighbours, PoolSpec};
 use super::plot::{Canvas, Chart, Series, PALETTE};
-use super::pools::{drive, CorewisePool, Stamps, Submit, Work};
+use super::pools::{drive, CorewisePool, Share, Stamps, Submit, Work};
 use super::PoolKind;
 use crate::clock::Clock;
 use crate::error::BenchError;
@@ -45,8 +45,8 @@ pub struct Settings {
     pub n: u32,
     /// Offered rate, tasks/s.
     pub rate: f64,
-    /// Overcommit factor of corewise's neighbour cap.
-    pub overcommit: f64,
+    /// How corewise measures its neighbour share.
+    pub share: Share,
     /// Time between the neighbour's starts and stops.
     pub period: Duration,
     /// On/off cycles (each two periods), after one period off.
@@ -255,7 +255,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     };
     let pool = CorewisePool::start_in(
         &work.task(),
-        Some(s.overcommit),
+        Some(s.share),
         group.as_ref().map(|g| g.dir.as_path()),
     )?;
     let probe = pool.probe();
@@ -267,7 +267,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         cpus: s.cpus,
         processes: 2,
         n: s.n,
-        overcommit: s.overcommit,
+        share: s.share,
         lifetime_s: total.as_secs_f64() + 30.0,
     };
     let interval = 1e9 / s.rate * s.clock.ticks_per_ns();

@@ -216,24 +216,58 @@ pub struct CorewisePool {
     task: Task,
 }
 
+/// How a corewise pool measures its neighbour share: the overcommit
+/// factor and the sampling window and smoothing of its
+/// [`NeighbourConfig`](corewise::budget::NeighbourConfig).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Share {
+    /// Overcommit factor O of the cap.
+    pub overcommit: f64,
+    /// Sampling window, ms.
+    pub window_ms: f64,
+    /// Weight of the newest window in the moving average.
+    pub smoothing: f64,
+}
+
+impl Share {
+    /// The runtime's configuration for these settings.
+    pub fn config(&self) -> corewise::budget::NeighbourConfig {
+        corewise::budget::NeighbourConfig {
+            overcommit: self.overcommit,
+            window: Duration::from_secs_f64(self.window_ms / 1000.0),
+            smoothing: self.smoothing,
+            ..corewise::budget::NeighbourConfig::default()
+        }
+    }
+}
+
+impl Default for Share {
+    /// The runtime's defaults.
+    fn default() -> Self {
+        let d = corewise::budget::NeighbourConfig::default();
+        Share {
+            overcommit: d.overcommit,
+            window_ms: d.window.as_secs_f64() * 1000.0,
+            smoothing: d.smoothing,
+        }
+    }
+}
+
 impl CorewisePool {
     /// Builds the runtime: every allowed CPU, default policy, neighbour
-    /// awareness with overcommit `overcommit` (None: off).
-    pub fn start(task: &Task, overcommit: Option<f64>) -> Result<Self, BenchError> {
-        Self::start_in(task, overcommit, None)
+    /// awareness with `share` (None: off).
+    pub fn start(task: &Task, share: Option<Share>) -> Result<Self, BenchError> {
+        Self::start_in(task, share, None)
     }
 
     /// [`start`](Self::start), with the neighbour share measured among the
     /// processes of `cgroup` (a `cpuacct` directory) when given.
     pub fn start_in(
         task: &Task,
-        overcommit: Option<f64>,
+        share: Option<Share>,
         cgroup: Option<&std::path::Path>,
     ) -> Result<Self, BenchError> {
-        let nb = overcommit.map(|o| corewise::budget::NeighbourConfig {
-            overcommit: o,
-            ..corewise::budget::NeighbourConfig::default()
-        });
+        let nb = share.map(|s| s.config());
         let mut builder = corewise::Runtime::builder().neighbour_awareness(nb);
         if let Some(dir) = cgroup {
             builder = builder.neighbour_cgroup(dir);
