@@ -455,6 +455,55 @@ fn udp(b: IoBackend) {
         .unwrap();
 }
 
+/// `peek` and `peek_from` leave the datagram queued: a reader blocked in
+/// `peek_from` is woken by a datagram sent later, and the `recv_from`
+/// after it gets the same datagram; a short buffer cuts the peeked copy
+/// only; the socket options read back what was set.
+fn udp_peek_and_options(b: IoBackend) {
+    rt(b)
+        .block_on(|| {
+            let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let r = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let (aa, ra) = (a.local_addr().unwrap(), r.local_addr().unwrap());
+            // Nothing peeked or received waits forever if a peek consumed.
+            r.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let sender = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                s.send_to(b"later", ra).unwrap();
+                s.local_addr().unwrap()
+            });
+            let mut buf = [0u8; 16];
+            let (n, from) = r.peek_from(&mut buf).unwrap();
+            let sent_from = sender.join().unwrap();
+            assert_eq!((&buf[..n], from), (&b"later"[..], sent_from));
+            let mut again = [0u8; 16];
+            assert_eq!(r.recv_from(&mut again).unwrap(), (5, sent_from));
+            assert_eq!(&again[..5], b"later");
+
+            a.send_to(b"abcdef", ra).unwrap();
+            let mut short = [0u8; 3];
+            assert_eq!(r.peek_from(&mut short).unwrap(), (3, aa));
+            assert_eq!(&short, b"abc");
+            r.connect(aa).unwrap();
+            assert_eq!(r.peek(&mut buf).unwrap(), 6);
+            assert_eq!(r.recv(&mut buf).unwrap(), 6);
+            assert_eq!(&buf[..6], b"abcdef");
+            r.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            assert_eq!(r.peek(&mut buf).unwrap_err().kind(), ErrorKind::TimedOut);
+
+            r.set_ttl(3).unwrap();
+            assert_eq!(r.ttl().unwrap(), 3);
+            r.set_broadcast(true).unwrap();
+            assert!(r.broadcast().unwrap());
+            r.set_multicast_loop_v4(false).unwrap();
+            assert!(!r.multicast_loop_v4().unwrap());
+            r.set_multicast_ttl_v4(2).unwrap();
+            assert_eq!(r.multicast_ttl_v4().unwrap(), 2);
+        })
+        .unwrap();
+}
+
 fn unix(b: IoBackend) {
     rt(b)
         .block_on(|| {
@@ -1281,6 +1330,7 @@ both_backends!(
     an_error_edge_is_used_once,
     cancel_from_another_thread,
     udp,
+    udp_peek_and_options,
     unix,
     files,
     open_options_checked_as_std,

@@ -72,8 +72,12 @@ pub(crate) enum Kind {
         addr: *mut libc::sockaddr_storage,
         len: *mut libc::socklen_t,
     },
-    /// `recvmsg(2)`.
-    RecvMsg { fd: RawFd, msg: *mut libc::msghdr },
+    /// `recvmsg(2)` with `flags` (`MSG_PEEK` for a peek).
+    RecvMsg {
+        fd: RawFd,
+        msg: *mut libc::msghdr,
+        flags: libc::c_int,
+    },
     /// `sendmsg(2)`.
     SendMsg { fd: RawFd, msg: *const libc::msghdr },
     /// `fsync`/`fdatasync`.
@@ -133,7 +137,9 @@ impl Kind {
             Kind::Accept { fd, addr, len } => opcode::Accept::new(Fd(fd), addr.cast(), len)
                 .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
                 .build(),
-            Kind::RecvMsg { fd, msg } => opcode::RecvMsg::new(Fd(fd), msg).build(),
+            Kind::RecvMsg { fd, msg, flags } => opcode::RecvMsg::new(Fd(fd), msg)
+                .flags(flags as u32)
+                .build(),
             Kind::SendMsg { fd, msg } => opcode::SendMsg::new(Fd(fd), msg)
                 .flags(NOSIGNAL as u32)
                 .build(),
@@ -234,7 +240,7 @@ impl Kind {
                     len,
                     libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
                 ) as isize,
-                Kind::RecvMsg { fd, msg } => libc::recvmsg(fd, msg, dw),
+                Kind::RecvMsg { fd, msg, flags } => libc::recvmsg(fd, msg, flags | dw),
                 Kind::SendMsg { fd, msg } => libc::sendmsg(fd, msg, NOSIGNAL | dw),
                 Kind::Fsync { fd, data_only } => {
                     (if data_only {

@@ -167,6 +167,20 @@ impl<K: SocketKind> Socket<K> {
         })
     }
 
+    /// Receives into `buf` with `MSG_PEEK`: what a stream or a datagram
+    /// socket would read next, left in the queue.
+    pub(crate) fn recv_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let kind = Kind::Recv {
+            fd: self.as_raw_fd(),
+            buf: buf.as_mut_ptr(),
+            len: buf.len(),
+            flags: libc::MSG_PEEK,
+        };
+        // SAFETY: `buf` is borrowed for the whole call, which returns only
+        // after the kernel is done with it.
+        unsafe { self.state.read(kind) }
+    }
+
     /// Timeout of each read, receive or accept (`None`: wait forever).
     /// Zero is an error, as with std.
     ///
@@ -383,14 +397,7 @@ impl<K: StreamKind> Socket<K> {
     /// assert_eq!(b.read(&mut buf).unwrap(), 2);
     /// ```
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let kind = Kind::Recv {
-            fd: self.as_raw_fd(),
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            flags: libc::MSG_PEEK,
-        };
-        // SAFETY: as in `read`.
-        unsafe { self.state.read(kind) }
+        self.recv_peek(buf)
     }
 
     /// Writes some of `buf`; returns how much.

@@ -89,6 +89,28 @@ impl Socket<std::net::TcpListener> {
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.sock.local_addr()
     }
+
+    /// Sets the IP time-to-live of the connections' packets (`IP_TTL`),
+    /// as [`std::net::TcpListener::set_ttl`].
+    ///
+    /// ```
+    /// let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    /// l.set_ttl(9).unwrap();
+    /// assert_eq!(l.ttl().unwrap(), 9);
+    /// ```
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.sock.set_ttl(ttl)
+    }
+
+    /// The IP time-to-live.
+    ///
+    /// ```
+    /// let l = corewise::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    /// assert!(l.ttl().unwrap() > 0);
+    /// ```
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.sock.ttl()
+    }
 }
 
 impl Socket<std::net::TcpStream> {
@@ -181,5 +203,29 @@ impl Socket<std::net::TcpStream> {
     /// ```
     pub fn nodelay(&self) -> io::Result<bool> {
         self.sock.nodelay()
+    }
+
+    /// Sets the IP time-to-live of this connection's packets (`IP_TTL`),
+    /// as [`std::net::TcpStream::set_ttl`].
+    ///
+    /// ```
+    /// let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    /// let c = corewise::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    /// c.set_ttl(17).unwrap();
+    /// assert_eq!(c.ttl().unwrap(), 17);
+    /// ```
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.sock.set_ttl(ttl)
+    }
+
+    /// The IP time-to-live of this connection's packets.
+    ///
+    /// ```
+    /// let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    /// let c = corewise::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    /// assert!(c.ttl().unwrap() > 0);
+    /// ```
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.sock.ttl()
     }
 }
