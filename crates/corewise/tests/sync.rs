@@ -230,6 +230,55 @@ fn channel_connects_os_threads_and_user_threads() {
     );
 }
 
+/// `for x in &rx` and `for x in rx` as with std: two consumers, one
+/// borrowing and one owning its receiver, drain what user-thread and
+/// OS-thread producers send, and both loops end once the last sender is
+/// gone; `try_iter` then finds nothing and returns at once.
+#[test]
+fn receivers_iterate_until_every_sender_is_gone() {
+    let rt = both_cores();
+    let (tx, rx) = channel::<u64>(16);
+    let per = 20_000u64;
+    let mut producers = Vec::new();
+    for p in 0..4u64 {
+        let tx = tx.clone();
+        producers.push(
+            rt.spawn(move || (0..per).for_each(|i| tx.send(p * per + i).unwrap()))
+                .unwrap(),
+        );
+    }
+    let os_tx = tx.clone();
+    let os = std::thread::spawn(move || (4 * per..5 * per).for_each(|i| os_tx.send(i).unwrap()));
+    drop(tx);
+    let owned = rx.clone();
+    let borrowing = rt
+        .spawn(move || {
+            let (mut n, mut sum) = (0u64, 0u64);
+            for v in &rx {
+                n += 1;
+                sum += v;
+            }
+            assert_eq!(rx.try_iter().next(), None);
+            (n, sum)
+        })
+        .unwrap();
+    let owning = rt
+        .spawn(move || {
+            owned
+                .into_iter()
+                .fold((0u64, 0u64), |(n, s), v| (n + 1, s + v))
+        })
+        .unwrap();
+    for p in producers {
+        p.join().unwrap();
+    }
+    os.join().unwrap();
+    let (a, b) = (borrowing.join().unwrap(), owning.join().unwrap());
+    let total = 5 * per;
+    assert_eq!(a.0 + b.0, total);
+    assert_eq!(a.1 + b.1, total * (total - 1) / 2);
+}
+
 #[test]
 fn mutex_try_lock_for_times_out_while_held_by_a_user_thread() {
     let rt = both_cores();

@@ -383,6 +383,127 @@ impl<T> Receiver<T> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// An iterator that blocks for each item, as [`recv`](Self::recv), and
+    /// ends once every sender is gone and the buffer is empty (std's
+    /// `Receiver::iter`).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// let (tx, rx) = corewise::sync::channel(2);
+    /// let producer = rt.spawn(move || (1..=5).for_each(|i| tx.send(i).unwrap())).unwrap();
+    /// let sum: i32 = rt.block_on(move || rx.iter().sum()).unwrap();
+    /// producer.join().unwrap();
+    /// assert_eq!(sum, 15);
+    /// ```
+    pub fn iter(&self) -> Iter<'_, T> {
+        Iter { rx: self }
+    }
+
+    /// An iterator over the items waiting now; it never blocks (std's
+    /// `Receiver::try_iter`).
+    ///
+    /// ```
+    /// let (tx, rx) = corewise::sync::channel(4);
+    /// tx.send('a').unwrap();
+    /// tx.send('b').unwrap();
+    /// assert_eq!(rx.try_iter().collect::<String>(), "ab");
+    /// assert_eq!(rx.try_iter().next(), None); // empty, senders still alive
+    /// ```
+    pub fn try_iter(&self) -> TryIter<'_, T> {
+        TryIter { rx: self }
+    }
+}
+
+/// The blocking iterator of [`Receiver::iter`].
+///
+/// ```
+/// let (tx, rx) = corewise::sync::channel(1);
+/// tx.send(3).unwrap();
+/// drop(tx);
+/// let mut it: corewise::sync::Iter<'_, i32> = rx.iter();
+/// assert_eq!((it.next(), it.next()), (Some(3), None));
+/// ```
+#[derive(Debug)]
+pub struct Iter<'a, T> {
+    rx: &'a Receiver<T>,
+}
+
+impl<T> Iterator for Iter<'_, T> {
+    type Item = T;
+    fn next(&mut self) -> Option<T> {
+        self.rx.recv().ok()
+    }
+}
+
+/// The non-blocking iterator of [`Receiver::try_iter`].
+///
+/// ```
+/// let (tx, rx) = corewise::sync::channel(2);
+/// tx.send(1).unwrap();
+/// let it: corewise::sync::TryIter<'_, i32> = rx.try_iter();
+/// assert_eq!(it.collect::<Vec<_>>(), [1]);
+/// ```
+#[derive(Debug)]
+pub struct TryIter<'a, T> {
+    rx: &'a Receiver<T>,
+}
+
+impl<T> Iterator for TryIter<'_, T> {
+    type Item = T;
+    fn next(&mut self) -> Option<T> {
+        self.rx.try_recv().ok()
+    }
+}
+
+/// The owning blocking iterator of a [`Receiver`] (`for x in rx`).
+///
+/// ```
+/// let (tx, rx) = corewise::sync::channel(4);
+/// tx.send("x").unwrap();
+/// tx.send("y").unwrap();
+/// drop(tx);
+/// let it: corewise::sync::IntoIter<&str> = rx.into_iter();
+/// assert_eq!(it.collect::<Vec<_>>(), ["x", "y"]);
+/// ```
+#[derive(Debug)]
+pub struct IntoIter<T> {
+    rx: Receiver<T>,
+}
+
+impl<T> Iterator for IntoIter<T> {
+    type Item = T;
+    fn next(&mut self) -> Option<T> {
+        self.rx.recv().ok()
+    }
+}
+
+impl<T> IntoIterator for Receiver<T> {
+    type Item = T;
+    type IntoIter = IntoIter<T>;
+    fn into_iter(self) -> IntoIter<T> {
+        IntoIter { rx: self }
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Receiver<T> {
+    type Item = T;
+    type IntoIter = Iter<'a, T>;
+    fn into_iter(self) -> Iter<'a, T> {
+        self.iter()
+    }
+}
+
+impl<T> std::fmt::Debug for Sender<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+impl<T> std::fmt::Debug for Receiver<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver").finish_non_exhaustive()
+    }
 }
 
 impl<T> Clone for Sender<T> {

@@ -29,6 +29,9 @@
 //!   `call_once_force`. [`OnceLock`] has `get`, `get_or_init`, `set` and
 //!   `get_mut`.
 //! - [`Barrier`] and [`BarrierWaitResult`] behave as std's.
+//! - [`channel`] is bounded (std's `sync_channel`; a capacity of 0 holds
+//!   one item, not a rendezvous); its [`Receiver`] can be cloned, and
+//!   iterates as std's (`iter`, `try_iter`, `for x in rx`).
 //! - Waiting blocks the user thread, never its core; the same values work
 //!   between user threads and OS threads.
 
@@ -47,8 +50,8 @@ mod spin;
 
 pub use barrier::{Barrier, BarrierWaitResult};
 pub use channel::{
-    channel, Receiver, RecvError, RecvTimeoutError, SendError, SendTimeoutError, Sender,
-    TryRecvError, TrySendError,
+    channel, IntoIter, Iter, Receiver, RecvError, RecvTimeoutError, SendError, SendTimeoutError,
+    Sender, TryIter, TryRecvError, TrySendError,
 };
 pub use condvar::{Condvar, WaitTimeoutResult};
 pub use mutex::{Mutex, MutexGuard};
