@@ -291,15 +291,7 @@ impl File {
     /// Wraps a newly opened file; a FIFO or socket is made non-blocking and
     /// waited on for readiness.
     fn with_kind(file: std::fs::File) -> io::Result<Self> {
-        let mode = rustix::fs::fstat(&file)?.st_mode;
-        let pollable = matches!(
-            rustix::fs::FileType::from_raw_mode(mode),
-            rustix::fs::FileType::Fifo | rustix::fs::FileType::Socket
-        );
-        if pollable {
-            let flags = rustix::fs::fcntl_getfl(&file)?;
-            rustix::fs::fcntl_setfl(&file, flags | rustix::fs::OFlags::NONBLOCK)?;
-        }
+        let pollable = make_pollable(&file)?;
         Ok(File {
             file,
             state: IoState::default(),
@@ -658,6 +650,100 @@ impl File {
     pub fn canceller(&self) -> Canceller {
         self.state.canceller()
     }
+
+    /// A second handle to the same open file (a `dup`, as
+    /// [`std::fs::File::try_clone`]): it shares the file position and
+    /// flags, and has its own read timeout and canceller.
+    ///
+    /// ```
+    /// use std::io::{Read, Seek, SeekFrom, Write};
+    /// let p = std::env::temp_dir().join(format!("cw-doc-fclone-{}", std::process::id()));
+    /// let mut f = corewise::fs::File::options().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+    /// let mut g = f.try_clone().unwrap();
+    /// f.write_all(b"shared").unwrap();
+    /// g.seek(SeekFrom::Start(0)).unwrap(); // one position for both
+    /// let mut s = String::new();
+    /// f.read_to_string(&mut s).unwrap();
+    /// assert_eq!(s, "shared");
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
+    pub fn try_clone(&self) -> io::Result<File> {
+        Ok(File {
+            file: self.file.try_clone()?,
+            state: IoState::default(),
+            pollable: self.pollable,
+        })
+    }
+
+    /// Changes the file's permissions (`fchmod`), as
+    /// [`std::fs::File::set_permissions`].
+    ///
+    /// ```
+    /// use std::os::unix::fs::PermissionsExt;
+    /// let p = std::env::temp_dir().join(format!("cw-doc-fperm-{}", std::process::id()));
+    /// let f = corewise::fs::File::create(&p).unwrap();
+    /// f.set_permissions(std::fs::Permissions::from_mode(0o600)).unwrap();
+    /// assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o600);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
+    pub fn set_permissions(&self, perm: std::fs::Permissions) -> io::Result<()> {
+        self.file.set_permissions(perm)
+    }
+}
+
+/// Adopts a std file: a FIFO or socket becomes non-blocking and is waited
+/// on like one opened here, so a read blocks only the calling thread.
+///
+/// ```
+/// let p = std::env::temp_dir().join(format!("cw-doc-fadopt-{}", std::process::id()));
+/// std::fs::write(&p, b"adopted").unwrap();
+/// let f: corewise::fs::File = std::fs::File::open(&p).unwrap().into();
+/// let mut buf = [0u8; 7];
+/// f.read_exact_at(&mut buf, 0).unwrap();
+/// assert_eq!(&buf, b"adopted");
+/// std::fs::remove_file(&p).unwrap();
+/// ```
+impl From<std::fs::File> for File {
+    fn from(file: std::fs::File) -> Self {
+        // A FIFO whose flags cannot be read or set is run as a regular
+        // file's calls are (they then block as std's would).
+        let pollable = make_pollable(&file).unwrap_or(false);
+        File {
+            file,
+            state: IoState::default(),
+            pollable,
+        }
+    }
+}
+
+/// Whether `file` is a FIFO or a socket, made non-blocking if so.
+fn make_pollable(file: &std::fs::File) -> io::Result<bool> {
+    let mode = rustix::fs::fstat(file)?.st_mode;
+    let pollable = matches!(
+        rustix::fs::FileType::from_raw_mode(mode),
+        rustix::fs::FileType::Fifo | rustix::fs::FileType::Socket
+    );
+    if pollable {
+        let flags = rustix::fs::fcntl_getfl(file)?;
+        rustix::fs::fcntl_setfl(file, flags | rustix::fs::OFlags::NONBLOCK)?;
+    }
+    Ok(pollable)
+}
+
+/// Gives the std file back (a FIFO or socket stays non-blocking, as a
+/// socket given back does).
+///
+/// ```
+/// let p = std::env::temp_dir().join(format!("cw-doc-fback-{}", std::process::id()));
+/// let f = corewise::fs::File::create(&p).unwrap();
+/// let std_file: std::fs::File = f.into();
+/// assert!(std_file.metadata().unwrap().is_file());
+/// std::fs::remove_file(&p).unwrap();
+/// ```
+impl From<File> for std::fs::File {
+    fn from(f: File) -> Self {
+        f.file
+    }
 }
 
 impl Read for File {
@@ -699,6 +785,12 @@ impl Write for &File {
 impl Seek for File {
     fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
         self.file.seek(pos)
+    }
+}
+
+impl Seek for &File {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        (&self.file).seek(pos)
     }
 }
 

@@ -1064,6 +1064,75 @@ fn fifo_files(b: IoBackend) {
     assert_eq!(eof, 0, "{b:?}: end of stream");
 }
 
+/// An adopted std file of a FIFO is waited on like one opened here: its
+/// read timeout holds (a blocking fd would wait for data instead; a
+/// writer 2 s later ends that wait, so a wrong adoption fails rather than
+/// hangs), and its data arrives. A clone shares the position and has its
+/// own canceller.
+fn adopted_and_cloned_files(b: IoBackend) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let path = TempPath::new("adopt-fifo");
+    mkfifo(&path);
+    // Read-write: the open returns at once, and the FIFO never ends.
+    let std_file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path.0)
+        .unwrap();
+    let writer = std_file.try_clone().unwrap();
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        (&writer).write_all(b"late").unwrap();
+        writer
+    });
+    let f: corewise::fs::File = std_file.into();
+    let (timed_out, writer) = rt(b)
+        .block_on(move || {
+            f.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let r = f.read(&mut [0u8; 8]).map_err(|e| e.kind());
+            let writer = late.join().unwrap();
+            if r.is_ok() {
+                // The read waited for the late data: nothing more to check.
+                return (r, writer);
+            }
+            (&writer).write_all(b"now").unwrap();
+            let mut got = [0u8; 16];
+            let mut n = 0;
+            while n < 7 {
+                n += f.read(&mut got[n..]).unwrap();
+            }
+            assert_eq!(&got[..n], b"latenow");
+            (r, writer)
+        })
+        .unwrap();
+    drop(writer);
+    assert_eq!(timed_out, Err(ErrorKind::TimedOut), "{b:?}");
+
+    let file = TempPath::new("clone");
+    rt(b)
+        .block_on(move || {
+            let mut f = corewise::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&file.0)
+                .unwrap();
+            let mut g = f.try_clone().unwrap();
+            f.write_all(b"both").unwrap();
+            assert_eq!(g.stream_position().unwrap(), 4);
+            (&g).seek(SeekFrom::Start(1)).unwrap();
+            f.canceller().cancel();
+            assert!(corewise::io::is_cancelled(
+                &f.read(&mut [0u8; 1]).unwrap_err()
+            ));
+            let mut rest = String::new();
+            g.read_to_string(&mut rest).unwrap();
+            assert_eq!(rest, "oth");
+        })
+        .unwrap();
+}
+
 /// Makes a FIFO at `path`.
 fn mkfifo(path: &TempPath) {
     let c = std::ffi::CString::new(path.0.to_str().unwrap()).unwrap();
@@ -1331,6 +1400,7 @@ both_backends!(
     cancel_from_another_thread,
     udp,
     udp_peek_and_options,
+    adopted_and_cloned_files,
     unix,
     files,
     open_options_checked_as_std,
