@@ -1,7 +1,8 @@
 //! Smoke test of `corewise-bench neighbours` with tiny cells and the
 //! neighbours held to one kind (`--neighbour-kind`): each cell runs beside
 //! a real neighbour process of that kind, the JSON records which, and the
-//! table marks a neighbour kind that differs from the pool's. No latency
+//! table marks a neighbour kind that differs from the pool's; the warm-up
+//! cell that runs first is not among the cells. No latency
 //! is asserted: how the pools compare belongs to the benchmark's figures.
 
 mod common;
@@ -34,6 +35,8 @@ fn neighbours_of_one_kind_beside_every_pool() {
     let _ = std::fs::remove_file(&png);
     assert!(drawn, "no plot at {png_arg}");
     assert!(table.contains("window 20 ms, smoothing 0.3"), "{table}");
+    // A warm-up cell ran first and is not among the cells.
+    assert!(table.contains("after a discarded warm-up cell"), "{table}");
     let cells = v.as_array().expect("a list of cells");
     assert_eq!(cells.len(), 2, "{v}");
     for (cell, pool) in cells.iter().zip(["corewise", "optimal"]) {
