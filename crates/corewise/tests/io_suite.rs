@@ -3,7 +3,7 @@
 //! missing or forbidden the `uring` half prints why and passes.
 
 use corewise::io::{Batch, Completion, IoBackend};
-use corewise::net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream};
+use corewise::net::{TcpListener, TcpStream, UdpSocket, UnixDatagram, UnixListener, UnixStream};
 use corewise::Runtime;
 use std::io::{ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
@@ -502,6 +502,70 @@ fn udp_peek_and_options(b: IoBackend) {
             assert_eq!(r.multicast_ttl_v4().unwrap(), 2);
         })
         .unwrap();
+}
+
+/// Unix datagrams on one core: 200 records sent with `send_to` to a bound
+/// socket whose queue fills (so the sender waits for room) and read with
+/// `recv_from` by another user thread of the same core (a kernel thread
+/// blocked in either call would stop the other for good). Then a receive times out, a blocked one is cancelled from
+/// an OS thread, and a connected pair goes through send and recv.
+fn unix_datagrams(b: IoBackend) {
+    let path = TempPath::new("dgram");
+    let p = path.0.clone();
+    let rt = Runtime::builder()
+        .cpus([0])
+        .max_cores(1)
+        .io_backend(b)
+        .build()
+        .unwrap();
+    rt.block_on(move || {
+        let server = UnixDatagram::bind(&p).unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let client = UnixDatagram::unbound().unwrap();
+        client
+            .set_write_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let sender = corewise::spawn(move || {
+            let record = [7u8; 1024];
+            for _ in 0..200 {
+                assert_eq!(client.send_to(&record, &p).unwrap(), 1024);
+            }
+        })
+        .unwrap();
+        let mut buf = [0u8; 2048];
+        for _ in 0..200 {
+            let (n, from) = server.recv_from(&mut buf).unwrap();
+            assert_eq!((n, from.is_unnamed()), (1024, true));
+        }
+        sender.join().unwrap();
+
+        server
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        assert_eq!(
+            server.recv_from(&mut buf).unwrap_err().kind(),
+            ErrorKind::TimedOut
+        );
+        server.set_read_timeout(None).unwrap();
+        let c = server.canceller();
+        let canceller = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            c.cancel();
+        });
+        assert!(corewise::io::is_cancelled(
+            &server.recv_from(&mut buf).unwrap_err()
+        ));
+        canceller.join().unwrap();
+
+        let (x, y) = UnixDatagram::pair().unwrap();
+        x.send(b"pair").unwrap();
+        assert_eq!(y.recv(&mut buf).unwrap(), 4);
+        assert_eq!(&buf[..4], b"pair");
+    })
+    .unwrap();
+    drop(path);
 }
 
 fn unix(b: IoBackend) {
@@ -1401,6 +1465,7 @@ both_backends!(
     udp,
     udp_peek_and_options,
     adopted_and_cloned_files,
+    unix_datagrams,
     unix,
     files,
     open_options_checked_as_std,

@@ -4,7 +4,7 @@
 //! on 127.0.0.1, each test once per I/O back end.
 
 use corewise::io::IoBackend;
-use corewise::net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream};
+use corewise::net::{TcpListener, TcpStream, UdpSocket, UnixDatagram, UnixListener, UnixStream};
 use corewise::Runtime;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -232,12 +232,14 @@ fn every_socket_type_has_the_fd_traits() {
     let us = UdpSocket::bind("127.0.0.1:0").unwrap();
     let ul = UnixListener::bind(&path).unwrap();
     let (ua, _ub) = UnixStream::pair().unwrap();
+    let ud = UnixDatagram::unbound().unwrap();
     let fds = [
         (tl.as_raw_fd(), fd_traits(tl)),
         (ts.as_raw_fd(), fd_traits(ts)),
         (us.as_raw_fd(), fd_traits(us)),
         (ul.as_raw_fd(), fd_traits(ul)),
         (ua.as_raw_fd(), fd_traits(ua)),
+        (ud.as_raw_fd(), fd_traits(ud)),
     ];
     for (before, after) in fds {
         assert_eq!(before, after);
@@ -265,6 +267,9 @@ fn try_clone_on_every_kind() {
             let u2 = u.try_clone().unwrap();
             u2.send_to(b"u", u.local_addr().unwrap()).unwrap();
             assert_eq!(u.recv_from(&mut buf).unwrap().0, 1);
+            let (d, e) = UnixDatagram::pair().unwrap();
+            d.try_clone().unwrap().send(b"d").unwrap();
+            assert_eq!(e.recv(&mut buf).unwrap(), 1);
         })
         .unwrap();
     }

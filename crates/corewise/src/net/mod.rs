@@ -11,9 +11,9 @@
 //! thread through a [`Canceller`](crate::io::Canceller). `shutdown` from
 //! another thread wakes a blocked reader with end-of-stream, as with std.
 //!
-//! One type, [`Socket<K>`], stands for all five: `K` is the std socket it
-//! wraps, and [`TcpStream`], [`TcpListener`], [`UdpSocket`], [`UnixStream`]
-//! and [`UnixListener`] are its names for each. What every socket does
+//! One type, [`Socket<K>`], stands for all six: `K` is the std socket it
+//! wraps, and [`TcpStream`], [`TcpListener`], [`UdpSocket`], [`UnixStream`],
+//! [`UnixListener`] and [`UnixDatagram`] are its names for each. What every socket does
 //! (timeouts, cancel, the fd traits) and what every byte stream does
 //! (read, write, peek, shutdown) is written once, generically; each kind
 //! adds only what its protocol needs (bind, connect, accept, addresses).
@@ -48,12 +48,18 @@
 //!   stream can be read and written from two threads.
 //! - Listeners also have `set_timeout` (the `accept` timeout) and
 //!   `canceller`.
-//! - The five types are one generic type, [`Socket<K>`]: code generic over
+//! - The six types are one generic type, [`Socket<K>`]: code generic over
 //!   sockets can name [`SocketKind`], [`StreamKind`] or [`ListenerKind`].
 //! - A read, write or accept whose timeout passes fails with
 //!   `ErrorKind::TimedOut`, where std on Linux gives `WouldBlock` (the
 //!   kernel's `EAGAIN` under `SO_RCVTIMEO`): code that matches on
 //!   `WouldBlock` for a timeout matches on `TimedOut` here.
+//! - `UnixDatagram::send_to` and `recv_from` try the call and wait for
+//!   readiness when it would block (a pathname address has no ring
+//!   operation of its own here), so each costs a poll when it waits; `send`
+//!   and `recv` on a connected one go through the ring as the other
+//!   sockets' do. Its unstable std methods (`peek`, ancillary data) are not
+//!   there.
 
 mod addr;
 mod socket;
@@ -65,4 +71,4 @@ pub(crate) use addr::sockaddr_to_std;
 pub use socket::{Incoming, ListenerKind, Socket, SocketKind, StreamKind};
 pub use tcp::{TcpListener, TcpStream};
 pub use udp::UdpSocket;
-pub use unix::{UnixListener, UnixStream};
+pub use unix::{UnixDatagram, UnixListener, UnixStream};

@@ -86,11 +86,13 @@ impl sealed::Sealed for std::net::TcpListener {}
 impl sealed::Sealed for std::net::UdpSocket {}
 impl sealed::Sealed for std::os::unix::net::UnixStream {}
 impl sealed::Sealed for std::os::unix::net::UnixListener {}
+impl sealed::Sealed for std::os::unix::net::UnixDatagram {}
 impl SocketKind for std::net::TcpStream {}
 impl SocketKind for std::net::TcpListener {}
 impl SocketKind for std::net::UdpSocket {}
 impl SocketKind for std::os::unix::net::UnixStream {}
 impl SocketKind for std::os::unix::net::UnixListener {}
+impl SocketKind for std::os::unix::net::UnixDatagram {}
 impl StreamKind for std::net::TcpStream {}
 impl StreamKind for std::os::unix::net::UnixStream {}
 impl ListenerKind for std::net::TcpListener {
@@ -167,18 +169,43 @@ impl<K: SocketKind> Socket<K> {
         })
     }
 
-    /// Receives into `buf` with `MSG_PEEK`: what a stream or a datagram
-    /// socket would read next, left in the queue.
-    pub(crate) fn recv_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// A connected pair of new sockets of type `ty` (`socketpair`).
+    pub(crate) fn pair_of(ty: SocketType) -> io::Result<(Self, Self)> {
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            ty,
+            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+            None,
+        )?;
+        Ok((
+            Self::from_nonblocking(a.into()),
+            Self::from_nonblocking(b.into()),
+        ))
+    }
+
+    /// Receives into `buf` with `flags` (`MSG_PEEK` leaves the data in
+    /// the queue): one datagram, or what a stream has.
+    pub(crate) fn recv_with(&self, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
         let kind = Kind::Recv {
             fd: self.as_raw_fd(),
             buf: buf.as_mut_ptr(),
             len: buf.len(),
-            flags: libc::MSG_PEEK,
+            flags,
         };
         // SAFETY: `buf` is borrowed for the whole call, which returns only
         // after the kernel is done with it.
         unsafe { self.state.read(kind) }
+    }
+
+    /// Sends `buf` (some of it on a stream, one datagram otherwise).
+    pub(crate) fn send_bytes(&self, buf: &[u8]) -> io::Result<usize> {
+        let kind = Kind::Send {
+            fd: self.as_raw_fd(),
+            buf: buf.as_ptr(),
+            len: buf.len(),
+        };
+        // SAFETY: `buf` is borrowed for the whole call.
+        unsafe { self.state.write(kind) }
     }
 
     /// Timeout of each read, receive or accept (`None`: wait forever).
@@ -397,7 +424,7 @@ impl<K: StreamKind> Socket<K> {
     /// assert_eq!(b.read(&mut buf).unwrap(), 2);
     /// ```
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.recv_peek(buf)
+        self.recv_with(buf, libc::MSG_PEEK)
     }
 
     /// Writes some of `buf`; returns how much.
@@ -407,13 +434,7 @@ impl<K: StreamKind> Socket<K> {
     /// assert_eq!(a.write(b"abc").unwrap(), 3);
     /// ```
     pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
-        let kind = Kind::Send {
-            fd: self.as_raw_fd(),
-            buf: buf.as_ptr(),
-            len: buf.len(),
-        };
-        // SAFETY: as in `read`.
-        unsafe { self.state.write(kind) }
+        self.send_bytes(buf)
     }
 
     /// Scatter read (`readv`).

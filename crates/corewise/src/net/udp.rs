@@ -65,13 +65,7 @@ impl Socket<std::net::UdpSocket> {
     /// assert_eq!(b.recv(&mut buf).unwrap(), 2);
     /// ```
     pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
-        let kind = Kind::Send {
-            fd: self.as_raw_fd(),
-            buf: buf.as_ptr(),
-            len: buf.len(),
-        };
-        // SAFETY: `buf` is borrowed for the whole call.
-        unsafe { self.state.write(kind) }
+        self.send_bytes(buf)
     }
 
     /// Receives from the connected peer.
@@ -86,14 +80,7 @@ impl Socket<std::net::UdpSocket> {
     /// assert_eq!(&buf[..n], b"yo");
     /// ```
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let kind = Kind::Recv {
-            fd: self.as_raw_fd(),
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            flags: 0,
-        };
-        // SAFETY: `buf` is borrowed for the whole call.
-        unsafe { self.state.read(kind) }
+        self.recv_with(buf, 0)
     }
 
     /// Sends one datagram to `addr`. Unlike `connect`, a name is looked up
@@ -157,7 +144,7 @@ impl Socket<std::net::UdpSocket> {
     /// assert_eq!(b.recv(&mut buf).unwrap(), 2);
     /// ```
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.recv_peek(buf)
+        self.recv_with(buf, libc::MSG_PEEK)
     }
 
     /// Receives the next datagram and its sender without taking it from

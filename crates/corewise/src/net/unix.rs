@@ -1,10 +1,13 @@
-//! Unix-domain streams and listeners, on top of the generic [`Socket`].
+//! Unix-domain streams, listeners and datagram sockets, on top of the
+//! generic [`Socket`].
 
 use super::socket::{Socket, BACKLOG};
-use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use rustix::net::{AddressFamily, SocketType};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::SocketAddr;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// A Unix-domain stream listener.
 ///
@@ -113,16 +116,7 @@ impl Socket<std::os::unix::net::UnixStream> {
     /// assert_eq!(b.read(&mut [0u8; 1]).unwrap(), 1);
     /// ```
     pub fn pair() -> io::Result<(Self, Self)> {
-        let (a, b) = rustix::net::socketpair(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
-            None,
-        )?;
-        Ok((
-            Self::from_nonblocking(a.into()),
-            Self::from_nonblocking(b.into()),
-        ))
+        Self::pair_of(SocketType::STREAM)
     }
 
     /// The remote address.
@@ -143,5 +137,186 @@ impl Socket<std::os::unix::net::UnixStream> {
     /// ```
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.sock.local_addr()
+    }
+}
+
+/// A Unix-domain datagram socket (std's `UnixDatagram`): what a syslog or
+/// journald client sends its records through.
+///
+/// ```
+/// let rt = corewise::Runtime::new().unwrap();
+/// rt.block_on(|| {
+///     let p = std::env::temp_dir().join(format!("cw-doc-dgram-{}.sock", std::process::id()));
+///     let _ = std::fs::remove_file(&p);
+///     let server = corewise::net::UnixDatagram::bind(&p).unwrap();
+///     let client = corewise::net::UnixDatagram::unbound().unwrap();
+///     client.send_to(b"<14>hello", &p).unwrap();
+///     let mut buf = [0u8; 32];
+///     let (n, from) = server.recv_from(&mut buf).unwrap();
+///     assert_eq!((&buf[..n], from.is_unnamed()), (&b"<14>hello"[..], true));
+///     std::fs::remove_file(&p).unwrap();
+/// }).unwrap();
+/// ```
+pub type UnixDatagram = Socket<std::os::unix::net::UnixDatagram>;
+
+/// The deadline of a call that starts now under `timeout`.
+fn deadline_of(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(crate::deadline::after)
+}
+
+impl Socket<std::os::unix::net::UnixDatagram> {
+    /// A datagram socket bound to `path`.
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-dbind-{}.sock", std::process::id()));
+    /// let _ = std::fs::remove_file(&p);
+    /// let s = corewise::net::UnixDatagram::bind(&p).unwrap();
+    /// assert_eq!(s.local_addr().unwrap().as_pathname(), Some(p.as_path()));
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
+    pub fn bind(path: impl AsRef<Path>) -> io::Result<Self> {
+        let fd = Self::open(AddressFamily::UNIX, SocketType::DGRAM)?;
+        let addr = rustix::net::SocketAddrUnix::new(path.as_ref())?;
+        rustix::net::bind(&fd, &addr)?;
+        Ok(Self::from_nonblocking(fd.into()))
+    }
+
+    /// A datagram socket bound to no address.
+    ///
+    /// ```
+    /// let s = corewise::net::UnixDatagram::unbound().unwrap();
+    /// assert!(s.local_addr().unwrap().is_unnamed());
+    /// ```
+    pub fn unbound() -> io::Result<Self> {
+        Ok(Self::from_nonblocking(
+            Self::open(AddressFamily::UNIX, SocketType::DGRAM)?.into(),
+        ))
+    }
+
+    /// A connected pair of datagram sockets.
+    ///
+    /// ```
+    /// let (a, b) = corewise::net::UnixDatagram::pair().unwrap();
+    /// a.send(b"one").unwrap();
+    /// let mut buf = [0u8; 8];
+    /// assert_eq!(b.recv(&mut buf).unwrap(), 3);
+    /// ```
+    pub fn pair() -> io::Result<(Self, Self)> {
+        Self::pair_of(SocketType::DGRAM)
+    }
+
+    /// Sets the default peer to the socket at `path` (a datagram connect
+    /// never waits).
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-dconn-{}.sock", std::process::id()));
+    /// let _ = std::fs::remove_file(&p);
+    /// let server = corewise::net::UnixDatagram::bind(&p).unwrap();
+    /// let c = corewise::net::UnixDatagram::unbound().unwrap();
+    /// c.connect(&p).unwrap();
+    /// assert_eq!(c.peer_addr().unwrap().as_pathname(), Some(p.as_path()));
+    /// c.send(b"x").unwrap();
+    /// assert_eq!(server.recv(&mut [0u8; 4]).unwrap(), 1);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
+    pub fn connect(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let addr = rustix::net::SocketAddrUnix::new(path.as_ref())?;
+        Ok(rustix::net::connect(&self.sock, &addr)?)
+    }
+
+    /// Sends one datagram to the connected peer; waits (blocking only the
+    /// thread) while the peer's queue is full.
+    ///
+    /// ```
+    /// let (a, b) = corewise::net::UnixDatagram::pair().unwrap();
+    /// assert_eq!(a.send(b"abc").unwrap(), 3);
+    /// # drop(b);
+    /// ```
+    pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send_bytes(buf)
+    }
+
+    /// Receives one datagram from the connected peer (or anyone, if not
+    /// connected).
+    ///
+    /// ```
+    /// let (a, b) = corewise::net::UnixDatagram::pair().unwrap();
+    /// a.send(b"hey").unwrap();
+    /// let mut buf = [0u8; 8];
+    /// let n = b.recv(&mut buf).unwrap();
+    /// assert_eq!(&buf[..n], b"hey");
+    /// ```
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv_with(buf, 0)
+    }
+
+    /// Sends one datagram to the socket at `path`. It is tried at once and,
+    /// while the receiver's queue is full, retried when the socket is
+    /// writable (blocking only the thread, under the write timeout).
+    ///
+    /// ```
+    /// let p = std::env::temp_dir().join(format!("cw-doc-dsend-{}.sock", std::process::id()));
+    /// let _ = std::fs::remove_file(&p);
+    /// let server = corewise::net::UnixDatagram::bind(&p).unwrap();
+    /// let c = corewise::net::UnixDatagram::unbound().unwrap();
+    /// assert_eq!(c.send_to(b"rec", &p).unwrap(), 3);
+    /// assert_eq!(server.recv(&mut [0u8; 4]).unwrap(), 3);
+    /// std::fs::remove_file(&p).unwrap();
+    /// ```
+    pub fn send_to(&self, buf: &[u8], path: impl AsRef<Path>) -> io::Result<usize> {
+        let deadline = deadline_of(self.state.write_timeout());
+        loop {
+            match self.sock.send_to(buf, path.as_ref()) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.state
+                        .wait_ready(self.as_raw_fd(), libc::POLLOUT as u32, deadline)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Receives one datagram and the address of its sender. It waits
+    /// (blocking only the thread, under the read timeout and the canceller)
+    /// until one is there.
+    ///
+    /// ```
+    /// let (a, b) = corewise::net::UnixDatagram::pair().unwrap();
+    /// a.send(b"from a").unwrap();
+    /// let mut buf = [0u8; 16];
+    /// let (n, from) = b.recv_from(&mut buf).unwrap();
+    /// assert_eq!((n, from.is_unnamed()), (6, true));
+    /// ```
+    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        let deadline = deadline_of(self.state.read_timeout());
+        loop {
+            match self.sock.recv_from(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.state
+                        .wait_ready(self.as_raw_fd(), libc::POLLIN as u32, deadline)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// The bound address.
+    ///
+    /// ```
+    /// let (a, _b) = corewise::net::UnixDatagram::pair().unwrap();
+    /// assert!(a.local_addr().unwrap().is_unnamed());
+    /// ```
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.local_addr()
+    }
+
+    /// The connected peer.
+    ///
+    /// ```
+    /// let s = corewise::net::UnixDatagram::unbound().unwrap();
+    /// assert!(s.peer_addr().is_err());
+    /// ```
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.peer_addr()
     }
 }
