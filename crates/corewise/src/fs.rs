@@ -53,6 +53,7 @@ pub struct OpenOptions {
     create: bool,
     create_new: bool,
     mode: Option<u32>,
+    custom_flags: i32,
 }
 
 impl OpenOptions {
@@ -182,6 +183,32 @@ impl OpenOptions {
         self
     }
 
+    /// Further `open(2)` flags (`O_NOFOLLOW`, `O_NOATIME`, `O_DIRECT`, ...),
+    /// as std's `OpenOptionsExt::custom_flags`: they add to what the other
+    /// options ask for and cannot change the access mode (its bits are
+    /// ignored); a second call replaces the first.
+    ///
+    /// ```
+    /// let dir = std::env::temp_dir();
+    /// let target = dir.join(format!("cw-doc-cflags-{}", std::process::id()));
+    /// let link = dir.join(format!("cw-doc-cflags-link-{}", std::process::id()));
+    /// std::fs::write(&target, b"x").unwrap();
+    /// let _ = std::fs::remove_file(&link);
+    /// std::os::unix::fs::symlink(&target, &link).unwrap();
+    /// let e = corewise::fs::File::options()
+    ///     .read(true)
+    ///     .custom_flags(libc::O_NOFOLLOW)
+    ///     .open(&link)
+    ///     .unwrap_err();
+    /// assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+    /// std::fs::remove_file(&link).unwrap();
+    /// std::fs::remove_file(&target).unwrap();
+    /// ```
+    pub fn custom_flags(&mut self, flags: i32) -> &mut Self {
+        self.custom_flags = flags;
+        self
+    }
+
     /// The `open` flags, checked as std checks them: an access mode is
     /// needed, and truncating or creating needs write or append access
     /// (and truncating cannot be combined with append, unless
@@ -218,7 +245,7 @@ impl OpenOptions {
             (true, true, false) => libc::O_CREAT | libc::O_TRUNC,
             (_, _, true) => libc::O_CREAT | libc::O_EXCL,
         };
-        Ok(access | creation | libc::O_CLOEXEC)
+        Ok(access | creation | libc::O_CLOEXEC | (self.custom_flags & !libc::O_ACCMODE))
     }
 
     /// Opens `path` (through the ring when there is one). The open blocks as

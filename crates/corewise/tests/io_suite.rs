@@ -722,6 +722,32 @@ fn open_options_checked_as_std(b: IoBackend) {
                 assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidInput, "{what}");
             }
             assert_eq!(std::fs::read(&p.0).unwrap(), b"data");
+            // Custom flags add (O_NOFOLLOW refuses a symlink, as std's)
+            // but cannot widen the access mode: a read-only open stays one.
+            let link = TempPath::new("flags-link");
+            std::os::unix::fs::symlink(&p.0, &link.0).unwrap();
+            let nofollow = |o: &mut corewise::fs::OpenOptions| {
+                o.read(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&link.0)
+                    .map(drop)
+            };
+            let mut std_o = std::fs::OpenOptions::new();
+            std::os::unix::fs::OpenOptionsExt::custom_flags(&mut std_o, libc::O_NOFOLLOW);
+            let want = std_o.read(true).open(&link.0).map(drop).unwrap_err();
+            let got = nofollow(&mut o()).unwrap_err();
+            assert_eq!(got.raw_os_error(), want.raw_os_error());
+            assert_eq!(got.raw_os_error(), Some(libc::ELOOP));
+            let ro = o()
+                .read(true)
+                .custom_flags(libc::O_RDWR)
+                .open(&p.0)
+                .unwrap();
+            assert_eq!(
+                ro.write(b"no").unwrap_err().raw_os_error(),
+                Some(libc::EBADF)
+            );
+            assert_eq!(std::fs::read(&p.0).unwrap(), b"data");
         })
         .unwrap();
 }
