@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A Unix-domain stream listener.
 ///
@@ -159,12 +159,28 @@ impl Socket<std::os::unix::net::UnixStream> {
 /// ```
 pub type UnixDatagram = Socket<std::os::unix::net::UnixDatagram>;
 
-/// The deadline of a call that starts now under `timeout`.
-fn deadline_of(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.and_then(crate::deadline::after)
-}
-
 impl Socket<std::os::unix::net::UnixDatagram> {
+    /// Runs `call` (a non-blocking std call) until it does not report
+    /// `WouldBlock`, waiting in between for `events` under `timeout`
+    /// (counted from now) and the canceller.
+    fn when_ready<R>(
+        &self,
+        events: libc::c_short,
+        timeout: Option<Duration>,
+        mut call: impl FnMut() -> io::Result<R>,
+    ) -> io::Result<R> {
+        let deadline = timeout.and_then(crate::deadline::after);
+        loop {
+            match call() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.state
+                        .wait_ready(self.as_raw_fd(), events as u32, deadline)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// A datagram socket bound to `path`.
     ///
     /// ```
@@ -264,16 +280,9 @@ impl Socket<std::os::unix::net::UnixDatagram> {
     /// std::fs::remove_file(&p).unwrap();
     /// ```
     pub fn send_to(&self, buf: &[u8], path: impl AsRef<Path>) -> io::Result<usize> {
-        let deadline = deadline_of(self.state.write_timeout());
-        loop {
-            match self.sock.send_to(buf, path.as_ref()) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.state
-                        .wait_ready(self.as_raw_fd(), libc::POLLOUT as u32, deadline)?;
-                }
-                r => return r,
-            }
-        }
+        self.when_ready(libc::POLLOUT, self.state.write_timeout(), || {
+            self.sock.send_to(buf, path.as_ref())
+        })
     }
 
     /// Receives one datagram and the address of its sender. It waits
@@ -288,16 +297,9 @@ impl Socket<std::os::unix::net::UnixDatagram> {
     /// assert_eq!((n, from.is_unnamed()), (6, true));
     /// ```
     pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        let deadline = deadline_of(self.state.read_timeout());
-        loop {
-            match self.sock.recv_from(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.state
-                        .wait_ready(self.as_raw_fd(), libc::POLLIN as u32, deadline)?;
-                }
-                r => return r,
-            }
-        }
+        self.when_ready(libc::POLLIN, self.state.read_timeout(), || {
+            self.sock.recv_from(buf)
+        })
     }
 
     /// The bound address.
