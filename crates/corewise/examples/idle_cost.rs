@@ -4,9 +4,12 @@
 //! `cargo run --release --example idle_cost [SECONDS]` (default 10):
 //! 1. idle: the process's utime + stime (`/proc/self/stat`) and its CPU
 //!    clock over SECONDS with the runtime built and nothing to run;
-//! 2. busy: the watcher thread's own CPU time (`corewise-budget`, from
-//!    `/proc/self/task/N/schedstat`) over SECONDS while one spinning user
-//!    thread per core keeps every core busy.
+//! 2. busy: the CPU time of the helper threads (`corewise-budget`, the
+//!    watcher, and `corewise-monitor`, the handoff monitor, which takes
+//!    the watcher's share samples while it runs; from
+//!    `/proc/self/task/N/schedstat`) and their wakeups (voluntary context
+//!    switches) over SECONDS while one spinning user thread per core keeps
+//!    every core busy.
 //!
 //! Both as a percentage of one core.
 
@@ -27,8 +30,9 @@ fn cpu_clock_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-/// Run time in ns of this process's threads named `name`.
-fn threads_named_ns(name: &str) -> u64 {
+/// The sum of `read(task directory)` over this process's threads named
+/// `name` (the kernel keeps 15 bytes of a name).
+fn sum_over_threads(name: &str, read: impl Fn(&std::path::Path) -> Option<u64>) -> u64 {
     let mut total = 0;
     for e in std::fs::read_dir("/proc/self/task")
         .into_iter()
@@ -38,15 +42,31 @@ fn threads_named_ns(name: &str) -> u64 {
         let p = e.path();
         let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
         if comm.trim() == name {
-            let s = std::fs::read_to_string(p.join("schedstat")).unwrap_or_default();
-            total += s
-                .split_whitespace()
-                .next()
-                .and_then(|x| x.parse::<u64>().ok())
-                .unwrap_or(0);
+            total += read(&p).unwrap_or(0);
         }
     }
     total
+}
+
+/// Run time in ns of this process's threads named `name`.
+fn threads_named_ns(name: &str) -> u64 {
+    sum_over_threads(name, |p| {
+        let s = std::fs::read_to_string(p.join("schedstat")).ok()?;
+        s.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Voluntary context switches (wakeups after a sleep) of this process's
+/// threads named `name`.
+fn threads_named_switches(name: &str) -> u64 {
+    sum_over_threads(name, |p| {
+        let s = std::fs::read_to_string(p.join("status")).ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 fn main() {
@@ -98,18 +118,35 @@ fn main() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let w0 = threads_named_ns("corewise-budget");
+    let (w0, m0) = (
+        threads_named_ns("corewise-budget"),
+        threads_named_ns("corewise-monito"),
+    );
+    let (ws0, ms0) = (
+        threads_named_switches("corewise-budget"),
+        threads_named_switches("corewise-monito"),
+    );
     let start = Instant::now();
     std::thread::sleep(window);
     let wall = start.elapsed().as_secs_f64();
-    let w1 = threads_named_ns("corewise-budget");
+    let (w1, m1) = (
+        threads_named_ns("corewise-budget"),
+        threads_named_ns("corewise-monito"),
+    );
+    let (ws1, ms1) = (
+        threads_named_switches("corewise-budget"),
+        threads_named_switches("corewise-monito"),
+    );
     let active = rt.active_cores();
     stop.store(true, Ordering::Relaxed);
     for s in spinners {
         s.join().unwrap();
     }
     println!(
-        "busy {secs} s ({active} cores active at the end): watcher thread {:.3} % of a core",
-        (w1 - w0) as f64 / 1e9 / wall * 100.0
+        "busy {secs} s ({active} cores active at the end): watcher thread {:.3} % of a core ({:.0} wakeups/s), monitor thread {:.3} % ({:.0} wakeups/s)",
+        (w1 - w0) as f64 / 1e9 / wall * 100.0,
+        (ws1 - ws0) as f64 / wall,
+        (m1 - m0) as f64 / 1e9 / wall * 100.0,
+        (ms1 - ms0) as f64 / wall,
     );
 }

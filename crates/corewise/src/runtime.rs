@@ -728,6 +728,9 @@ impl Builder {
         manager.thread().unpark();
         rt.manager = Some(manager);
         if shared.handoff {
+            // The monitor wakes every MAX_PERIOD or sooner while the runtime
+            // is busy; the watcher's ticks ride on those wakeups.
+            shared.budget.tick_elsewhere(WATCHER_BACKSTOP);
             crate::sched::handoff::install_handler();
             rt.monitor = Some(
                 std::thread::Builder::new()
@@ -738,6 +741,12 @@ impl Builder {
         Ok(rt)
     }
 }
+
+/// How late a budget tick may be before the watcher thread does it itself
+/// while the handoff monitor ticks (see `BudgetHandle::tick_elsewhere`):
+/// the monitor only falls that far behind when it gets no CPU, and then the
+/// watcher would not either.
+const WATCHER_BACKSTOP: Duration = Duration::from_secs(1);
 
 /// Environment variable that switches blocking handoff off for every
 /// runtime of the process when set to `0`, `off` or `false` (see

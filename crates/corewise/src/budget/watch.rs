@@ -27,6 +27,14 @@
 //! The count is one atomic add per kernel sleep and wake, which already
 //! cost a system call each; the futex wake is only issued on the 0 → 1
 //! transition while the watcher waits.
+//!
+//! **One wakeup, not two.** A runtime whose handoff monitor already wakes
+//! every few milliseconds while busy lets the monitor do the ticks
+//! ([`BudgetHandle::refresh_if_due`] after each of its wakeups, which it
+//! times to the next share window) and leaves the watcher thread only a
+//! backstop: it wakes when a tick is a second late. On a saturated host
+//! every helper wakeup is a switch the CPU-bound threads around it would
+//! not have had; two helpers woke about 100 times a second each.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -65,6 +73,10 @@ struct Worker {
     neighbour: Option<NeighbourShare>,
     next_budget: Instant,
     next_share: Option<Instant>,
+    /// The runtime was idle at a tick (or the watcher waited while it
+    /// was): the next busy tick starts a fresh share window instead of
+    /// sampling one that spans the pause.
+    paused: bool,
 }
 
 struct Shared {
@@ -95,6 +107,12 @@ struct Shared {
     /// Whether the watcher thread waits on `awake` (wakers skip the
     /// system call otherwise).
     waiting: AtomicU32,
+    /// Nanoseconds a due tick may stay undone before the watcher thread
+    /// does it (0: it ticks on schedule). Set while another thread ticks
+    /// through [`BudgetHandle::refresh_if_due`] on its own wakeups (the
+    /// runtime's handoff monitor), so that the watcher thread wakes only
+    /// if that thread falls behind.
+    backstop_ns: AtomicU64,
 }
 
 impl Shared {
@@ -138,24 +156,29 @@ impl Shared {
         true
     }
 
-    /// A new share window from now, after an idle pause.
+    /// The runtime was idle: the next busy tick starts a fresh share window.
     fn resume(&self) {
-        let mut guard = lock(&self.worker);
-        let w = &mut *guard;
-        let now = Instant::now();
-        if let (Some(n), Some(next)) = (&mut w.neighbour, &mut w.next_share) {
-            if n.rebase().is_ok() {
-                *next = now + n.config().window;
-            }
-        }
+        lock(&self.worker).paused = true;
+    }
+
+    /// When the next tick is due.
+    fn next_due(&self) -> Instant {
+        self.epoch + Duration::from_nanos(self.next_due_ns.load(Ordering::Relaxed))
     }
 
     /// Does whatever is due; returns when the next thing is due.
+    ///
+    /// While every dispatcher of a tracked runtime sleeps nothing is read
+    /// (a tick then only marks the pause); the first tick after it starts a
+    /// fresh share window, since one spanning the pause would read as a
+    /// tiny share, and re-reads the budget if that fell due meanwhile.
     fn tick(&self, w: &mut Worker, force_budget: bool) -> Result<Instant, Arc<BudgetError>> {
         let now = Instant::now();
+        let idle = self.is_idle();
+        w.paused |= idle;
         let mut result = Ok(());
         let cores_before = self.cores.load(Ordering::Relaxed);
-        if force_budget || now >= w.next_budget {
+        if force_budget || (!idle && now >= w.next_budget) {
             w.next_budget = now + w.interval;
             self.reads.fetch_add(1, Ordering::Relaxed);
             match w.probe.read() {
@@ -191,6 +214,16 @@ impl Shared {
                 // wakeups) until a re-read finds a larger budget; that first
                 // sample then covers the whole pause, an average to start from.
                 *next = w.next_budget;
+            } else if idle {
+                *next = now + n.config().window;
+                active = n.cap().min(cores);
+            } else if w.paused {
+                // A fresh window from now; the cap stays as it was.
+                *next = now + n.config().window;
+                active = n.cap().min(cores);
+                if n.rebase().is_ok() {
+                    w.paused = false;
+                }
             } else if now >= *next {
                 *next = now + n.config().window;
                 self.reads.fetch_add(1, Ordering::Relaxed);
@@ -386,6 +419,27 @@ impl BudgetHandle {
         };
         let _ = self.shared.tick(&mut w, false);
         true
+    }
+
+    /// From now on another thread calls [`refresh_if_due`](Self::refresh_if_due)
+    /// on its own wakeups, and the watcher thread only does a tick that is
+    /// `backstop` late (that thread fell behind): one helper wakeup instead
+    /// of two.
+    pub(crate) fn tick_elsewhere(&self, backstop: Duration) {
+        let ns = u64::try_from(backstop.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.shared.backstop_ns.store(ns, Ordering::Relaxed);
+        // A thread waiting for a tick on the old terms waits anew.
+        let _stop = lock(&self.shared.stop);
+        self.shared.wake.notify_all();
+    }
+
+    /// How long until the next tick is due (zero if it is).
+    pub(crate) fn until_due(&self) -> Duration {
+        self.shared
+            .next_due()
+            .saturating_duration_since(Instant::now())
     }
 
     /// From now on the watcher thread blocks while every dispatcher this
@@ -592,12 +646,14 @@ impl WatcherBuilder {
                 neighbour,
                 next_budget: now + self.interval,
                 next_share,
+                paused: false,
             }),
             stop: Mutex::new(false),
             wake: Condvar::new(),
             tracking: AtomicBool::new(false),
             awake: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
+            backstop_ns: AtomicU64::new(0),
         });
         let due = next_share.map_or(now + self.interval, |s| s.min(now + self.interval));
         shared
@@ -647,12 +703,20 @@ impl WatcherBuilder {
                         return;
                     }
                     let now = Instant::now();
-                    if now >= due {
+                    // With a backstop, another thread ticks: wake only when
+                    // a tick is that late.
+                    let backstop = shared.backstop_ns.load(Ordering::Relaxed);
+                    let until = if backstop == 0 {
+                        due
+                    } else {
+                        due.max(shared.next_due()) + Duration::from_nanos(backstop)
+                    };
+                    if now >= until {
                         break;
                     }
                     stop = shared
                         .wake
-                        .wait_timeout(stop, due - now)
+                        .wait_timeout(stop, until - now)
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
                 }
@@ -926,5 +990,78 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         drop(w);
+    }
+
+    /// With a backstop, the watcher thread leaves the ticks to whoever
+    /// calls `refresh_if_due`, and only ticks itself once one is that late.
+    #[test]
+    fn a_backstop_leaves_the_ticks_to_another_thread() {
+        let w = BudgetWatcher::builder()
+            .probe(BudgetProbe::new().max_cores(Some(2)))
+            .interval(Duration::from_millis(5))
+            .spawn()
+            .unwrap();
+        let h = w.handle().clone();
+        h.tick_elsewhere(Duration::from_secs(3600));
+        // The thread's wait for its first tick may still run out once.
+        std::thread::sleep(Duration::from_millis(20));
+        let r0 = h.reads();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(h.reads() <= r0 + 1, "the thread kept ticking on schedule");
+        // Another thread ticks: it finds the ticks due.
+        let mut ticked = 0;
+        for _ in 0..10 {
+            std::thread::sleep(Duration::from_millis(6));
+            ticked += u64::from(h.refresh_if_due());
+        }
+        assert!(ticked >= 5, "only {ticked} of 10 ticks were due");
+        // A short backstop: with nobody else ticking the thread takes over
+        // (it re-reads the backstop when its current wait runs out, within
+        // 5 ms plus the last one).
+        h.tick_elsewhere(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(50));
+        let r1 = h.reads();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(h.reads() >= r1 + 3, "the backstop did not tick");
+        drop(w);
+    }
+
+    /// A tick while a tracked runtime sleeps reads nothing, and the first
+    /// tick after it starts a fresh share window instead of sampling one
+    /// that spans the pause.
+    #[test]
+    fn ticks_skip_an_idle_pause() {
+        let config = NeighbourConfig {
+            window: Duration::from_millis(5),
+            ..NeighbourConfig::default()
+        };
+        let w = BudgetWatcher::builder()
+            .probe(
+                BudgetProbe::new()
+                    .max_cores(Some(2))
+                    .affinity("0-1".parse().unwrap()),
+            )
+            .interval(Duration::from_secs(3600))
+            .neighbour(Some(config))
+            .build()
+            .unwrap();
+        let h = w.handle().clone();
+        h.track_activity();
+        // Nobody awake: due ticks read nothing.
+        let r0 = h.reads();
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(6));
+            assert!(h.refresh_if_due());
+        }
+        assert_eq!(h.reads(), r0, "read while idle");
+        // Awake: the first due tick starts a window, the next one samples.
+        h.dispatcher_awake();
+        std::thread::sleep(Duration::from_millis(6));
+        assert!(h.refresh_if_due());
+        assert_eq!(h.reads(), r0, "sampled a window that spans the pause");
+        std::thread::sleep(Duration::from_millis(6));
+        assert!(h.refresh_if_due());
+        assert_eq!(h.reads(), r0 + 1);
+        h.dispatcher_asleep();
     }
 }

@@ -9,6 +9,11 @@
 //! idle runtime costs it nothing. A look reads two counters per core; a
 //! core that looks stuck costs its kernel thread's CPU clock, and a read of
 //! its `/proc` state when that clock stood still.
+//!
+//! The budget watcher's ticks (neighbour-share windows, budget re-reads)
+//! ride on the monitor's wakeups, which it times to the next window: a busy
+//! runtime wakes one helper thread instead of two (see
+//! [`crate::budget::BudgetHandle`]'s `tick_elsewhere`).
 
 use crate::runtime::Shared;
 use crate::sched::handoff::{self, KernelState, BLOCKED_AFTER, COMPUTING_AFTER};
@@ -78,6 +83,8 @@ pub(crate) fn run(shared: &'static Shared) {
         })
         .collect();
     let mut period = MAX_PERIOD;
+    // A computing core's next mark (one look, not a new period).
+    let mut wake: Option<Duration> = None;
     let mut quiet = 0u32;
     let mut warned: HashSet<(usize, u32)> = HashSet::new();
     let mut quiet_since: Option<Instant> = None;
@@ -112,13 +119,22 @@ pub(crate) fn run(shared: &'static Shared) {
                 continue;
             }
         }
-        std::thread::park_timeout(period);
+        // The budget watcher's ticks (share windows, budget re-reads) ride
+        // on these wakeups: one helper wakeup instead of two.
+        let sleep = match wake {
+            Some(w) => period.min(w),
+            None => period,
+        };
+        std::thread::park_timeout(sleep.min(shared.budget.until_due().max(MIN_PERIOD)));
+        shared.budget.refresh_if_due();
         let now = Instant::now();
-        let mut next: Option<Duration> = None;
-        let awake = shared.cores.iter().filter(|c| is_awake(c)).count();
+        let mut soon = false;
+        wake = None;
         for (core, s) in shared.cores.iter().zip(seen.iter_mut()) {
-            if let Some(w) = look(shared, core, s, now, awake) {
-                next = Some(next.map_or(w, |n| n.min(w)));
+            match look(shared, core, s, now) {
+                Next::Quiet => {}
+                Next::After(w) => wake = Some(wake.map_or(w, |n| n.min(w))),
+                Next::Soon => soon = true,
             }
             if let Some(r) = core.handoff.take_report() {
                 let name = r.name();
@@ -137,8 +153,8 @@ pub(crate) fn run(shared: &'static Shared) {
                 }
             }
         }
-        if let Some(w) = next {
-            period = w.max(MIN_PERIOD);
+        if soon {
+            period = MIN_PERIOD;
             quiet = 0;
         } else {
             quiet += 1;
@@ -159,11 +175,6 @@ pub(crate) fn run(shared: &'static Shared) {
 /// not held up for [`COMPUTING_AFTER`].
 pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(1);
 
-/// The longest the monitor waits for a computing thread's CPU time to reach
-/// [`COMPUTING_AFTER`] while other cores are awake: they may get stuck
-/// meanwhile. With no other core awake it waits up to [`MAX_PERIOD`].
-const COMPUTING_LOOK: Duration = Duration::from_millis(2);
-
 /// Whether `core` has a kernel thread that is neither asleep nor idle.
 fn is_awake(core: &Core) -> bool {
     core.handoff.owner_tid.load(Ordering::Acquire) != 0
@@ -171,23 +182,33 @@ fn is_awake(core: &Core) -> bool {
         && !core.stats.idle.is_idle()
 }
 
-/// Looks at one core (`awake` cores in all, this one included); if it is
-/// stuck, returns when to look again: soon after a handoff was asked for,
-/// or, for a thread still computing, when its CPU time could reach the
-/// next mark ([`YIELD_AFTER`], then [`COMPUTING_AFTER`]) at the rate it
-/// has computed so far (at most [`COMPUTING_LOOK`] while other cores are
-/// awake). Looking every [`MIN_PERIOD`] at a core that computes cost two
-/// `/proc` reads 20 000 times a second: the monitor took a CPU's share from
-/// a runtime busy with tasks of a few milliseconds. Waiting the CPU time
-/// still missing as wall time approached a mark by thirds when the thread
-/// had a third of a CPU (beside two busy neighbours): about ten looks.
-fn look(
-    shared: &'static Shared,
-    core: &'static Core,
-    s: &mut Seen,
-    now: Instant,
-    awake: usize,
-) -> Option<Duration> {
+/// When [`look`] wants to look at a core again.
+enum Next {
+    /// At the monitor's period (the core is not stuck, or a computing
+    /// thread needs nothing before then).
+    Quiet,
+    /// After this long (a computing thread's next mark): one look, the
+    /// period stays.
+    After(Duration),
+    /// Within [`MIN_PERIOD`] (a handoff was asked for, or the thread's
+    /// state could not be read); the period starts over from there.
+    Soon,
+}
+
+/// Looks at one core; if it is stuck, returns when to look again: soon
+/// after a handoff was asked for, or, for a thread still computing, when
+/// its CPU time could reach the next mark ([`YIELD_AFTER`], then
+/// [`COMPUTING_AFTER`]) at the rate it has computed so far. Looking every
+/// [`MIN_PERIOD`] at a core that computes cost two `/proc` reads 20 000
+/// times a second: the monitor took a CPU's share from a runtime busy with
+/// tasks of a few milliseconds. Waiting the CPU time still missing as wall
+/// time approached a mark by thirds when the thread had a third of a CPU
+/// (beside two busy neighbours): about ten looks.
+///
+/// That wait is one look, not the monitor's new period: taken as the
+/// period, it held every look at that cadence for the next
+/// [`QUIET_LOOKS`] looks, though only the computing core asked for it.
+fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant) -> Next {
     let h = &core.handoff;
     let tid = h.owner_tid.load(Ordering::Acquire);
     let dispatches = core.stats.dispatches.load(Ordering::Relaxed);
@@ -205,11 +226,11 @@ fn look(
             s.last_handoff = None;
             unprovision(shared, core);
         }
-        return None;
+        return Next::Quiet;
     }
     let stuck = now.duration_since(s.since);
     if stuck < BLOCKED_AFTER {
-        return None;
+        return Next::Quiet;
     }
     // The thread's CPU clock is one system call; its `/proc` state (open,
     // read, close) is read only when the clock has not moved since the
@@ -235,13 +256,13 @@ fn look(
             // has work too). Nor does it keep the monitor's looks short.
             if !has_other_work(core) {
                 s.cpu_base = None;
-                return None;
+                return Next::Quiet;
             }
             // Handed over after COMPUTING_AFTER of CPU time in this run, not
             // of wall time: a kernel thread preempted by other processes
             // would only gain a rival for its CPU.
             let Some(cpu) = cpu else {
-                return Some(MIN_PERIOD);
+                return Next::Soon;
             };
             let base = match s.cpu_base {
                 Some(b) => b,
@@ -273,24 +294,21 @@ fn look(
                 } else {
                     1.0
                 };
-                let cap = if awake > 1 {
-                    COMPUTING_LOOK
-                } else {
-                    MAX_PERIOD
-                };
-                return Some(Duration::from_nanos((cpu_step as f64 * rate) as u64).min(cap));
+                return Next::After(
+                    Duration::from_nanos((cpu_step as f64 * rate) as u64).max(MIN_PERIOD),
+                );
             }
             s.computing = true;
         }
-        None => return Some(MIN_PERIOD),
+        None => return Next::Soon,
     }
     if !provision(shared, core) {
-        return Some(MIN_PERIOD);
+        return Next::Soon;
     }
     h.request();
     handoff::signal_thread(tid);
     s.last_handoff = Some(now);
-    Some(MIN_PERIOD)
+    Next::Soon
 }
 
 /// Whether `core` has threads other than the running one: in its slots,
