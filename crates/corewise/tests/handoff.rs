@@ -61,9 +61,13 @@ fn ticker_beside(rt: &Runtime, blocker: impl FnOnce() + Send + 'static) -> (u32,
     .unwrap()
 }
 
+/// Half the expected ticks: without handoff the ticker runs once per
+/// blocking call or never (a few ticks of 30 or more), while a loaded
+/// machine (eight test binaries at once) delays some of its sleeps past
+/// the next tick, which an 80 % bound counted as a failure.
 fn assert_ticked(what: &str, (ticks, expected): (u32, u32)) {
     assert!(
-        ticks * 10 >= expected * 8,
+        ticks * 2 >= expected,
         "{what}: the ticker ran {ticks} times of about {expected}"
     );
 }
