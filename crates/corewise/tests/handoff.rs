@@ -170,8 +170,9 @@ fn kernel_threads_return_to_one_per_core() {
 
 /// A read submitted on the core's ring (or registered in its epoll set)
 /// before the core is handed over completes while the kernel thread that
-/// submitted it is still blocked; a cancel reaches it the same way.
-fn io_across_handoff(backend: IoBackend) {
+/// submitted it is still blocked in `block` (400 ms); a cancel reaches it
+/// the same way.
+fn io_across_handoff(backend: IoBackend, block: fn()) {
     within(Duration::from_secs(20), move || {
         let rt = Runtime::builder()
             .cpus([0])
@@ -207,8 +208,8 @@ fn io_across_handoff(backend: IoBackend) {
             })
             .unwrap();
             corewise::sleep(Duration::from_millis(20));
-            let blocker = corewise::spawn(|| {
-                std::thread::sleep(Duration::from_millis(400));
+            let blocker = corewise::spawn(move || {
+                block();
                 Instant::now()
             })
             .unwrap();
@@ -224,14 +225,41 @@ fn io_across_handoff(backend: IoBackend) {
     });
 }
 
+fn std_sleep() {
+    std::thread::sleep(Duration::from_millis(400));
+}
+
+/// Computes for 400 ms without a system call (the core is handed over
+/// after 10 ms of it).
+fn compute() {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(400) {
+        std::hint::spin_loop();
+    }
+}
+
 #[test]
 fn io_across_handoff_uring() {
-    io_across_handoff(IoBackend::Uring);
+    io_across_handoff(IoBackend::Uring, std_sleep);
 }
 
 #[test]
 fn io_across_handoff_epoll() {
-    io_across_handoff(IoBackend::Epoll);
+    io_across_handoff(IoBackend::Epoll, std_sleep);
+}
+
+/// The ring runs the kernel's task work cooperatively (`COOP_TASKRUN`: no
+/// interrupt of a submitter that runs user code): the read's completion
+/// waits for the computing submitter's next entry into the kernel, at the
+/// latest its next timer tick, not for the end of its computation.
+#[test]
+fn io_across_handoff_to_a_computing_thread_uring() {
+    io_across_handoff(IoBackend::Uring, compute);
+}
+
+#[test]
+fn io_across_handoff_to_a_computing_thread_epoll() {
+    io_across_handoff(IoBackend::Epoll, compute);
 }
 
 /// Name lookups through std block in the resolver; this one waits for a

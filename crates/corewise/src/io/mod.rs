@@ -2,9 +2,10 @@
 //! the FlexSC way: requests written into shared rings, many submitted with
 //! one system call, completions read from memory.
 //!
-//! Each core owns one io_uring, created and entered only by the core's
-//! kernel thread (`SINGLE_ISSUER`, `DEFER_TASKRUN`, `COOP_TASKRUN`,
-//! `TASKRUN_FLAG` as far as the kernel has them). A user thread runs on that
+//! Each core owns one io_uring, entered only by the kernel thread that owns
+//! the core (`COOP_TASKRUN`, `TASKRUN_FLAG`; without blocking handoff, when
+//! that thread never changes, also `SINGLE_ISSUER` and `DEFER_TASKRUN`; as
+//! far as the kernel has them). A user thread runs on that
 //! kernel thread, so it writes its SQE straight into its core's ring and
 //! blocks; the dispatcher submits the pass's SQEs with one
 //! `io_uring_enter`, reaps the CQ in memory and signals the waiters (see

@@ -33,8 +33,10 @@ pub(crate) struct RingOptions {
     pub(crate) sqpoll: Option<Option<u32>>,
     /// Whichever kernel thread owns the core submits (blocking handoff, see
     /// [`crate::sched::handoff`]): neither `SINGLE_ISSUER` nor the deferred
-    /// or cooperative task running that need one issuer or delay a blocked
-    /// submitter's completions.
+    /// task running that needs one issuer; cooperative task running stays
+    /// (a submitter blocked in an interruptible wait is still woken to run
+    /// its completions' task work, one that computes runs it at its next
+    /// kernel entry or timer tick).
     pub(crate) shared_issuer: bool,
 }
 
@@ -95,7 +97,10 @@ impl Uring {
             if opts.sqpoll.is_some() {
                 &[("SQPOLL", plain)]
             } else {
-                &[("no flags", plain)]
+                &[
+                    ("COOP_TASKRUN|TASKRUN_FLAG", coop_only),
+                    ("no flags", plain),
+                ]
             }
         } else if opts.sqpoll.is_some() {
             &[("SQPOLL|SINGLE_ISSUER", sqpoll_single), ("SQPOLL", plain)]
