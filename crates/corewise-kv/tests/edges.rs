@@ -265,6 +265,26 @@ fn run(mode: &str) {
           gat 10\r\ngats 10\r\ngat\r\n",
         b"TOUCHED\r\nNOT_FOUND\r\nOK\r\nEND\r\nEND\r\nEND\r\nERROR\r\n",
     );
+
+    // Number tokens as memcached's `safe_strtol` family reads them: `strtol`
+    // skips leading whitespace and stops at whitespace after the digits,
+    // which the check after it accepts. Tokens are split on spaces only,
+    // so a CR left before the line's CR LF, a tab or a vertical tab ends
+    // the number, in text and meta commands alike; a key keeps it (`get
+    // w1\r` asks for `w1\r`), and any other byte after the digits is still
+    // a bad command line.
+    check(
+        &s,
+        &mc,
+        b"set w1 0 0 1\r\r\nx\r\nget w1\r\nset w2 0\r 0 1\r\ny\r\n\
+          set w3 \t5 0\x0b 1\tjunk\r\nz\r\nset n2 0 0 1\r\n5\r\nincr n2 1\r\r\n\
+          decr n2 \t2\r\ntouch w1 10\r\r\nms w4 1\r\r\nq\r\nmg w4 v T30\r\r\n\
+          mg w4 t\r\nget w1\r\r\nmg w3 f v\r\ngat 0\t w1\r\nset w5 0 0 1x\r\n\
+          flush_all 0\r\r\n",
+        b"STORED\r\nVALUE w1 0 1\r\nx\r\nEND\r\nSTORED\r\nSTORED\r\nSTORED\r\n6\r\n\
+          4\r\nTOUCHED\r\nHD\r\nVA 1\r\nq\r\nHD t30\r\nEND\r\nVA 1 f5\r\nz\r\n\
+          VALUE w1 0 1\r\nx\r\nEND\r\nCLIENT_ERROR bad command line format\r\nOK\r\n",
+    );
 }
 
 trait ReplaceFirst {

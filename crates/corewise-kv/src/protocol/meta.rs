@@ -2,6 +2,7 @@
 //! on (`T30`, `Oabc`), parsed once into a struct; the raw tokens are kept
 //! so return flags are echoed in the order the client gave them.
 
+use super::parse::{parse_i64, parse_u64};
 use super::ProtoError;
 
 /// A mode token (`ms M<mode>`, `ma M<mode>`).
@@ -127,11 +128,14 @@ pub struct MetaFlags<'a> {
     pub remove_value: bool,
 }
 
-fn num<T: std::str::FromStr>(arg: &[u8], err: ProtoError) -> Result<T, ProtoError> {
-    std::str::from_utf8(arg)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or(err)
+/// A signed flag argument, read as memcached's `safe_strtol` reads it.
+fn signed(arg: &[u8], err: ProtoError) -> Result<i64, ProtoError> {
+    parse_i64(arg).ok_or(err)
+}
+
+/// An unsigned flag argument, read as memcached's `safe_strtoull` reads it.
+fn unsigned(arg: &[u8], err: ProtoError) -> Result<u64, ProtoError> {
+    parse_u64(arg).ok_or(err)
 }
 
 impl<'a> MetaFlags<'a> {
@@ -221,16 +225,19 @@ impl<'a> MetaFlags<'a> {
                 b'u' => f.no_bump = true,
                 b'P' | b'L' => {}
                 b'O' => f.opaque = Some(arg),
-                b'T' => f.ttl = Some(num(arg, ProtoError::BadToken)?),
-                b'C' => f.compare_cas = Some(num(arg, ProtoError::BadToken)?),
-                b'E' => f.new_cas = Some(num(arg, ProtoError::BadToken)?),
+                b'T' => f.ttl = Some(signed(arg, ProtoError::BadToken)?),
+                b'C' => f.compare_cas = Some(unsigned(arg, ProtoError::BadToken)?),
+                b'E' => f.new_cas = Some(unsigned(arg, ProtoError::BadToken)?),
                 b'x' => f.remove_value = true,
-                b'F' => f.client_flags = Some(num(arg, ProtoError::BadFormat)?),
+                b'F' => {
+                    let flags = unsigned(arg, ProtoError::BadFormat)?;
+                    f.client_flags = Some(u32::try_from(flags).map_err(|_| ProtoError::BadFormat)?);
+                }
                 b'I' => f.invalidate = true,
-                b'D' => f.delta = Some(num(arg, ProtoError::BadDeltaValue)?),
-                b'J' => f.initial = Some(num(arg, ProtoError::BadInitialValue)?),
-                b'N' => f.vivify = Some(num(arg, ProtoError::BadToken)?),
-                b'R' => f.recache = Some(num(arg, ProtoError::BadToken)?),
+                b'D' => f.delta = Some(unsigned(arg, ProtoError::BadDeltaValue)?),
+                b'J' => f.initial = Some(unsigned(arg, ProtoError::BadInitialValue)?),
+                b'N' => f.vivify = Some(signed(arg, ProtoError::BadToken)?),
+                b'R' => f.recache = Some(signed(arg, ProtoError::BadToken)?),
                 b'M' => {
                     let &[m] = arg else {
                         return Err(ProtoError::ModeLength);

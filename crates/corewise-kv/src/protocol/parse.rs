@@ -152,10 +152,60 @@ fn find_newline(buf: &[u8]) -> Option<usize> {
     buf.iter().position(|&b| b == b'\n')
 }
 
-fn parse_num<T: std::str::FromStr>(tok: &[u8]) -> Option<T> {
-    // `str::parse` accepts a leading '+', which memcached's strtol also
-    // does; anything else non-numeric fails.
-    std::str::from_utf8(tok).ok()?.parse().ok()
+/// C's `isspace` (the "C" locale): what `strtol` skips before a number,
+/// and what memcached's `safe_strto*` accept right after one.
+fn c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// A number token as memcached's `safe_strtol`, `safe_strtoul` and
+/// `safe_strtoull` read it: C's `strtol`/`strtoull` (leading whitespace
+/// skipped, an optional sign, decimal digits), then a check that the
+/// token ends there or goes on with whitespace, after which anything is
+/// ignored. Tokens are split on spaces only, so a tab, or a CR left before
+/// the line's CR LF (`set k 0 0 1\r\r\n`), ends a number here as it does
+/// in memcached. The sign and the digits' value; `None` without digits,
+/// past 64 bits (`ERANGE`), or with another byte right after the digits.
+fn c_number(tok: &[u8]) -> Option<(bool, u64)> {
+    let start = tok.iter().position(|&b| !c_space(b))?;
+    let rest = tok.get(start..)?;
+    let (negative, rest) = match rest.split_first() {
+        Some((b'-', r)) => (true, r),
+        Some((b'+', r)) => (false, r),
+        _ => (false, rest),
+    };
+    let end = rest
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let (digits, after) = rest.split_at(end);
+    if digits.is_empty() || after.first().is_some_and(|&b| !c_space(b)) {
+        return None;
+    }
+    let value = digits.iter().try_fold(0u64, |v, &d| {
+        v.checked_mul(10)?
+            .checked_add(u64::from(d.saturating_sub(b'0')))
+    })?;
+    Some((negative, value))
+}
+
+/// A signed number token, read as [`c_number`] reads it (`strtol`, kept
+/// in 64 bits).
+pub(super) fn parse_i64(tok: &[u8]) -> Option<i64> {
+    match c_number(tok)? {
+        (false, v) => i64::try_from(v).ok(),
+        (true, v) => 0i64.checked_sub_unsigned(v),
+    }
+}
+
+/// An unsigned number token, read as [`c_number`] reads it: `strtoull`
+/// negates a `-` number, and memcached refuses the result when it is
+/// negative as a signed number (so `-0` passes, `-1` does not).
+pub(super) fn parse_u64(tok: &[u8]) -> Option<u64> {
+    match c_number(tok)? {
+        (false, v) => Some(v),
+        (true, v) => Some(v.wrapping_neg()).filter(|&n| i64::try_from(n).is_ok()),
+    }
 }
 
 fn key_ok(key: &[u8]) -> bool {
@@ -397,8 +447,8 @@ impl Decoder {
             b"quit" => Ok(Request::Quit),
             b"verbosity" => {
                 let t = toks.collect_all();
-                let level_ok = |l: &[u8]| parse_num::<u32>(l).is_some();
-                let level = |l: &[u8]| parse_num::<u64>(l).unwrap_or(0);
+                let level_ok = |l: &[u8]| parse_u64(l).is_some_and(|v| u32::try_from(v).is_ok());
+                let level = |l: &[u8]| parse_u64(l).unwrap_or(0);
                 match t.as_slice() {
                     [b"noreply"] => Ok(Request::Verbosity {
                         level: 0,
@@ -431,7 +481,7 @@ impl Decoder {
                 };
                 // memcached: below 8 MB is refused, and a limit that is not
                 // an unsigned number is an unknown command.
-                match parse_num::<u64>(mb) {
+                match parse_u64(mb) {
                     Some(mb) if mb >= 8 => Ok(Request::MemLimit { mb, noreply }),
                     Some(_) => Err(ProtoError::MemLimitTooSmall),
                     None => Err(ProtoError::Unknown),
@@ -461,7 +511,7 @@ impl Decoder {
         let exptime = match kind {
             GetKind::Gat | GetKind::Gats => {
                 let t = toks.next_token().ok_or(ProtoError::Unknown)?;
-                parse_num(t).ok_or(ProtoError::BadExptime)?
+                parse_i64(t).ok_or(ProtoError::BadExptime)?
             }
             _ => 0,
         };
@@ -526,17 +576,17 @@ impl Decoder {
             let key = *t.first()?;
             // memcached reads the flags as an unsigned long and keeps the
             // low 32 bits (2^32 is stored as 0).
-            let flags = parse_num::<u64>(t.get(1)?)? as u32;
-            let exptime: i64 = parse_num(t.get(2)?)?;
+            let flags = parse_u64(t.get(1)?)? as u32;
+            let exptime = parse_i64(t.get(2)?)?;
             // ... and the length as a 32-bit int that must leave room for
             // the CRLF: anything larger is a bad command line, not a
             // too-large value (no data block is skipped).
-            let len: i64 = parse_num(t.get(3)?)?;
+            let len = parse_i64(t.get(3)?)?;
             if len > i64::from(i32::MAX - 2) {
                 return None;
             }
-            let cas: u64 = if cmd == StoreCmd::Cas {
-                parse_num(t.get(4)?)?
+            let cas = if cmd == StoreCmd::Cas {
+                parse_u64(t.get(4)?)?
             } else {
                 0
             };
@@ -588,7 +638,7 @@ impl Decoder {
         }
         // A length memcached's int32 cannot hold with its CRLF is a bad
         // command line (nothing is skipped), as for `set`.
-        let Some(len) = parse_num::<i64>(len)
+        let Some(len) = parse_i64(len)
             .filter(|&n| (0..=i64::from(i32::MAX - 2)).contains(&n))
             .and_then(|n| usize::try_from(n).ok())
         else {
@@ -702,21 +752,6 @@ fn delete(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
     Ok(Request::Delete { key, noreply })
 }
 
-/// A 64-bit unsigned number as memcached's `safe_strtoull` reads it:
-/// decimal digits after an optional `+`, or after a `-` only when the
-/// number is 0 (`strtoull` negates, and memcached rejects what came out
-/// negative).
-fn parse_u64_memcached(tok: &[u8]) -> Option<u64> {
-    match tok.split_first()? {
-        (b'+', digits) if digits.first().is_some_and(u8::is_ascii_digit) => parse_num(digits),
-        (b'-', digits) if digits.first().is_some_and(u8::is_ascii_digit) => {
-            parse_num::<u64>(digits).filter(|&v| v == 0)
-        }
-        _ if tok.iter().all(u8::is_ascii_digit) => parse_num(tok),
-        _ => None,
-    }
-}
-
 /// The trailing `noreply` of a command whose last argument may be
 /// anything: memcached takes the last token as `noreply` when it is
 /// exactly that, and ignores it otherwise.
@@ -734,7 +769,7 @@ fn arith(incr: bool, toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
     if !key_ok(key) {
         return Err(ProtoError::BadFormat);
     }
-    let delta = parse_u64_memcached(delta).ok_or(ProtoError::BadDelta)?;
+    let delta = parse_u64(delta).ok_or(ProtoError::BadDelta)?;
     Ok(Request::Arith {
         key,
         incr,
@@ -753,7 +788,7 @@ fn touch(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
     if !key_ok(key) {
         return Err(ProtoError::BadFormat);
     }
-    let exptime = parse_num(exptime).ok_or(ProtoError::BadExptime)?;
+    let exptime = parse_i64(exptime).ok_or(ProtoError::BadExptime)?;
     Ok(Request::Touch {
         key,
         exptime,
@@ -772,7 +807,7 @@ fn flush_all(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
     };
     let delay = match delay {
         None => 0,
-        Some(d) => parse_num(d).ok_or(ProtoError::BadExptime)?,
+        Some(d) => parse_i64(d).ok_or(ProtoError::BadExptime)?,
     };
     Ok(Request::FlushAll { delay, noreply })
 }
@@ -820,6 +855,70 @@ mod tests {
         let long = format!("get {}\r\n", "k".repeat(251));
         assert_eq!(
             one(long.as_bytes()).1,
+            Decoded::Error(ProtoError::BadFormat)
+        );
+    }
+
+    #[test]
+    fn numbers_read_as_strtol() {
+        // Leading whitespace is skipped; whitespace after the digits ends
+        // the number, and what follows it is ignored.
+        for (tok, n) in [
+            (&b"12"[..], 12),
+            (b"+12", 12),
+            (b"-12", -12),
+            (b"12\r", 12),
+            (b"\t12", 12),
+            (b"12\tjunk", 12),
+            (b"12\x0b", 12),
+            (b"-9223372036854775808", i64::MIN),
+        ] {
+            assert_eq!(parse_i64(tok), Some(n), "{tok:?}");
+        }
+        for tok in [
+            &b""[..],
+            b"\r",
+            b"+",
+            b"-",
+            b"+-1",
+            b"12x",
+            b"1.5",
+            b"12\0",
+            b"x12",
+            b"9223372036854775808",
+            b"-9223372036854775809",
+        ] {
+            assert_eq!(parse_i64(tok), None, "{tok:?}");
+        }
+        assert_eq!(parse_u64(b"18446744073709551615\r"), Some(u64::MAX));
+        assert_eq!(parse_u64(b"18446744073709551616"), None);
+        assert_eq!(parse_u64(b"-0"), Some(0));
+        assert_eq!(parse_u64(b"-1"), None);
+        // In place on a command line: a CR left before the line's CR LF, a
+        // tab after a number, leading whitespace; a key is left as it is.
+        let (_, d) = one(b"set k\t 0\r \t0 1\r\r\nx\r\n");
+        assert_eq!(
+            d,
+            Decoded::Request(Request::Store {
+                cmd: StoreCmd::Set,
+                key: b"k\t",
+                flags: 0,
+                exptime: 0,
+                data: b"x",
+                cas: 0,
+                noreply: false
+            })
+        );
+        assert_eq!(
+            one(b"touch k 10\r\r\n").1,
+            Decoded::Request(Request::Touch {
+                key: b"k",
+                exptime: 10,
+                noreply: false
+            })
+        );
+        assert_eq!(
+            one(b"set k 0 0 1x\r\nx\r\n").1,
             Decoded::Error(ProtoError::BadFormat)
         );
     }
