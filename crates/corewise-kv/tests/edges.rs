@@ -57,12 +57,22 @@ fn run(mode: &str) {
           CLIENT_ERROR bad command line format\r\nERROR\r\nEN\r\n",
     );
 
-    // Item 8: flags are kept modulo 2^32.
+    // Item 8: flags are kept modulo 2^32, by `set` and by `ms ... F`
+    // alike (memcached reads both with `safe_strtoul`); a negative one is
+    // a bad command line.
     check(
         &s,
         &mc,
         b"set f1 4294967296 0 1\r\nx\r\nset f2 4294967301 0 1\r\nx\r\nget f1 f2\r\n",
         b"STORED\r\nSTORED\r\nVALUE f1 0 1\r\nx\r\nVALUE f2 5 1\r\nx\r\nEND\r\n",
+    );
+    check(
+        &s,
+        &mc,
+        b"ms f3 2 F4294967296\r\nhi\r\nms f4 2 F4294967301 T0\r\nhi\r\nmg f3 f v\r\n\
+          mg f4 f\r\nget f3 f4\r\nms f5 2 F-1\r\nhi\r\nmg f5\r\n",
+        b"HD\r\nHD\r\nVA 2 f0\r\nhi\r\nHD f5\r\nVALUE f3 0 2\r\nhi\r\n\
+          VALUE f4 5 2\r\nhi\r\nEND\r\nCLIENT_ERROR bad command line format\r\nEN\r\n",
     );
 
     // Defect 2: a too-large set removes the old value.

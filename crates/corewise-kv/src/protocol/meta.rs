@@ -162,6 +162,8 @@ impl<'a> MetaFlags<'a> {
     /// assert_eq!(MetaFlags::parse_for(MetaCmd::Get, b"Tx"), Err(ProtoError::BadToken));
     /// assert_eq!(MetaFlags::parse_for(MetaCmd::Arith, b"Tx"), Err(ProtoError::InvalidOrDuplicateFlag));
     /// assert_eq!(MetaFlags::parse_for(MetaCmd::Set, b"Ma"), Err(ProtoError::BadMode));
+    /// // Client flags are kept modulo 2^32, as `set` keeps them.
+    /// assert_eq!(MetaFlags::parse_for(MetaCmd::Set, b"F4294967301").unwrap().client_flags, Some(5));
     /// ```
     pub fn parse_for(cmd: MetaCmd, raw: &'a [u8]) -> Result<Self, ProtoError> {
         let tokens = raw.split(|&b| b == b' ').filter(|t| !t.is_empty()).count();
@@ -229,10 +231,9 @@ impl<'a> MetaFlags<'a> {
                 b'C' => f.compare_cas = Some(unsigned(arg, ProtoError::BadToken)?),
                 b'E' => f.new_cas = Some(unsigned(arg, ProtoError::BadToken)?),
                 b'x' => f.remove_value = true,
-                b'F' => {
-                    let flags = unsigned(arg, ProtoError::BadFormat)?;
-                    f.client_flags = Some(u32::try_from(flags).map_err(|_| ProtoError::BadFormat)?);
-                }
+                // Read as `set` reads its flags (memcached's `safe_strtoul`
+                // for both): the low 32 bits are kept, 2^32 is 0.
+                b'F' => f.client_flags = Some(unsigned(arg, ProtoError::BadFormat)? as u32),
                 b'I' => f.invalidate = true,
                 b'D' => f.delta = Some(unsigned(arg, ProtoError::BadDeltaValue)?),
                 b'J' => f.initial = Some(unsigned(arg, ProtoError::BadInitialValue)?),
