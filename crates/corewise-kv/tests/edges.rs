@@ -102,6 +102,20 @@ fn run(mode: &str) {
         &req,
         b"END\r\nSTORED\r\nVALUE d5 0 1\r\n5\r\nEND\r\nERROR\r\n",
     );
+    // ... a bad argument of flush_all, verbosity and cache_memlimit as well
+    // (memcached takes a last `noreply` before it reads the arguments),
+    // and of touch, incr, decr and delete whatever is wrong with it; too
+    // many arguments are still `ERROR`, and without noreply the error shows.
+    check(
+        &s,
+        &mc,
+        b"flush_all x noreply\r\nflush_all 1x noreply\r\nverbosity x noreply\r\n\
+          verbosity noreply\r\ncache_memlimit x noreply\r\ntouch d5 -x noreply\r\n\
+          incr d5 -1 noreply\r\ndecr d5 1.5 noreply\r\ndelete d5 x noreply\r\n\
+          flush_all x y noreply\r\nflush_all x\r\nverbosity x\r\nget d5\r\n",
+        b"ERROR\r\nCLIENT_ERROR invalid exptime argument\r\n\
+          CLIENT_ERROR bad command line format\r\nVALUE d5 0 1\r\n5\r\nEND\r\n",
+    );
 
     // Item 8: a counter is read as strtoull reads it (leading space skipped,
     // reading stops at a space).
@@ -138,20 +152,33 @@ fn run(mode: &str) {
         b"verbosity 5\r\nverbosity 0\r\nverbosity 1 noreply\r\n",
         b"OK\r\nOK\r\n",
     );
-    let level = |req: &[u8]| {
-        let mut c = s.client();
-        c.send(req);
-        if !req.ends_with(b"noreply\r\n") {
-            assert_eq!(c.line(), "OK");
+    // The level's low 32 bits are kept; a bad level silenced by noreply
+    // leaves the level as it was.
+    for port in std::iter::once(s.port).chain(mc.as_ref().map(|m| m.1)) {
+        let level = |req: &[u8]| {
+            let mut c = common::Client::connect(port);
+            c.send(req);
+            if !req.ends_with(b"noreply\r\n") {
+                assert_eq!(c.line(), "OK");
+            }
+            c.stats("settings")
+                .into_iter()
+                .find(|(n, _)| n == "verbosity")
+                .map(|(_, v)| v)
+        };
+        for (req, want) in [
+            (&b"verbosity 5\r\n"[..], "2"),
+            (b"verbosity 0\r\n", "0"),
+            (b"verbosity 1 noreply\r\n", "1"),
+            (b"verbosity x noreply\r\n", "1"),
+            (b"verbosity noreply\r\n", "1"),
+            (b"verbosity 4294967296\r\n", "0"),
+            (b"verbosity 4294967298 x\r\n", "2"),
+        ] {
+            let shown = String::from_utf8_lossy(req);
+            assert_eq!(level(req).as_deref(), Some(want), "port {port}: {shown:?}");
         }
-        c.stats("settings")
-            .into_iter()
-            .find(|(n, _)| n == "verbosity")
-            .map(|(_, v)| v)
-    };
-    assert_eq!(level(b"verbosity 5\r\n").as_deref(), Some("2"));
-    assert_eq!(level(b"verbosity 0\r\n").as_deref(), Some("0"));
-    assert_eq!(level(b"verbosity 1 noreply\r\n").as_deref(), Some("1"));
+    }
 
     // Item 8: an HTTP request line closes the connection.
     for port in std::iter::once(s.port).chain(mc.as_ref().map(|m| m.1)) {

@@ -282,8 +282,8 @@ pub enum Request<'a> {
     },
     /// verbosity.
     Verbosity {
-        /// The level asked for (0 when not a number, as with memcached's
-        /// `strtoul`).
+        /// The level asked for (its low 32 bits, as memcached's
+        /// `safe_strtoul` keeps them).
         level: u64,
         /// No reply wanted.
         noreply: bool,

@@ -397,6 +397,8 @@ impl Decoder {
                         | b"incr"
                         | b"decr"
                         | b"touch"
+                        | b"flush_all"
+                        | b"verbosity"
                         | b"cache_memlimit"
                 )
             );
@@ -445,32 +447,7 @@ impl Decoder {
             // memcached ignores arguments of version and quit.
             b"version" => Ok(Request::Version),
             b"quit" => Ok(Request::Quit),
-            b"verbosity" => {
-                let t = toks.collect_all();
-                let level_ok = |l: &[u8]| parse_u64(l).is_some_and(|v| u32::try_from(v).is_ok());
-                let level = |l: &[u8]| parse_u64(l).unwrap_or(0);
-                match t.as_slice() {
-                    [b"noreply"] => Ok(Request::Verbosity {
-                        level: 0,
-                        noreply: true,
-                    }),
-                    [l] if level_ok(l) => Ok(Request::Verbosity {
-                        level: level(l),
-                        noreply: false,
-                    }),
-                    [_] => Err(ProtoError::BadFormat),
-                    [l, b"noreply"] => Ok(Request::Verbosity {
-                        level: level(l),
-                        noreply: true,
-                    }),
-                    [l, _] if level_ok(l) => Ok(Request::Verbosity {
-                        level: level(l),
-                        noreply: false,
-                    }),
-                    [_, _] => Err(ProtoError::BadFormat),
-                    _ => Err(ProtoError::Unknown),
-                }
-            }
+            b"verbosity" => verbosity(toks),
             b"cache_memlimit" => {
                 let t = toks.collect_all();
                 // A second token is `noreply` or ignored, as in memcached.
@@ -480,10 +457,12 @@ impl Decoder {
                     _ => return (0, Decoded::Error(ProtoError::Unknown)),
                 };
                 // memcached: below 8 MB is refused, and a limit that is not
-                // an unsigned number is an unknown command.
+                // an unsigned number is an unknown command (silenced by
+                // `noreply` all the same: memcached took it first).
                 match parse_u64(mb) {
                     Some(mb) if mb >= 8 => Ok(Request::MemLimit { mb, noreply }),
                     Some(_) => Err(ProtoError::MemLimitTooSmall),
+                    None if noreply => Err(ProtoError::Silenced),
                     None => Err(ProtoError::Unknown),
                 }
             }
@@ -794,6 +773,29 @@ fn touch(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
         exptime,
         noreply,
     })
+}
+
+/// `verbosity <level> [noreply]`: memcached reads the level with
+/// `safe_strtoul` (the low 32 bits kept) after taking a last `noreply`,
+/// which silences a bad level (the level then stays as it was); a token
+/// after the level that is not `noreply` is ignored.
+fn verbosity(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
+    let level = |l: &[u8]| {
+        parse_u64(l)
+            .map(|v| u64::from(v as u32))
+            .ok_or(ProtoError::BadFormat)
+    };
+    match toks.collect_all().as_slice() {
+        [l] => Ok(Request::Verbosity {
+            level: level(l)?,
+            noreply: false,
+        }),
+        [l, last] => Ok(Request::Verbosity {
+            level: level(l)?,
+            noreply: *last == b"noreply",
+        }),
+        _ => Err(ProtoError::Unknown),
+    }
 }
 
 fn flush_all(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
