@@ -118,14 +118,27 @@ fn run(mode: &str) {
     );
 
     // Item 8: a counter is read as strtoull reads it (leading space skipped,
-    // reading stops at a space).
+    // reading stops at a space, or at a NUL, which ends a C string).
     check(
         &s,
         &mc,
         b"set n 0 0 3\r\n 12\r\nincr n 1\r\nset o 0 0 3\r\n1 2\r\nincr o 1\r\n\
-          set p 0 0 2\r\n1a\r\nincr p 1\r\n",
+          set p 0 0 2\r\n1a\r\nincr p 1\r\nset q 0 0 3\r\n1\0x\r\nincr q 1\r\n\
+          decr q 1\r\nset r 0 0 2\r\n\x001\r\nincr r 1\r\n",
         b"STORED\r\n13\r\nSTORED\r\n2\r\nSTORED\r\n\
+          CLIENT_ERROR cannot increment or decrement non-numeric value\r\n\
+          STORED\r\n2\r\n1\r\nSTORED\r\n\
           CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+    );
+    // The result is stored without padding (memcached pads it with spaces
+    // to the old length), after a NUL as after a space.
+    assert_eq!(
+        exchange(
+            s.port,
+            b"set q 0 0 3\r\n1\0x\r\nincr q 1\r\nget q\r\n\
+              set o 0 0 2\r\n1 \r\nincr o 1\r\nget o\r\n",
+        ),
+        b"STORED\r\n2\r\nVALUE q 0 1\r\n2\r\nEND\r\nSTORED\r\n2\r\nVALUE o 0 1\r\n2\r\nEND\r\n",
     );
 
     // Defect 3: the item size limit counts the item as memcached does

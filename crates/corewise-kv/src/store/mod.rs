@@ -1337,10 +1337,11 @@ impl Store {
 
 /// A counter value, read as memcached reads it (`strtoull` then a check
 /// of what follows): optional leading whitespace, an optional sign, at
-/// least one digit, then the end of the value or whitespace (what follows
-/// that is ignored: `" 12"` and `"1 2"` count as 12 and 1). Overflow, no
-/// digits, another character after the digits, or a negative number are
-/// not a counter.
+/// least one digit, then the end of the value, whitespace or a NUL (what
+/// follows is ignored: `" 12"`, `"1 2"` and `"1\0x"` count as 12, 1 and 1;
+/// `strtoull` reads the value as a C string, so a NUL ends it). Overflow,
+/// no digits, another character after the digits, or a negative number
+/// are not a counter.
 fn parse_counter(v: &[u8]) -> Option<u64> {
     let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
     let start = v.iter().position(|b| !space(b))?;
@@ -1354,7 +1355,7 @@ fn parse_counter(v: &[u8]) -> Option<u64> {
         .position(|b| !b.is_ascii_digit())
         .unwrap_or(rest.len());
     let (digits, after) = rest.split_at(end);
-    if digits.is_empty() || !after.first().is_none_or(space) {
+    if digits.is_empty() || !after.first().is_none_or(|b| space(b) || *b == 0) {
         return None;
     }
     let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
@@ -1430,7 +1431,14 @@ mod tests {
         ));
         set(&s, b"t", b"abc");
         assert_eq!(s.arith(b"t", true, 1, None, None), ArithOutcome::NonNumeric);
-        for bad in [&b"1a"[..], b"", b" ", b"-1", b"99999999999999999999999"] {
+        for bad in [
+            &b"1a"[..],
+            b"",
+            b" ",
+            b"\x001",
+            b"-1",
+            b"99999999999999999999999",
+        ] {
             assert_eq!(parse_counter(bad), None, "{bad:?}");
         }
         for (ok, n) in [
@@ -1439,6 +1447,8 @@ mod tests {
             (b"1 2", 1),
             (b"+7", 7),
             (b"-0", 0),
+            (b"1\0x", 1),
+            (b"12\0", 12),
         ] {
             assert_eq!(parse_counter(ok), Some(n), "{ok:?}");
         }
