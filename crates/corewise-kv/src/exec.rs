@@ -716,7 +716,7 @@ pub fn execute_conn<O: Sink>(
         Request::MetaDebug { key, flags } => {
             store.ops.cmd_meta.fetch_add(1, Ordering::Relaxed);
             // memcached answers a base64 key that does not decode as a bad
-            // command line, and names the item by its decoded key.
+            // command line.
             let k = if flags.base64 {
                 match decode_base64(key, scratch) {
                     Some(()) if !scratch.is_empty() => Some(&scratch[..]),
@@ -731,8 +731,16 @@ pub fn execute_conn<O: Sink>(
             if let Some(k) = k {
                 match store.inspect(k) {
                     Some((ttl, la, cas, fetched, size)) => {
+                        // The item is named by its key as the request gave
+                        // it: base64 with `b`, for a decoded key may hold
+                        // spaces, CR LF or NUL that would break the line,
+                        // and the text key otherwise. memcached 1.6.18
+                        // names an item stored by `ms ... b` in base64 and
+                        // any other by its plain key, so the two differ
+                        // only when a key is asked for in the other form
+                        // than it was stored in.
                         out.extend_from_slice(b"ME ");
-                        out.extend_from_slice(k);
+                        out.extend_from_slice(key);
                         out.extend_from_slice(b" exp=");
                         inum(out, ttl);
                         out.extend_from_slice(b" la=");

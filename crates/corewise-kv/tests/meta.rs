@@ -168,9 +168,10 @@ fn run(mode: &str) {
              CLIENT_ERROR bad token in command line format\r\nHD t-1\r\n"
         ),
     );
-    // me: a key is required; `b` right after it decodes the key (and the
-    // reply names the decoded key); other tokens are ignored. The access
-    // time and CAS differ between the servers and are masked.
+    // me: a key is required; `b` right after it decodes the key; other
+    // tokens are ignored. An item stored with a base64 key is named in
+    // base64, so a key holding a space and CR LF keeps the reply one line.
+    // The access time and CAS differ between the servers and are masked.
     let masked = |reply: &[u8]| {
         let text = String::from_utf8_lossy(reply);
         text.split("\r\n")
@@ -186,12 +187,25 @@ fn run(mode: &str) {
         "ERROR\r\nCLIENT_ERROR bad command line format\r\nERROR\r\n",
     );
     both.check(
-        b"me\r\nms e2 2\r\nhi\r\nme e2 extra tokens\r\nme ZTI= b\r\nme ZTI= b more\r\n\
-          me ### b\r\nme nothere x\r\n",
+        b"me\r\nms e2 2\r\nhi\r\nme e2 extra tokens\r\nme ### b\r\nme nothere x\r\n\
+          ms YSBiDQo= 1 b\r\nx\r\nme YSBiDQo= b\r\nme YSBiDQo= b more\r\n\
+          ms ZTM= 2 b\r\nhi\r\nme ZTM= b\r\n",
         "CLIENT_ERROR bad command line format\r\nHD\r\n\
-         ME e2 exp=-1 fetch=no cls=1 size=63\r\nME e2 exp=-1 fetch=no cls=1 size=63\r\n\
-         ME e2 exp=-1 fetch=no cls=1 size=63\r\nCLIENT_ERROR bad command line format\r\nEN\r\n",
+         ME e2 exp=-1 fetch=no cls=1 size=63\r\nCLIENT_ERROR bad command line format\r\n\
+         EN\r\nHD\r\nME YSBiDQo= exp=-1 fetch=no cls=1 size=65\r\n\
+         ME YSBiDQo= exp=-1 fetch=no cls=1 size=65\r\nHD\r\n\
+         ME ZTM= exp=-1 fetch=no cls=1 size=63\r\n",
         masked,
+    );
+    // The item is named by its key as the request gave it (memcached names
+    // it as it was stored: `e2` and `ZTM=` here).
+    assert_eq!(
+        masked(&common::exchange(
+            both.server.port,
+            b"me ZTI= b\r\nme ZTI= b more\r\nme e3\r\n",
+        )),
+        "ME ZTI= exp=-1 fetch=no cls=1 size=63\r\nME ZTI= exp=-1 fetch=no cls=1 size=63\r\n\
+         ME e3 exp=-1 fetch=no cls=1 size=63\r\n",
     );
     // A key token over 250 bytes, base64 or not, is a bad command line;
     // ms then skips no data block (it is read as a command).
