@@ -690,7 +690,22 @@ pub fn execute_conn<O: Sink>(
         }
         Request::MetaDelete { key, flags } => {
             if let Some(k) = meta_key(key, flags.base64, scratch, out) {
-                let r = if flags.invalidate {
+                let r = if flags.remove_value {
+                    // `x` (newer than memcached 1.6.18, which refuses it)
+                    // empties the value and keeps the item, as memcached
+                    // does since: client flags from `F` (else 0), the TTL
+                    // from `T` (else none), the CAS kept (or `E`'s); with
+                    // `I` the emptied item is also marked stale.
+                    let ttl = flags
+                        .ttl
+                        .map_or(Deadline::Never, |t| store.clock().deadline(t));
+                    let meta = MetaStore {
+                        new_cas: flags.new_cas,
+                        invalidate: flags.invalidate,
+                    };
+                    let client_flags = flags.client_flags.unwrap_or(0);
+                    store.clear_value(k, flags.compare_cas, client_flags, ttl, meta)
+                } else if flags.invalidate {
                     let ttl = flags.ttl.map(|t| store.clock().deadline(t));
                     store.invalidate(k, flags.compare_cas, ttl)
                 } else {

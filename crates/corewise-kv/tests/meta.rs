@@ -94,6 +94,38 @@ fn run(mode: &str) {
          HD\r\nEX c0\r\nVA 2\r\nhi\r\nHD\r\nHD\r\nVA 3 X W\r\nnew\r\nEX\r\nVA 3 Z X\r\nnew\r\n",
     );
 
+    // md x (newer than memcached 1.6.18, which refuses the flag; as later
+    // memcached does it): the value is emptied and the item kept, with the
+    // client flags of F (else 0), the TTL of T (else none) and its CAS (or
+    // E's); q hides HD only; C must match; with I the emptied item is
+    // stale (a new CAS, or E's). Run against corewise-kv alone; the CAS
+    // values are set with E.
+    let only = |req: &[u8], want: &str| {
+        let got = common::exchange(both.server.port, req);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            want,
+            "{:?}",
+            String::from_utf8_lossy(req)
+        );
+    };
+    only(
+        b"ms xd1 3 F5 T100\r\nabc\r\nmd xd1 x\r\nmg xd1 v f s t\r\n\
+          ms xd2 3 F5\r\nabc\r\nmd xd2 x F7 T60 q k O1\r\nmg xd2 v f t\r\nmd xd2 x k O1\r\n\
+          md xd3 x\r\nmd xd3 x q\r\nms xd4 2\r\nhi\r\nmd xd4 x C1\r\nmg xd4 v\r\n",
+        "HD\r\nHD\r\nVA 0 f0 s0 t-1\r\n\r\nHD\r\nVA 0 f7 t60\r\n\r\nHD kxd2 O1\r\n\
+         NF\r\nNF\r\nHD\r\nEX\r\nVA 2\r\nhi\r\n",
+    );
+    only(
+        b"ms xd5 2 E77\r\nhi\r\nmd xd5 x\r\nmg xd5 c v\r\nmd xd5 x C77 E88\r\nmg xd5 c v\r\n\
+          ms xd6 2 E50\r\nhi\r\nmd xd6 x I T30\r\nmg xd6 v t\r\nmg xd6 v\r\n\
+          md xd6 x I E90\r\nmg xd6 c v\r\nms YQ== 1 b\r\nq\r\nmd YQ== b x k\r\n\
+          mg YQ== b v k\r\n",
+        "HD\r\nHD\r\nVA 0 c77\r\n\r\nHD\r\nVA 0 c88\r\n\r\n\
+         HD\r\nHD\r\nVA 0 t30 X W\r\n\r\nVA 0 Z X\r\n\r\nHD\r\nVA 0 c90 X W\r\n\r\n\
+         HD\r\nHD kYQ== b\r\nVA 0 kYQ== b\r\n\r\n",
+    );
+
     // u: the read does not mark the item fetched.
     check(
         "ms u1 2\r\nhi\r\nmg u1 u v h l\r\nmg u1 v h l\r\nmg u1 v h l\r\n",

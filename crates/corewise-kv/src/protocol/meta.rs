@@ -123,8 +123,8 @@ pub struct MetaFlags<'a> {
     pub vivify: Option<i64>,
     /// `R`: win the recache token when the TTL left is below this.
     pub recache: Option<i64>,
-    /// `x`: md removes the value but keeps the item (treated as delete;
-    /// newer than memcached 1.6.18).
+    /// `x`: md empties the value but keeps the item (newer than memcached
+    /// 1.6.18).
     pub remove_value: bool,
 }
 

@@ -741,6 +741,70 @@ impl Store {
         DeleteOutcome::Deleted
     }
 
+    /// Empties `key`'s value but keeps the item (`md ... x`, newer than
+    /// memcached 1.6.18; done as memcached's `process_mdelete_cmd` does
+    /// it): a new item with no value, client flags `flags`, expiry
+    /// `deadline` and the old item's CAS, or `meta.new_cas` (`E`). With
+    /// `meta.invalidate` (`I`) it is then marked stale as
+    /// [`invalidate`](Self::invalidate) marks an item (a new CAS unless
+    /// `meta.new_cas`), and not counted as a delete. `compare` must match
+    /// the CAS when given.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, DeleteOutcome, MetaStore, SetMode, Store, StoreOutcome};
+    /// let s = Store::new(1 << 20, 1);
+    /// let StoreOutcome::Stored(cas) = s.store(SetMode::Set, b"k", 5, Deadline::At(100), b"value", None) else { panic!() };
+    /// let keep = MetaStore::default();
+    /// assert_eq!(s.clear_value(b"k", Some(cas + 1), 0, Deadline::Never, keep), DeleteOutcome::Exists);
+    /// assert_eq!(s.clear_value(b"k", Some(cas), 7, Deadline::Never, keep), DeleteOutcome::Deleted);
+    /// assert!(s.get(b"k", None, |it, _| {
+    ///     assert_eq!((it.value.len(), it.flags, it.exptime, it.cas), (0, 7, 0, cas));
+    /// }));
+    /// assert_eq!(s.clear_value(b"gone", None, 0, Deadline::Never, keep), DeleteOutcome::NotFound);
+    /// // Counted as memcached counts it: a hit, and two misses.
+    /// use std::sync::atomic::Ordering::Relaxed;
+    /// assert_eq!((s.ops.delete_hits.load(Relaxed), s.ops.delete_misses.load(Relaxed)), (1, 2));
+    /// ```
+    pub fn clear_value(
+        &self,
+        key: &[u8],
+        compare: Option<u64>,
+        flags: u32,
+        deadline: Deadline,
+        meta: MetaStore,
+    ) -> DeleteOutcome {
+        let (now, floor) = self.now_floor();
+        let mut shard = self.shard(key).lock();
+        let found = shard.lookup(key, now, floor, false).map(|it| it.cas);
+        let old_cas = match found {
+            Ok(cas) if compare.is_none_or(|c| c == cas) => cas,
+            _ => {
+                drop(shard);
+                bump(&self.ops.delete_misses);
+                return if found.is_ok() {
+                    DeleteOutcome::Exists
+                } else {
+                    DeleteOutcome::NotFound
+                };
+            }
+        };
+        let cas = meta.new_cas.unwrap_or(old_cas);
+        let mut item = Item::new(key, Vec::new(), flags, exptime_at(deadline, now), cas, now);
+        if meta.invalidate {
+            item.stale = true;
+            item.cas = meta.new_cas.unwrap_or_else(|| self.new_cas());
+        }
+        let cls = item.class();
+        // Only an empty item too large for an empty shard fails to fit
+        // (never, for a key of at most 250 bytes): the key is gone then.
+        if shard.insert(item, now) && !meta.invalidate {
+            shard.class_op(cls, |c| &mut c.delete_hits);
+            drop(shard);
+            bump(&self.ops.delete_hits);
+        }
+        DeleteOutcome::Deleted
+    }
+
     /// A storage request. `compare` is the CAS a `cas` (or `ms C`) request
     /// carries; `new_cas` an explicit CAS to give the item (`ms E`).
     ///
