@@ -8,13 +8,11 @@ use std::os::fd::{AsRawFd, RawFd};
 /// Message size of the benchmark.
 pub const MSG: usize = 64;
 
-/// The corewise server (io_uring or epoll back end), on one core.
-///
-/// Up to [`THREADS`] connections: one user thread per connection, blocking
-/// reads and writes. Beyond that (a core has 56 thread slots), each of the
-/// [`THREADS`] user threads serves a group of connections through one
-/// `corewise::io::Batch`: a read pending on every connection, and on each
-/// completion the echo is written from the same batch.
+/// The corewise server (io_uring or epoll back end), on one core: one
+/// user thread per connection, blocking reads and writes, as a user
+/// writes it. (Until threads stopped being slots, a core held 56 threads,
+/// and beyond 48 connections each thread served a group through
+/// `corewise::io::Batch`.)
 pub fn corewise(
     cpu: usize,
     backend: corewise::IoBackend,
@@ -35,23 +33,9 @@ pub fn corewise(
             s.set_nodelay(true).expect("nodelay");
             accepted.push(s);
         }
-        let groups = conns.min(THREADS);
-        let mut per: Vec<Vec<corewise::net::TcpStream>> = (0..groups).map(|_| Vec::new()).collect();
-        for (i, s) in accepted.into_iter().enumerate() {
-            per[i % groups].push(s);
-        }
-        let hs: Vec<_> = per
+        let hs: Vec<_> = accepted
             .into_iter()
-            .map(|group| {
-                corewise::spawn(move || {
-                    if group.len() == 1 {
-                        serve_one(&group[0]);
-                    } else {
-                        serve_group(&group);
-                    }
-                })
-                .expect("spawn")
-            })
+            .map(|s| corewise::spawn(move || serve_one(&s)).expect("spawn"))
             .collect();
         for h in hs {
             let _ = h.join();
@@ -61,51 +45,12 @@ pub fn corewise(
     std::process::exit(0)
 }
 
-/// User threads of the corewise server (the rest of the 56 slots stay free).
-pub const THREADS: usize = 48;
-
 fn serve_one(mut s: &corewise::net::TcpStream) {
     let mut buf = [0u8; MSG];
     loop {
         if s.read_exact(&mut buf).is_err() || s.write_all(&buf).is_err() {
             return;
         }
-    }
-}
-
-fn serve_group(group: &[corewise::net::TcpStream]) {
-    use corewise::io::{Batch, Completion};
-    let mut batch = Batch::new();
-    // Which connection each token belongs to.
-    let mut owner: Vec<usize> = Vec::new();
-    let set = |owner: &mut Vec<usize>, t: corewise::io::Token, c: usize| {
-        if owner.len() <= t.0 {
-            owner.resize(t.0 + 1, 0);
-        }
-        owner[t.0] = c;
-    };
-    for (c, s) in group.iter().enumerate() {
-        let t = batch.read_into(s, vec![0u8; MSG]);
-        set(&mut owner, t, c);
-    }
-    loop {
-        let Ok(Some((t, done))) = batch.wait_any(None) else {
-            return;
-        };
-        let c = owner[t.0];
-        let s = &group[c];
-        let t = match done {
-            Completion::Read(Ok(n), mut buf) if n > 0 => {
-                buf.truncate(n);
-                batch.write(s, buf)
-            }
-            Completion::Written(Ok(_), mut buf) => {
-                buf.resize(MSG, 0);
-                batch.read_into(s, buf)
-            }
-            _ => continue, // closed: drop the connection
-        };
-        set(&mut owner, t, c);
     }
 }
 
