@@ -91,6 +91,49 @@ fn a_panic_comes_back_from_join_and_the_runtime_lives_on() {
     }
 }
 
+/// More runnable threads than a core has slots take turns round robin: a
+/// thread that yields runs again after about one turn of every other
+/// thread (counted in runs, so the machine's speed does not matter), not
+/// after the whole queue has gone through one swap per 32 runs.
+#[test]
+fn threads_beyond_the_slots_take_turns() {
+    const N: usize = 300;
+    const ROUNDS: usize = 100;
+    let rt = Runtime::builder()
+        .cpus([0])
+        .neighbour_awareness(None)
+        .build()
+        .expect("runtime");
+    let seq = Arc::new(AtomicUsize::new(0));
+    let worst = rt
+        .block_on(move || {
+            let hs: Vec<_> = (0..N)
+                .map(|_| {
+                    let seq = seq.clone();
+                    corewise::spawn(move || {
+                        let (mut last, mut worst) = (None, 0);
+                        for _ in 0..ROUNDS {
+                            let now = seq.fetch_add(1, Ordering::Relaxed);
+                            if let Some(l) = last {
+                                worst = usize::max(worst, now - l);
+                            }
+                            last = Some(now);
+                            corewise::yield_now();
+                        }
+                        worst
+                    })
+                    .unwrap()
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+        })
+        .unwrap();
+    assert!(
+        worst <= 3 * N,
+        "a thread waited {worst} runs of others between two of its own ({N} threads)"
+    );
+}
+
 #[test]
 fn yield_interleaves_threads_on_one_core() {
     let rt = two_core_runtime();

@@ -331,7 +331,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
             if sweep_due {
                 sweep_due = false;
                 let now = clock::now();
-                crate::sched::park::make_room(core, Some(i), now);
+                crate::sched::park::make_room(core, &mut marks, now);
                 if now.wrapping_sub(last_sweep) >= sweep_ticks {
                     marks = crate::sched::park::sweep(core, marks, now, false);
                     last_sweep = now;
@@ -376,7 +376,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
         }
         crate::sched::park::fire_timers(core, now);
         // Threads waiting for a slot while every slot holds a blocked one.
-        crate::sched::park::make_room(core, None, now);
+        crate::sched::park::make_room(core, &mut marks, now);
         if now.wrapping_sub(last_sweep) >= sweep_ticks {
             marks = crate::sched::park::sweep(core, marks, now, false);
             last_sweep = now;
