@@ -118,35 +118,28 @@ fn main() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let (w0, m0) = (
-        threads_named_ns("corewise-budget"),
-        threads_named_ns("corewise-monito"),
-    );
-    let (ws0, ms0) = (
-        threads_named_switches("corewise-budget"),
-        threads_named_switches("corewise-monito"),
-    );
+    // Run time (ns) and wakeups of the watcher and the monitor thread.
+    let helpers = || {
+        ["corewise-budget", "corewise-monito"]
+            .map(|name| (threads_named_ns(name), threads_named_switches(name)))
+    };
+    let before = helpers();
     let start = Instant::now();
     std::thread::sleep(window);
     let wall = start.elapsed().as_secs_f64();
-    let (w1, m1) = (
-        threads_named_ns("corewise-budget"),
-        threads_named_ns("corewise-monito"),
-    );
-    let (ws1, ms1) = (
-        threads_named_switches("corewise-budget"),
-        threads_named_switches("corewise-monito"),
-    );
+    let after = helpers();
+    let [(w, ws), (m, ms)] = [0, 1].map(|i| {
+        (
+            (after[i].0 - before[i].0) as f64 / 1e9 / wall * 100.0,
+            (after[i].1 - before[i].1) as f64 / wall,
+        )
+    });
     let active = rt.active_cores();
     stop.store(true, Ordering::Relaxed);
     for s in spinners {
         s.join().unwrap();
     }
     println!(
-        "busy {secs} s ({active} cores active at the end): watcher thread {:.3} % of a core ({:.0} wakeups/s), monitor thread {:.3} % ({:.0} wakeups/s)",
-        (w1 - w0) as f64 / 1e9 / wall * 100.0,
-        (ws1 - ws0) as f64 / wall,
-        (m1 - m0) as f64 / 1e9 / wall * 100.0,
-        (ms1 - ms0) as f64 / wall,
+        "busy {secs} s ({active} cores active at the end): watcher thread {w:.3} % of a core ({ws:.0} wakeups/s), monitor thread {m:.3} % ({ms:.0} wakeups/s)",
     );
 }

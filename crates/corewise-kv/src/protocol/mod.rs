@@ -18,6 +18,7 @@ mod parse;
 
 pub use base64::{decode_base64, encode_base64};
 pub use meta::{MetaCmd, MetaFlags, MetaMode};
+pub(crate) use parse::c_number;
 pub use parse::{Decoded, Decoder, Limits, GET_LINE_MAX, KEY_MAX, MAX_LINE, PARTIAL_LINE_MAX};
 
 use thiserror::Error;

@@ -166,7 +166,7 @@ fn c_space(b: u8) -> bool {
 /// the line's CR LF (`set k 0 0 1\r\r\n`), ends a number here as it does
 /// in memcached. The sign and the digits' value; `None` without digits,
 /// past 64 bits (`ERANGE`), or with another byte right after the digits.
-fn c_number(tok: &[u8]) -> Option<(bool, u64)> {
+pub(crate) fn c_number(tok: &[u8]) -> Option<(bool, u64)> {
     let start = tok.iter().position(|&b| !c_space(b))?;
     let rest = tok.get(start..)?;
     let (negative, rest) = match rest.split_first() {

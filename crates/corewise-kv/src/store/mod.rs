@@ -1407,25 +1407,11 @@ impl Store {
 /// no digits, another character after the digits, or a negative number
 /// are not a counter.
 fn parse_counter(v: &[u8]) -> Option<u64> {
-    let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
-    let start = v.iter().position(|b| !space(b))?;
-    let mut rest = &v[start..];
-    let negative = rest.first() == Some(&b'-');
-    if matches!(rest.first(), Some(b'+' | b'-')) {
-        rest = &rest[1..];
-    }
-    let end = rest
-        .iter()
-        .position(|b| !b.is_ascii_digit())
-        .unwrap_or(rest.len());
-    let (digits, after) = rest.split_at(end);
-    if digits.is_empty() || !after.first().is_none_or(|b| space(b) || *b == 0) {
-        return None;
-    }
-    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    // A C string: a NUL ends it.
+    let c_string = v.split(|&b| b == 0).next().unwrap_or_default();
     // strtoull negates a '-' number; memcached refuses the result when it
     // is negative as a signed number (so only "-0" passes).
-    match (negative, n) {
+    match crate::protocol::c_number(c_string)? {
         (false, n) => Some(n),
         (true, 0) => Some(0),
         (true, _) => None,

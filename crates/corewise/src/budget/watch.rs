@@ -214,14 +214,12 @@ impl Shared {
                 // wakeups) until a re-read finds a larger budget; that first
                 // sample then covers the whole pause, an average to start from.
                 *next = w.next_budget;
-            } else if idle {
+            } else if idle || w.paused {
+                // Idle: nothing read. Busy after a pause: a fresh window
+                // from now. The cap stays as it was either way.
                 *next = now + n.config().window;
                 active = n.cap().min(cores);
-            } else if w.paused {
-                // A fresh window from now; the cap stays as it was.
-                *next = now + n.config().window;
-                active = n.cap().min(cores);
-                if n.rebase().is_ok() {
+                if !idle && n.rebase().is_ok() {
                     w.paused = false;
                 }
             } else if now >= *next {
