@@ -70,41 +70,52 @@ fn server_pid(mut c: TcpStream) -> Option<u32> {
     None
 }
 
+/// Starts `command(port)` on a free port and waits until it accepts;
+/// `None` when the command cannot be run at all. Another test may be handed
+/// the same free port and start its server there first (ours then fails to
+/// bind and exits, or the probe reaches theirs): only a server whose `stats`
+/// report our child's pid is ours, otherwise the next free port is tried.
+fn spawn_on_free_port(command: impl Fn(u16) -> Command, what: &str) -> Option<(Child, u16)> {
+    for _ in 0..5 {
+        let port = free_port();
+        let mut child = command(port).spawn().ok()?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            if let Ok(probe) = TcpStream::connect(("127.0.0.1", port)) {
+                if server_pid(probe) == Some(child.id()) {
+                    return Some((child, port));
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("{what} did not start on any of five free ports");
+}
+
 impl Server {
     /// Starts the server with these extra flags and waits until it accepts.
     pub fn start(extra: &[&str]) -> Server {
         raise_fd_limit();
-        for _ in 0..5 {
-            let port = free_port();
-            let mut child = Command::new(env!("CARGO_BIN_EXE_corewise-kv"))
-                .args(["-p", &port.to_string(), "-l", "127.0.0.1"])
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("cannot start corewise-kv");
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                if let Ok(probe) = TcpStream::connect(("127.0.0.1", port)) {
-                    // Another test may have been handed the same free port
-                    // and started its server there first (ours then fails
-                    // to bind and exits): only a server reporting our
-                    // child's pid is ours.
-                    if server_pid(probe) == Some(child.id()) {
-                        return Server { child, port };
-                    }
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("corewise-kv did not start");
+        let (child, port) = spawn_on_free_port(
+            |port| {
+                let mut c = Command::new(env!("CARGO_BIN_EXE_corewise-kv"));
+                c.args(["-p", &port.to_string(), "-l", "127.0.0.1"])
+                    .args(extra)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::inherit());
+                c
+            },
+            "corewise-kv",
+        )
+        .expect("cannot start corewise-kv");
+        Server { child, port }
     }
 
     /// A new client.
@@ -279,35 +290,19 @@ pub struct Memcached(Child, pub u16);
 impl Memcached {
     /// Starts it, if `memcached` is on PATH.
     pub fn start() -> Option<Memcached> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let child = Command::new("memcached")
-            .args([
-                "-p",
-                &port.to_string(),
-                "-l",
-                "127.0.0.1",
-                "-U",
-                "0",
-                "-u",
-                "root",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let mc = Memcached(child, port);
-        let until = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < until {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(mc);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        let (child, port) = spawn_on_free_port(
+            |port| {
+                let mut c = Command::new("memcached");
+                c.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
+                    .args(["-u", "root"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                c
+            },
+            "memcached",
+        )?;
+        Some(Memcached(child, port))
     }
 }
 
