@@ -16,6 +16,16 @@ fn two_core_runtime() -> Runtime {
         .expect("runtime")
 }
 
+/// One core (CPU 0), neighbour awareness off: a test that depends on the
+/// order of runs on one core.
+fn one_core_runtime() -> Runtime {
+    Runtime::builder()
+        .cpus([0])
+        .neighbour_awareness(None)
+        .build()
+        .expect("runtime")
+}
+
 #[test]
 fn threads_run_on_every_core_and_return_values() {
     let rt = two_core_runtime();
@@ -99,11 +109,7 @@ fn a_panic_comes_back_from_join_and_the_runtime_lives_on() {
 fn threads_beyond_the_slots_take_turns() {
     const N: usize = 300;
     const ROUNDS: usize = 100;
-    let rt = Runtime::builder()
-        .cpus([0])
-        .neighbour_awareness(None)
-        .build()
-        .expect("runtime");
+    let rt = one_core_runtime();
     let seq = Arc::new(AtomicUsize::new(0));
     let worst = rt
         .block_on(move || {
@@ -132,6 +138,75 @@ fn threads_beyond_the_slots_take_turns() {
         worst <= 3 * N,
         "a thread waited {worst} runs of others between two of its own ({N} threads)"
     );
+}
+
+/// Threads woken one after another while parked (out of their slots) run
+/// in the order they were woken, whatever slots are free: here the slot of
+/// a sleeper lies behind the dispatcher's scan, and taking the lowest free
+/// slot put the first woken thread there, to run last.
+#[test]
+fn parked_threads_run_in_the_order_they_were_woken() {
+    const N: usize = 20;
+    let rt = one_core_runtime();
+    let order = rt
+        .block_on(|| {
+            let order = Arc::new(Mutex::new(Vec::new()));
+            let ids = Arc::new(Mutex::new(Vec::new()));
+            let woken: Arc<Vec<AtomicBool>> =
+                Arc::new((0..N).map(|_| AtomicBool::new(false)).collect());
+            let stop = Arc::new(AtomicBool::new(false));
+            // Takes the first slot, and leaves it when it starts sleeping.
+            let sleeper = corewise::spawn(|| corewise::sleep(Duration::from_millis(100))).unwrap();
+            let signaller = {
+                let (ids, woken, stop) = (ids.clone(), woken.clone(), stop.clone());
+                corewise::spawn(move || {
+                    // Long enough for every waiter to leave its slot at the
+                    // dispatcher's sweeps (every 100 µs while it switches
+                    // between this thread and the yielder).
+                    let t0 = Instant::now();
+                    while ids.lock().unwrap().len() < N || t0.elapsed() < Duration::from_millis(20)
+                    {
+                        corewise::yield_now();
+                    }
+                    let ids = ids.lock().unwrap().clone();
+                    for (flag, id) in woken.iter().zip(ids) {
+                        flag.store(true, Ordering::Release);
+                        corewise::signal(id);
+                    }
+                    stop.store(true, Ordering::Release);
+                })
+                .unwrap()
+            };
+            // Keeps the dispatcher switching (a lone thread's yield returns
+            // at once), in the slot after the signaller's.
+            let yielder = corewise::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    corewise::yield_now();
+                }
+            })
+            .unwrap();
+            let waiters: Vec<_> = (0..N)
+                .map(|i| {
+                    let (order, woken) = (order.clone(), woken.clone());
+                    corewise::spawn(move || {
+                        while !woken[i].load(Ordering::Acquire) {
+                            corewise::block();
+                        }
+                        order.lock().unwrap().push(i);
+                    })
+                    .unwrap()
+                })
+                .collect();
+            ids.lock()
+                .unwrap()
+                .extend(waiters.iter().map(|h| h.thread()));
+            for h in [sleeper, signaller, yielder].into_iter().chain(waiters) {
+                h.join().unwrap();
+            }
+            Arc::try_unwrap(order).unwrap().into_inner().unwrap()
+        })
+        .unwrap();
+    assert_eq!(order, (0..N).collect::<Vec<_>>());
 }
 
 #[test]
@@ -845,11 +920,7 @@ fn a_cancel_and_a_completion_reach_threads_that_left_their_slot() {
 #[test]
 fn threads_waiting_for_a_slot_are_not_overtaken_by_later_spawns() {
     const SLOTS: usize = 56;
-    let rt = Runtime::builder()
-        .cpus([0])
-        .neighbour_awareness(None)
-        .build()
-        .expect("runtime");
+    let rt = one_core_runtime();
     let order = Arc::new(AtomicUsize::new(0));
     let ended = Arc::new(AtomicUsize::new(0));
     let go = Arc::new(AtomicBool::new(false));

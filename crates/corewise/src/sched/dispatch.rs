@@ -273,7 +273,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
                 // idle); every RUNS_PER_CLOCK runs, account the load and see
                 // whether the core must go.
                 core.io.pass();
-                crate::sched::park::service(core);
+                crate::sched::park::service(core, i + 1);
                 if load.end_rotation() {
                     let now = clock::now();
                     bump(&core.stats.load_ticks, load.take(now));
@@ -331,7 +331,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
             if sweep_due {
                 sweep_due = false;
                 let now = clock::now();
-                crate::sched::park::make_room(core, &mut marks, now);
+                crate::sched::park::make_room(core, &mut marks, now, i + 1);
                 if now.wrapping_sub(last_sweep) >= sweep_ticks {
                     marks = crate::sched::park::sweep(core, marks, now, false);
                     last_sweep = now;
@@ -344,7 +344,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
             next = i + 1;
             continue;
         }
-        if crate::sched::park::service(core) || core.io.pass() {
+        if crate::sched::park::service(core, next) || core.io.pass() {
             continue;
         }
         if idle_polls != 0 {
@@ -376,7 +376,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
         }
         crate::sched::park::fire_timers(core, now);
         // Threads waiting for a slot while every slot holds a blocked one.
-        crate::sched::park::make_room(core, &mut marks, now);
+        crate::sched::park::make_room(core, &mut marks, now, next);
         if now.wrapping_sub(last_sweep) >= sweep_ticks {
             marks = crate::sched::park::sweep(core, marks, now, false);
             last_sweep = now;

@@ -52,13 +52,27 @@ impl MaskAndCount {
     /// what the slot's previous thread wrote is visible to the new owner.
     #[inline]
     pub(crate) fn claim(&self) -> Option<usize> {
+        self.claim_from(0)
+    }
+
+    /// Claims the first free slot at or after `start`, wrapping around: the
+    /// slot the dispatcher's scan, which starts at `start`, reaches first.
+    /// Claims made one after another from the slot after the previous one
+    /// are reached in the order they were made. Acquire, as [`claim`](Self::claim).
+    #[inline]
+    pub(crate) fn claim_from(&self, start: usize) -> Option<usize> {
+        let ahead = (!0u64).checked_shl(start as u32).unwrap_or(0);
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
             let free = !cur & OCCUPANCY;
             if free == 0 {
                 return None;
             }
-            let slot = free.trailing_zeros() as usize;
+            let slot = if free & ahead != 0 {
+                (free & ahead).trailing_zeros()
+            } else {
+                free.trailing_zeros()
+            } as usize;
             let bit = 1u64 << slot;
             // Only the claimed bit's old value is used, so this is one
             // `lock bts`, which a concurrent release of another slot
@@ -130,5 +144,19 @@ mod tests {
         m.release(7);
         assert_eq!(m.count() as usize, SLOTS - 1);
         assert_eq!(m.claim(), Some(7));
+    }
+
+    #[test]
+    fn claim_from_takes_the_first_free_slot_the_scan_reaches() {
+        let m = MaskAndCount::new();
+        assert_eq!(m.claim_from(10), Some(10));
+        assert_eq!(m.claim_from(10), Some(11));
+        assert_eq!(m.claim_from(SLOTS - 1), Some(SLOTS - 1));
+        // Nothing free at or after the start: the scan wraps to slot 0.
+        assert_eq!(m.claim_from(SLOTS - 1), Some(0));
+        assert_eq!(m.claim_from(SLOTS), Some(1));
+        assert_eq!(m.claim_from(64), Some(2));
+        while m.claim_from(5).is_some() {}
+        assert_eq!(m.count() as usize, SLOTS);
     }
 }

@@ -387,19 +387,26 @@ pub(crate) fn unpark(ctx: &'static ThreadContext) {
 }
 
 /// Moves waiting threads into free slots of `core` (the dispatcher, between
-/// runs). Returns whether it put any there.
+/// runs, with its scan to go on at slot `scan`). Returns whether it put any
+/// there.
+///
+/// They go into the free slots the scan reaches first, oldest first, so
+/// they run in the order they were woken. Taking the lowest free slots
+/// instead put the burst of threads woken after a stall partly behind the
+/// scan: with 10 000 echo connections, the requests that had waited
+/// longest were answered last.
 #[inline]
-pub(crate) fn service(core: &'static Core) -> bool {
+pub(crate) fn service(core: &'static Core, scan: usize) -> bool {
     // SAFETY: the dispatcher of `core`, between runs.
     let s = unsafe { core.sched() };
     if s.pending.is_empty() && !core.inbox.has_items() && !core.runtime().homeless.has_items() {
         return false;
     }
-    service_slow(core, s)
+    service_slow(core, s, scan)
 }
 
 #[cold]
-fn service_slow(core: &'static Core, s: &mut CoreSched) -> bool {
+fn service_slow(core: &'static Core, s: &mut CoreSched, mut scan: usize) -> bool {
     take_arrivals(core, s);
     let free = crate::sched::occupancy::SLOTS - core.mask.occupied().count_ones() as usize;
     for ctx in s.pending.iter().take(free) {
@@ -407,7 +414,7 @@ fn service_slow(core: &'static Core, s: &mut CoreSched) -> bool {
     }
     let mut put = false;
     while let Some(&ctx) = s.pending.front() {
-        if !install(core, s, ctx) {
+        if !install(core, s, ctx, &mut scan) {
             break;
         }
         ctx.prefetch_stack();
@@ -451,11 +458,18 @@ fn take_arrivals(core: &'static Core, s: &mut CoreSched) {
     }
 }
 
-/// Puts the runnable `ctx` into a free slot of `core`; false when none is.
-fn install(core: &'static Core, s: &mut CoreSched, ctx: &'static ThreadContext) -> bool {
-    let Some(j) = core.mask.claim() else {
+/// Puts the runnable `ctx` into the first free slot of `core` at or after
+/// `scan` (wrapping), and moves `scan` past it; false when no slot is free.
+fn install(
+    core: &'static Core,
+    s: &mut CoreSched,
+    ctx: &'static ThreadContext,
+    scan: &mut usize,
+) -> bool {
+    let Some(j) = core.mask.claim_from(*scan) else {
         return false;
     };
+    *scan = j + 1;
     // The slot's free context (no thread: we hold the slot's bit, so no
     // spawner writes it) becomes a spare.
     fill_slot(core, s, j, ctx);
@@ -733,10 +747,10 @@ pub(crate) fn sweep(core: &'static Core, marked: u64, now: u64, force: bool) -> 
 /// in the slots found their next request waiting every time they blocked,
 /// and the others waited their turn one swap per 32 runs (p99 38-87 ms
 /// against tokio's 13-17 ms).
-pub(crate) fn make_room(core: &'static Core, fresh: &mut u64, now: u64) {
+pub(crate) fn make_room(core: &'static Core, fresh: &mut u64, now: u64, scan: usize) {
     // SAFETY: the dispatcher of `core`, between runs.
     let s = unsafe { core.sched() };
-    service_slow(core, s);
+    service_slow(core, s, scan);
     if s.pending.is_empty() {
         return;
     }
