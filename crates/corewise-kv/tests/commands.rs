@@ -82,8 +82,9 @@ fn classic(c: &mut Client) {
     ] {
         c.send(line.as_bytes());
     }
-    // "023" after prepend; incr then decr rewrite it as a number.
-    assert_eq!(c.get("q").unwrap(), b"23");
+    // "023" after prepend; incr then decr write the number over it, padded
+    // with spaces to its length, as memcached does.
+    assert_eq!(c.get("q").unwrap(), b"23 ");
     assert_eq!(c.get("q2"), None);
     // flush_all: now, and with a delay
     assert_eq!(c.cmd("flush_all"), "OK");

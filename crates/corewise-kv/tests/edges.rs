@@ -130,15 +130,14 @@ fn run(mode: &str) {
           STORED\r\n2\r\n1\r\nSTORED\r\n\
           CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
     );
-    // The result is stored without padding (memcached pads it with spaces
-    // to the old length), after a NUL as after a space.
-    assert_eq!(
-        exchange(
-            s.port,
-            b"set q 0 0 3\r\n1\0x\r\nincr q 1\r\nget q\r\n\
-              set o 0 0 2\r\n1 \r\nincr o 1\r\nget o\r\n",
-        ),
-        b"STORED\r\n2\r\nVALUE q 0 1\r\n2\r\nEND\r\nSTORED\r\n2\r\nVALUE o 0 1\r\n2\r\nEND\r\n",
+    // The result is written over the value and padded with spaces to its
+    // length, after a NUL as after a space (tests/counter_length.rs).
+    check(
+        &s,
+        &mc,
+        b"set q 0 0 3\r\n1\0x\r\nincr q 1\r\nget q\r\n\
+          set o 0 0 2\r\n1 \r\nincr o 1\r\nget o\r\n",
+        b"STORED\r\n2\r\nVALUE q 0 3\r\n2  \r\nEND\r\nSTORED\r\n2\r\nVALUE o 0 2\r\n2 \r\nEND\r\n",
     );
 
     // Defect 3: the item size limit counts the item as memcached does

@@ -983,8 +983,11 @@ impl Store {
     }
 
     /// incr (`incr` true) or decr by `delta`. Increments wrap at 2^64,
-    /// decrements stop at 0. `create` makes a missing item with this
-    /// initial value and expiry (meta `ma N`); `compare` is `ma C`.
+    /// decrements stop at 0. As in memcached, a result no longer than the
+    /// value is written over it and padded with spaces (the value keeps
+    /// its length; the item gets a new CAS all the same), and a longer one
+    /// replaces it at its own length. `create` makes a missing item with
+    /// this initial value and expiry (meta `ma N`); `compare` is `ma C`.
     ///
     /// ```
     /// use corewise_kv::store::{ArithOutcome, Deadline, SetMode, Store};
@@ -992,6 +995,7 @@ impl Store {
     /// s.store(SetMode::Set, b"n", 0, Deadline::Never, b"1", None);
     /// assert!(matches!(s.arith(b"n", true, 41, None, None), ArithOutcome::Value(42, _)));
     /// assert!(matches!(s.arith(b"n", false, 100, None, None), ArithOutcome::Value(0, _))); // stops at 0
+    /// assert!(s.get(b"n", None, |it, _| assert_eq!(it.value[..], b"0 "[..]))); // padded
     /// // Created on a miss when asked.
     /// assert!(matches!(s.arith(b"m", true, 1, Some((9, Deadline::Never)), None), ArithOutcome::Value(9, _)));
     /// ```
@@ -1049,16 +1053,7 @@ impl Store {
                     v.saturating_sub(delta)
                 };
                 let (old, cls) = (it.size(), it.class());
-                // In place unless a reply still holds the old bytes (a
-                // counter is short and seldom referenced), then anew.
-                let digits = v.to_string();
-                match Arc::get_mut(&mut it.value) {
-                    Some(buf) => {
-                        buf.clear();
-                        buf.extend_from_slice(digits.as_bytes());
-                    }
-                    None => it.value = Arc::new(digits.into_bytes()),
-                }
+                write_counter(&mut it.value, v);
                 it.cas = self.new_cas();
                 it.last_access = now;
                 let cas = it.cas;
@@ -1399,6 +1394,25 @@ impl Store {
     }
 }
 
+/// Stores counter value `v` as memcached's incr/decr does: a number no
+/// longer than the value is written over it in place, the rest of the
+/// value filled with spaces (`"007"` + 1 is `"8  "`, read back as 8), so
+/// the value keeps its length; a longer number, or a value a reply is
+/// still sending (memcached: an item someone else holds a reference to),
+/// gets a new buffer of the number's exact length.
+fn write_counter(value: &mut Value, v: u64) {
+    let digits = v.to_string();
+    let digits = digits.as_bytes();
+    match Arc::get_mut(value) {
+        Some(buf) if digits.len() <= buf.len() => {
+            let (head, pad) = buf.split_at_mut(digits.len());
+            head.copy_from_slice(digits);
+            pad.fill(b' ');
+        }
+        _ => *value = Arc::new(digits.to_vec()),
+    }
+}
+
 /// A counter value, read as memcached reads it (`strtoull` then a check
 /// of what follows): optional leading whitespace, an optional sign, at
 /// least one digit, then the end of the value, whitespace or a NUL (what
@@ -1506,6 +1520,36 @@ mod tests {
             s.arith(b"none", true, 1, None, None),
             ArithOutcome::NotFound
         );
+    }
+
+    #[test]
+    fn counters_keep_their_length() {
+        let s = Store::new(1 << 20, 1);
+        set(&s, b"n", b"007");
+        let before = s.inspect(b"n").map(|i| i.2);
+        assert!(matches!(
+            s.arith(b"n", true, 1, None, None),
+            ArithOutcome::Value(8, _)
+        ));
+        assert_eq!(value(&s, b"n").unwrap(), b"8  ");
+        assert_ne!(s.inspect(b"n").map(|i| i.2), before, "a new CAS");
+        // The padded value reads as 8; a result as long as the value fills it.
+        s.arith(b"n", true, 992, None, None);
+        assert_eq!(value(&s, b"n").unwrap(), b"1000");
+        s.arith(b"n", false, 1, None, None);
+        assert_eq!(value(&s, b"n").unwrap(), b"999 ");
+
+        // A longer number gets its own length.
+        let mut v: Value = Arc::new(b"99".to_vec());
+        write_counter(&mut v, 100);
+        assert_eq!(v[..], b"100"[..]);
+        // So does one whose old bytes a reply is still sending, which keeps
+        // them as they were.
+        let sent = Arc::clone(&v);
+        write_counter(&mut v, 7);
+        assert_eq!((&v[..], &sent[..]), (&b"7"[..], &b"100"[..]));
+        write_counter(&mut v, 0);
+        assert_eq!(v[..], b"0"[..]);
     }
 
     #[test]
