@@ -643,7 +643,7 @@ pub fn execute_conn<O: Sink>(
             }
         }
         Request::FlushAll { delay, noreply } => {
-            store.flush(store.clock().deadline(delay));
+            store.flush(delay);
             if !noreply {
                 line(out, b"OK");
             }

@@ -399,7 +399,7 @@ fn execute_bytes(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow {
             if !layout(f, &[0, 4], Some(false), false) {
                 return invalid(out);
             }
-            store.flush(deadline(be32(f.extras)));
+            store.flush(i64::from(be32(f.extras)));
             if h.opcode == op::FLUSH {
                 respond(out, h, status::OK, 0, &[], &[], &[]);
             }

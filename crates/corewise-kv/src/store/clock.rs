@@ -22,6 +22,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// ```
 pub const MAX_RELATIVE_EXPIRY: i64 = 60 * 60 * 24 * 30;
 
+/// How many seconds before its real start memcached dates its start
+/// (`process_started`, `ITEM_UPDATE_INTERVAL` + 2), which decides where
+/// an absolute `flush_all` time stops meaning anything.
+const MEMCACHED_START_LEAD: i64 = 62;
+
 /// What an expiry argument means for an item.
 ///
 /// ```
@@ -148,6 +153,48 @@ impl Clock {
             i64::from(self.now()) + exptime
         };
         Deadline::At(server.clamp(1, i64::from(u32::MAX)) as u32)
+    }
+
+    /// The last server second whose items `flush_all <exptime>` makes
+    /// invalid, as memcached 1.6.18 computes it (`realtime(exptime) - 1`):
+    /// items stored up to and during that second are gone once it comes,
+    /// so a delay of N seconds takes effect one second early, and a delay
+    /// of 1 at once (for the rest of this second's items too). 0 or a
+    /// negative number: the second before this one (every item there is
+    /// now). An absolute unix time counts from memcached's start, which it
+    /// dates 62 seconds early (`ITEM_UPDATE_INTERVAL` + 2): one at most a
+    /// second after that date gives memcached a cut-off of 0, its "no
+    /// flush", so `None`: such a flush invalidates nothing and cancels a
+    /// pending one.
+    ///
+    /// ```
+    /// use corewise_kv::store::Clock;
+    /// let c = Clock::new();
+    /// let now = c.now();
+    /// assert_eq!(c.flush_cutoff(0), Some(now - 1)); // everything stored so far
+    /// assert_eq!(c.flush_cutoff(-3), Some(now - 1));
+    /// assert_eq!(c.flush_cutoff(1), Some(now)); // ... and what this second stores
+    /// assert_eq!(c.flush_cutoff(10), Some(now + 9)); // from the 9th second on
+    /// assert_eq!(c.flush_cutoff(c.unix_now() + 10), Some(now + 9)); // absolute
+    /// assert_eq!(c.flush_cutoff(2_592_001), None); // 1970: no flush at all
+    /// ```
+    pub fn flush_cutoff(&self, exptime: i64) -> Option<u32> {
+        let now = i64::from(self.now());
+        let cutoff = if exptime <= 0 {
+            now - 1
+        } else if exptime <= MAX_RELATIVE_EXPIRY {
+            now + exptime - 1
+        } else {
+            // memcached's realtime(): seconds since its (early) start date,
+            // 1 for any time at or before it.
+            let since_start = exptime.saturating_sub(self.start_unix - MEMCACHED_START_LEAD);
+            if since_start <= 1 {
+                return None;
+            }
+            // Its current_time at our second `now` is `now - 1 + LEAD`.
+            since_start - MEMCACHED_START_LEAD
+        };
+        Some(cutoff.clamp(0, i64::from(u32::MAX)) as u32)
     }
 
     /// Seconds left before `at` (for `mg t`, `me`): -1 for never.

@@ -12,9 +12,11 @@
 //!
 //! `flush_all` raises a CAS floor: every item whose CAS is at or below it
 //! counts as gone, whichever shard it is in and whenever that shard is next
-//! locked. An immediate flush then also empties the shards one by one; a
-//! delayed flush records its deadline, raises the floor at the first
-//! operation after it, and leaves reclaiming to lookups and eviction.
+//! locked. A flush that takes effect now then also empties the shards one
+//! by one; a delayed flush records its cut-off second (memcached's
+//! `oldest_live`), raises the floor at every operation in that second and
+//! the first one after it (memcached drops the items stored during the
+//! cut-off second too), and leaves reclaiming to lookups and eviction.
 
 mod clock;
 mod hash;
@@ -524,19 +526,23 @@ impl Store {
         self.next_cas.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// (now, cas floor), applying a delayed flush whose time has come.
+    /// (now, cas floor), applying a pending flush whose cut-off second has
+    /// come. memcached drops every item last stored at or before the
+    /// cut-off, including those stored during that second; here the floor
+    /// is raised over every CAS handed out so far at each request in that
+    /// second and once more at the first request after it, which then
+    /// ends the flush. No CAS is used up (memcached takes none then).
     fn now_floor(&self) -> (u32, u64) {
         let now = self.clock.now();
         let at = self.flush_at.load(Ordering::Relaxed);
-        if at != 0
-            && u64::from(now) >= at
-            && self
-                .flush_at
-                .compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            let cas = self.next_cas.fetch_add(1, Ordering::AcqRel);
-            self.cas_floor.fetch_max(cas, Ordering::AcqRel);
+        if at != 0 && u64::from(now) >= at {
+            let handed_out = self.next_cas.load(Ordering::Acquire).saturating_sub(1);
+            self.cas_floor.fetch_max(handed_out, Ordering::AcqRel);
+            if u64::from(now) > at {
+                let _ = self
+                    .flush_at
+                    .compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed);
+            }
         }
         (now, self.cas_floor.load(Ordering::Acquire))
     }
@@ -1175,34 +1181,56 @@ impl Store {
         hit
     }
 
-    /// Invalidates every item now (`Deadline::Never`/`Past`) or at a
-    /// deadline.
+    /// `flush_all <exptime>` (binary flush with its expiration), by
+    /// memcached 1.6.18's rule (see [`Clock::flush_cutoff`]): every item
+    /// last stored at or before the cut-off second is gone once that
+    /// second comes, items stored during it too. A cut-off already here
+    /// (no delay, a delay of 1, a past time) takes effect at once and
+    /// frees the items now; a later one waits, replacing any flush that
+    /// was waiting; an absolute time long past flushes nothing and cancels
+    /// a waiting flush. Like memcached, a flush that takes effect at once
+    /// or does nothing uses up one CAS value.
     ///
     /// ```
     /// use corewise_kv::store::{Deadline, SetMode, Store};
     /// let s = Store::new(1 << 20, 2);
     /// s.store(SetMode::Set, b"a", 0, Deadline::Never, b"1", None);
-    /// s.flush(Deadline::At(1000)); // later: nothing changes yet
+    /// s.flush(1000); // a cut-off 999 seconds away: nothing changes yet
     /// assert!(s.get(b"a", None, |_, _| {}));
-    /// s.flush(Deadline::Never); // now
+    /// s.flush(0); // now
     /// assert!(!s.get(b"a", None, |_, _| {}));
     /// assert_eq!(s.stats().curr_items, 0);
+    /// // A delay of 1 also drops what is stored later in this second.
+    /// s.store(SetMode::Set, b"b", 0, Deadline::Never, b"2", None);
+    /// s.flush(1);
+    /// s.store(SetMode::Set, b"c", 0, Deadline::Never, b"3", None);
+    /// assert!(!s.get(b"b", None, |_, _| {}));
+    /// assert!(!s.get(b"c", None, |_, _| {}));
     /// ```
-    pub fn flush(&self, when: Deadline) {
+    pub fn flush(&self, exptime: i64) {
         bump(&self.ops.cmd_flush);
-        match when {
-            Deadline::At(t) if t > self.clock.now() => {
-                self.flush_at.store(u64::from(t), Ordering::Release);
+        let now = self.clock.now();
+        match self.clock.flush_cutoff(exptime) {
+            Some(cutoff) if cutoff > now => {
+                self.flush_at.store(u64::from(cutoff), Ordering::Release);
             }
-            _ => {
-                self.flush_at.store(0, Ordering::Release);
-                let cas = self.next_cas.fetch_add(1, Ordering::AcqRel);
+            Some(cutoff) => {
+                // Items stored later in this second go too when the
+                // cut-off is this second.
+                let pending = if cutoff == now { u64::from(cutoff) } else { 0 };
+                self.flush_at.store(pending, Ordering::Release);
+                let cas = self.new_cas();
                 self.cas_floor.fetch_max(cas, Ordering::AcqRel);
-                // An immediate flush also frees the memory now, one shard
-                // at a time, so `curr_items` and `bytes` say what is there.
+                // A flush that takes effect now also frees the memory now,
+                // one shard at a time, so `curr_items` and `bytes` say what
+                // is there.
                 for sh in self.shards.iter() {
                     sh.lock().clear();
                 }
+            }
+            None => {
+                self.flush_at.store(0, Ordering::Release);
+                self.new_cas();
             }
         }
     }
@@ -1556,12 +1584,43 @@ mod tests {
     fn flush_and_delete() {
         let s = Store::new(1 << 20, 4);
         set(&s, b"a", b"1");
-        s.flush(Deadline::Never);
+        s.flush(0);
         assert_eq!(value(&s, b"a"), None);
         set(&s, b"a", b"2");
         assert_eq!(value(&s, b"a").unwrap(), b"2");
         assert_eq!(s.delete(b"a", None), DeleteOutcome::Deleted);
         assert_eq!(s.delete(b"a", None), DeleteOutcome::NotFound);
+    }
+
+    #[test]
+    fn flush_cutoffs_follow_memcached() {
+        let s = Store::new(1 << 20, 4);
+        let now = s.clock().now();
+        let pending = || s.flush_at.load(Ordering::Relaxed);
+        set(&s, b"a", b"1");
+        // Later: waits, one second early.
+        s.flush(10);
+        assert_eq!(pending(), u64::from(now + 9));
+        assert!(value(&s, b"a").is_some());
+        // A time long past flushes nothing and cancels it; like memcached,
+        // it uses up a CAS value.
+        let cas = s.next_cas.load(Ordering::Relaxed);
+        s.flush(2_592_001);
+        assert_eq!(pending(), 0);
+        assert_eq!(s.next_cas.load(Ordering::Relaxed), cas + 1);
+        assert!(value(&s, b"a").is_some());
+        // A delay of 1: at once, and for the rest of this second.
+        s.flush(1);
+        assert_eq!(pending(), u64::from(now));
+        assert_eq!(value(&s, b"a"), None);
+        set(&s, b"b", b"2");
+        assert_eq!(value(&s, b"b"), None);
+        // No delay: at once, and items stored next stay.
+        s.flush(0);
+        assert_eq!(pending(), 0);
+        set(&s, b"c", b"3");
+        assert_eq!(value(&s, b"c").unwrap(), b"3");
+        assert_eq!(s.ops.get_flushed.load(Ordering::Relaxed), 1); // `b`
     }
 
     #[test]
