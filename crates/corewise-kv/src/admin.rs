@@ -207,25 +207,49 @@ pub fn execute(shared: &Shared, cmd: &[u8], args: &[u8], out: &mut Vec<u8>) -> F
         .split(|&b| b == b' ')
         .filter(|t| !t.is_empty())
         .collect();
+    // memcached's `lru`, `extstore`, `watch` and `slabs automove` take a
+    // last `noreply` (its `set_noreply_maybe`), which silences whatever
+    // they answer, errors too; a `watch` then starts nothing, since
+    // `noreply` is no watch flag. The others count their arguments exactly,
+    // so a `noreply` there is one too many: `ERROR`.
+    let silenced = t.last() == Some(&&b"noreply"[..])
+        && match cmd {
+            b"lru" | b"extstore" | b"watch" => true,
+            b"slabs" => t.len() >= 2 && t[0] == b"automove",
+            _ => false,
+        };
+    if silenced {
+        if cmd != b"watch" {
+            let mut discard = Vec::new();
+            let _ = execute_loud(shared, cmd, &t, args, &mut discard);
+        }
+        return Flow::Continue;
+    }
+    execute_loud(shared, cmd, &t, args, out)
+}
+
+/// [`execute`] with its answer (`t`: the arguments as tokens).
+fn execute_loud(shared: &Shared, cmd: &[u8], t: &[&[u8]], args: &[u8], out: &mut Vec<u8>) -> Flow {
     let reply: &[u8] = match cmd {
         b"shutdown" => {
             if !shared.config.enable_shutdown {
                 b"ERROR: shutdown not enabled"
-            } else if matches!(t.as_slice(), [] | [b"graceful"]) {
+            } else if matches!(t, [] | [b"graceful"]) {
                 // Nothing is lost by exiting at once: the cache is memory.
                 std::process::exit(0);
             } else {
                 b"CLIENT_ERROR invalid shutdown mode"
             }
         }
-        b"lru_crawler" => return lru_crawler(shared, &t, out),
+        b"lru_crawler" => return lru_crawler(shared, t, out),
         b"watch" => match crate::watch::mask_of(args) {
             // The server answers OK once it knows nothing follows.
             Some(mask) => return Flow::Watch(mask),
             None => b"ERROR",
         },
-        b"slabs" => slabs_command(shared, &t),
-        b"lru" => lru(&t),
+        b"slabs" => slabs_command(shared, t),
+        b"lru" => lru(t),
+        // No external storage here: as memcached without it configured.
         _ => b"ERROR",
     };
     out.extend_from_slice(reply);
@@ -238,12 +262,17 @@ pub(crate) fn parse<T: std::str::FromStr>(t: &[u8]) -> Option<T> {
     std::str::from_utf8(t).ok()?.parse().ok()
 }
 
-/// `slabs automove <0|1|2>`, `slabs reassign <src> <dst>`. Pages are a
-/// view here ([`slabs`]), so nothing moves: a reassignment memcached would
-/// make (the source, or with -1 some class, has a spare page) is
+/// `slabs automove <0|1|2>`, `slabs automove ratio <r>`, `slabs reassign
+/// <src> <dst>` (exactly two arguments, as memcached counts them). Pages
+/// are a view here ([`slabs`]), so nothing moves: a reassignment memcached
+/// would make (the source, or with -1 some class, has a spare page) is
 /// acknowledged, the others get its refusals.
 fn slabs_command(shared: &Shared, t: &[&[u8]]) -> &'static [u8] {
     match t {
+        // The ratio of free to used memory that automove aims for; memcached
+        // reads it with `strtod`. Nothing moves here, so it is only checked.
+        [b"automove", b"ratio", r, ..] if parse::<f64>(r).is_some() => b"OK",
+        [b"automove", b"ratio", ..] => b"ERROR",
         [b"automove", level, ..] => match parse::<u32>(level) {
             Some(l @ 0..=2) => {
                 shared.slab_automove.store(u64::from(l), Ordering::Relaxed);
@@ -252,7 +281,7 @@ fn slabs_command(shared: &Shared, t: &[&[u8]]) -> &'static [u8] {
             Some(_) => b"ERROR",
             None => b"CLIENT_ERROR bad command line format",
         },
-        [b"reassign", src, dst, ..] => {
+        [b"reassign", src, dst] => {
             let (Some(src), Some(dst)) = (parse::<i64>(src), parse::<i64>(dst)) else {
                 return b"CLIENT_ERROR bad command line format";
             };
@@ -316,17 +345,18 @@ fn classes(arg: &[u8]) -> Option<Vec<usize>> {
 fn lru_crawler(shared: &Shared, t: &[&[u8]], out: &mut Vec<u8>) -> Flow {
     let enabled = &shared.crawler_enabled;
     let on = enabled.load(Ordering::Relaxed);
+    // Every subcommand takes exactly its arguments, as memcached counts
+    // them (more: `ERROR`).
     let reply: &[u8] = match t {
-        [b"enable", ..] if on => b"ERROR failed to start lru crawler thread",
-        [b"enable", ..] => {
+        [b"enable"] if on => b"ERROR failed to start lru crawler thread",
+        [b"enable"] => {
             enabled.store(true, Ordering::Relaxed);
             b"OK"
         }
-        [b"disable", ..] => {
+        [b"disable"] => {
             enabled.store(false, Ordering::Relaxed);
             b"OK"
         }
-        // Exactly one argument, as memcached reads them (more: `ERROR`).
         [b"sleep", n] => match parse::<u32>(n) {
             Some(us) if us > 1_000_000 => b"CLIENT_ERROR sleep must be one second or less",
             Some(_) => b"OK",
@@ -336,19 +366,19 @@ fn lru_crawler(shared: &Shared, t: &[&[u8]], out: &mut Vec<u8>) -> Flow {
             Some(_) => b"OK",
             None => b"CLIENT_ERROR bad command line format",
         },
-        [b"crawl" | b"metadump", ..] if !on => b"CLIENT_ERROR lru crawler disabled",
-        [b"crawl", arg, ..] => match classes(arg) {
+        [b"crawl" | b"metadump", _] if !on => b"CLIENT_ERROR lru crawler disabled",
+        [b"crawl", arg] => match classes(arg) {
             Some(_) => {
                 shared.store.crawl();
                 b"OK"
             }
             None => b"BADCLASS invalid class id",
         },
-        [b"metadump", b"hash", ..] => {
+        [b"metadump", b"hash"] => {
             metadump(shared, None, out);
             return Flow::Continue;
         }
-        [b"metadump", arg, ..] => match classes(arg) {
+        [b"metadump", arg] => match classes(arg) {
             Some(ids) => {
                 metadump(shared, Some(&ids), out);
                 return Flow::Continue;

@@ -86,6 +86,24 @@ fn run(mode: &str) {
          CLIENT_ERROR bad command line format\r\nERROR\r\n",
     );
 
+    // A last `noreply` silences `slabs automove`, `lru`, `extstore` and
+    // `watch`, errors too (memcached's `set_noreply_maybe`; a `watch`
+    // then starts nothing), and is one argument too many for `slabs
+    // reassign` and every `lru_crawler` subcommand: `ERROR`, and nothing
+    // done. `slabs automove ratio` takes a number.
+    check(
+        "slabs automove 1 noreply\r\nslabs automove 9 noreply\r\nslabs automove x noreply\r\n\
+         slabs automove noreply\r\nslabs automove ratio 0.5\r\nslabs automove ratio x noreply\r\n\
+         slabs automove ratio\r\nslabs reassign 1 2 noreply\r\nslabs reassign 1 2 3\r\n\
+         lru noreply\r\nlru mode flat noreply\r\nlru mode x noreply\r\nlru tune x noreply\r\n\
+         lru temp_ttl 5 noreply\r\nextstore\r\nextstore x noreply\r\nwatch x noreply\r\n\
+         watch fetchers noreply\r\nlru_crawler crawl all noreply\r\nlru_crawler crawl 1,2 x\r\n\
+         lru_crawler disable noreply\r\nlru_crawler metadump all noreply\r\n\
+         lru_crawler enable noreply\r\nlru_crawler x noreply\r\n",
+        "OK\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n\
+         ERROR\r\n",
+    );
+
     // stats detail in the binary protocol: on/off answer the terminator
     // alone, dump is one statistic named "detail".
     let stat = |key: &[u8], opaque: u32| frame(0x10, &[], key, &[], opaque);

@@ -440,10 +440,12 @@ impl Decoder {
                     group: (!group.is_empty()).then_some(group),
                 })
             }
-            b"shutdown" | b"lru_crawler" | b"slabs" | b"lru" | b"watch" => Ok(Request::Admin {
-                cmd,
-                args: toks.rest(),
-            }),
+            b"shutdown" | b"lru_crawler" | b"slabs" | b"lru" | b"watch" | b"extstore" => {
+                Ok(Request::Admin {
+                    cmd,
+                    args: toks.rest(),
+                })
+            }
             // memcached ignores arguments of version and quit.
             b"version" => Ok(Request::Version),
             b"quit" => Ok(Request::Quit),
