@@ -423,6 +423,100 @@ fn cancel_from_another_thread(b: IoBackend) {
     assert!(corewise::io::is_cancelled(&h.join().unwrap().unwrap_err()));
 }
 
+/// `readable` waits without reading: a thousand threads on one core each
+/// wait on their own connection and then read exactly what was sent (a
+/// lost wake-up hangs the test); it honours the read timeout, the
+/// canceller and end of stream, and a read after it does not wait again.
+/// `writable` waits for room in a full send buffer.
+fn readable_and_writable(b: IoBackend) {
+    const N: usize = 1000;
+    let rt = Runtime::builder()
+        .io_backend(b)
+        .max_cores(1)
+        .build()
+        .unwrap();
+    rt.block_on(|| {
+        let mut clients = Vec::new();
+        let mut waiters = Vec::new();
+        for i in 0..N {
+            let (s, c) = pair();
+            clients.push(c);
+            waiters.push(
+                corewise::spawn(move || {
+                    s.readable().unwrap();
+                    let mut buf = [0u8; 8];
+                    let n = s.read(&mut buf).unwrap();
+                    assert_eq!(&buf[..n], format!("{i}").as_bytes());
+                })
+                .unwrap(),
+            );
+        }
+        corewise::sleep(Duration::from_millis(20));
+        for (i, c) in clients.iter_mut().enumerate().rev() {
+            c.write_all(format!("{i}").as_bytes()).unwrap();
+        }
+        for w in waiters {
+            w.join().unwrap();
+        }
+
+        let (s, mut c) = pair();
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        assert_eq!(s.readable().unwrap_err().kind(), ErrorKind::TimedOut);
+        // A short read, then data: readable returns, and so does the read.
+        c.write_all(b"a").unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(s.read(&mut buf).unwrap(), 1);
+        c.write_all(b"bc").unwrap();
+        s.readable().unwrap();
+        s.readable().unwrap();
+        assert_eq!(s.read(&mut buf).unwrap(), 2);
+        assert_eq!(&buf[..2], b"bc");
+        // End of stream is readable.
+        c.shutdown(Shutdown::Write).unwrap();
+        s.readable().unwrap();
+        assert_eq!(s.read(&mut buf).unwrap(), 0);
+
+        // Cancelled from another thread while it waits.
+        let (s, _c2) = pair();
+        let canceller = s.canceller();
+        let h = corewise::spawn(move || s.readable().map_err(|e| corewise::io::is_cancelled(&e)))
+            .unwrap();
+        corewise::sleep(Duration::from_millis(10));
+        canceller.cancel();
+        assert_eq!(h.join().unwrap(), Err(true));
+
+        // Writable: fill the send buffer, then wait for room.
+        let (mut s, c) = pair();
+        s.set_write_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        s.writable().unwrap();
+        let chunk = vec![7u8; 1 << 16];
+        let mut sent = 0usize;
+        loop {
+            match s.write(&chunk) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == ErrorKind::TimedOut => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        assert_eq!(s.writable().unwrap_err().kind(), ErrorKind::TimedOut);
+        let drain = corewise::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            let mut got = 0usize;
+            while got < sent {
+                got += c.read(&mut buf).unwrap();
+            }
+            got
+        })
+        .unwrap();
+        s.set_write_timeout(None).unwrap();
+        s.writable().unwrap();
+        s.write_all(b"more").unwrap();
+        assert!(drain.join().unwrap() >= sent);
+    })
+    .unwrap();
+}
+
 fn udp(b: IoBackend) {
     rt(b)
         .block_on(|| {
@@ -1488,6 +1582,7 @@ both_backends!(
     a_reused_fd_number_is_registered_afresh,
     an_error_edge_is_used_once,
     cancel_from_another_thread,
+    readable_and_writable,
     udp,
     udp_peek_and_options,
     adopted_and_cloned_files,

@@ -332,6 +332,10 @@ pub(crate) struct Object {
     /// [`super::epoll`]); the system call saved is the read that would
     /// have seen `EAGAIN`.
     pub(crate) wait_first: bool,
+    /// The operation is a readiness wait (a [`Kind::Poll`]) whose caller
+    /// takes a spurious wake-up (`readable`): on epoll the event that ends
+    /// the wait is the answer, without a `poll` to confirm it.
+    pub(crate) readiness_only: bool,
 }
 
 /// Like [`run`], for an operation on `object`.
@@ -387,6 +391,9 @@ pub(crate) unsafe fn run_on(
                 Some((fd, ev)) => {
                     if std::mem::take(&mut wait_first) {
                         epoll_ready(core, fd, ev, object.ident, deadline, cancel)?;
+                        if object.readiness_only {
+                            return Ok(0);
+                        }
                         // The wait may have ended because `core` was
                         // released (evacuation) and this thread now runs on
                         // another core: `core` is stale, its epoll set and
@@ -400,7 +407,10 @@ pub(crate) unsafe fn run_on(
                     // SAFETY: per our contract.
                     match unsafe { kind.now() } {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            epoll_ready(core, fd, ev, object.ident, deadline, cancel)?
+                            epoll_ready(core, fd, ev, object.ident, deadline, cancel)?;
+                            if object.readiness_only {
+                                return Ok(0);
+                            }
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         r => return r,

@@ -105,6 +105,7 @@ impl IoState {
         let object = op::Object {
             ident: self.ident,
             wait_first,
+            readiness_only: false,
         };
         // SAFETY: per our contract.
         unsafe { op::run_on(kind, deadline, cancel, object) }
@@ -137,6 +138,7 @@ impl IoState {
         let object = op::Object {
             ident: self.ident,
             wait_first: false,
+            readiness_only: false,
         };
         // SAFETY: per our contract.
         unsafe { op::run_on(kind, deadline, self.cancel.get().map(|c| &**c), object) }
@@ -182,6 +184,38 @@ impl IoState {
         unsafe { self.write(kind) }
     }
 
+    /// Waits until `fd` has something to read (data, end of stream, an
+    /// error or a pending connection) under the read timeout and the cancel
+    /// state, without reading it. The next stream read then tries at once
+    /// (the readiness just seen is not waited for again).
+    ///
+    /// On epoll it may return spuriously (as tokio's `readable`): after a
+    /// short read it waits for the next edge without a `poll` first, and
+    /// the edge is not confirmed by one either.
+    pub(crate) fn readable(&self, fd: RawFd) -> io::Result<()> {
+        let deadline = self.read_timeout().and_then(crate::deadline::after);
+        let kind = Kind::Poll {
+            fd,
+            events: libc::POLLIN as u32,
+        };
+        let object = op::Object {
+            ident: self.ident,
+            wait_first: self.read_drained.load(Ordering::Relaxed),
+            readiness_only: true,
+        };
+        // SAFETY: a poll carries no pointers.
+        unsafe { op::run_on(kind, deadline, self.cancel.get().map(|c| &**c), object) }?;
+        self.read_drained.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Waits until `fd` can take more output (or reports an error) under
+    /// the write timeout and the cancel state.
+    pub(crate) fn writable(&self, fd: RawFd) -> io::Result<()> {
+        let deadline = self.write_timeout().and_then(crate::deadline::after);
+        self.wait_ready(fd, libc::POLLOUT as u32, deadline)
+    }
+
     /// Waits until `fd` reports one of `events` (`POLL*` bits), under
     /// `deadline` and the cancel state (a non-blocking `connect` finishing).
     pub(crate) fn wait_ready(
@@ -194,6 +228,7 @@ impl IoState {
         let object = op::Object {
             ident: self.ident,
             wait_first: false,
+            readiness_only: false,
         };
         // SAFETY: a poll carries no pointers.
         unsafe { op::run_on(kind, deadline, self.cancel.get().map(|c| &**c), object) }.map(drop)

@@ -255,6 +255,54 @@ impl<K: SocketKind> Socket<K> {
         Ok(self.state.write_timeout())
     }
 
+    /// Waits until the socket has something to read (data, end of stream,
+    /// an error, or on a listener a connection), without reading it. Like a
+    /// read it blocks the user thread, not its core, and honours the read
+    /// timeout (`TimedOut`) and the [`canceller`](Self::canceller).
+    ///
+    /// What it is for: a server with many mostly idle connections waits
+    /// here with no buffer, and takes one only once there is input (a
+    /// thread blocked in `read` holds its buffer for as long as it waits).
+    ///
+    /// As tokio's `readable`, it may return when there is nothing to read
+    /// after all (on the epoll back end it trusts the readiness event): a
+    /// non-blocking read after it (`recv` with `MSG_DONTWAIT`) can still
+    /// report `WouldBlock`, and a blocking `read` then waits.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// rt.block_on(|| {
+    ///     let (a, b) = corewise::net::UnixStream::pair().unwrap();
+    ///     b.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+    ///     let err = b.readable().unwrap_err();
+    ///     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+    ///     a.write(b"x").unwrap();
+    ///     b.readable().unwrap();
+    ///     b.readable().unwrap(); // nothing was read: still readable
+    ///     let mut buf = [0u8; 4];
+    ///     assert_eq!(b.read(&mut buf).unwrap(), 1);
+    /// }).unwrap();
+    /// ```
+    pub fn readable(&self) -> io::Result<()> {
+        self.state.readable(self.as_raw_fd())
+    }
+
+    /// Waits until the socket can take more output (or reports an error),
+    /// under the write timeout and the [`canceller`](Self::canceller).
+    ///
+    /// ```
+    /// let rt = corewise::Runtime::new().unwrap();
+    /// rt.block_on(|| {
+    ///     let (a, _b) = corewise::net::UnixStream::pair().unwrap();
+    ///     a.writable().unwrap(); // an empty send buffer
+    ///     assert_eq!(a.write(b"x").unwrap(), 1);
+    /// }).unwrap();
+    /// ```
+    pub fn writable(&self) -> io::Result<()> {
+        self.state.writable(self.as_raw_fd())
+    }
+
     /// A handle that cancels this socket's blocking calls from any thread
     /// (see [`Canceller`]).
     ///
