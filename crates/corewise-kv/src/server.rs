@@ -3,7 +3,10 @@
 //! `--mode conn` gives each connection a user thread that blocks in
 //! `read` (the Fred/libfibre way): simple, and a blocked thread costs its
 //! core nothing (it leaves its core's slot while it waits, and is placed
-//! again, by load, when its socket is readable). Connections are limited by
+//! again, by load, when its socket is readable). A quiet connection (new,
+//! or silent for over a second before its last request) waits in
+//! `readable` instead and holds no buffer meanwhile (see
+//! [`Connection::release_buffers`]). Connections are limited by
 //! `-c`, as in memcached, and by the runtime's thread limit; a connection
 //! over either is refused with memcached's "Too many open connections"
 //! line.
@@ -189,6 +192,9 @@ pub struct Connection {
     /// Its entry in `stats conns`.
     info: Arc<ConnInfo>,
     shared: Arc<Shared>,
+    /// Its last batch of requests came after more than a second without
+    /// one: conn mode then waits for the next without buffers.
+    quiet: bool,
 }
 
 impl Drop for Connection {
@@ -253,26 +259,108 @@ impl Connection {
             .open(stream.as_raw_fd(), peer, shared.store.clock().now());
         Self {
             stream,
-            rbuf: vec![0; INITIAL_BUF],
+            // No buffers until the first input (see `release_buffers`).
+            rbuf: Vec::new(),
             pos: 0,
             filled: 0,
             // A whole value plus its command line always fits, and so
             // does the longest multi-get line (and a byte past it, so that
             // the decoder sees the line is too long).
             max_buf: item_max.max(GET_LINE_MAX) + MAX_LINE + 1024,
-            wbuf: Reply::with_capacity(INITIAL_BUF),
+            wbuf: Reply::new(),
             scratch: Vec::new(),
             decoder: Decoder::new(Limits { item_max }),
             binary: None,
             negotiated: false,
             info,
             shared,
+            quiet: false,
         }
     }
 
+    /// Gives both buffers back when nothing is pending in them (every
+    /// request read has been run and every reply sent); returns whether it
+    /// did. A connection that waits for its next request holds no buffer
+    /// then, and the next read takes new ones ([`INITIAL_BUF`] each).
+    ///
+    /// ```
+    /// # // Serves one client with a Connection: `server` runs on a user thread of
+    /// # // a one-core runtime with the accepted connection, `client` on a std
+    /// # // thread with its end; returns what each returned.
+    /// # fn with_conn<T: Send + 'static>(
+    /// #     shared: std::sync::Arc<corewise_kv::exec::Shared>,
+    /// #     client: impl FnOnce(std::net::TcpStream) -> std::io::Result<Vec<u8>> + Send + 'static,
+    /// #     server: impl FnOnce(&mut corewise_kv::server::Connection) -> std::io::Result<T> + Send + 'static,
+    /// # ) -> std::io::Result<(T, Vec<u8>)> {
+    /// #     let other = |e: &dyn std::fmt::Display| std::io::Error::other(e.to_string());
+    /// #     let rt = corewise::Runtime::builder().max_cores(1).build().map_err(|e| other(&e))?;
+    /// #     let listener = corewise_kv::server::bind("127.0.0.1", 0)?;
+    /// #     let addr = listener.local_addr()?;
+    /// #     let c = std::thread::spawn(move || client(std::net::TcpStream::connect(addr)?));
+    /// #     let h = rt
+    /// #         .spawn(move || -> std::io::Result<T> {
+    /// #             let (stream, _) = listener.accept()?;
+    /// #             let mut conn = corewise_kv::server::Connection::new(stream, shared);
+    /// #             server(&mut conn)
+    /// #         })
+    /// #         .map_err(|e| other(&e))?;
+    /// #     let t = h.join().map_err(|e| other(&e))??;
+    /// #     Ok((t, c.join().unwrap()?))
+    /// # }
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// use std::io::{Read, Write};
+    /// use std::sync::Arc;
+    /// let shared = Arc::new(Shared::new(Config::default()));
+    /// let (held, reply) = with_conn(
+    ///     shared,
+    ///     |mut client| {
+    ///         client.write_all(b"set k 0 0 1\r\nv\r\nget k")?; // the get is cut short
+    ///         std::thread::sleep(std::time::Duration::from_millis(50));
+    ///         client.write_all(b"\r\n")?;
+    ///         client.shutdown(std::net::Shutdown::Write)?;
+    ///         let mut reply = Vec::new();
+    ///         client.read_to_end(&mut reply)?;
+    ///         Ok(reply)
+    ///     },
+    ///     |conn| {
+    ///         let first = conn.release_buffers(); // nothing read yet
+    ///         let mut after = Vec::new();
+    ///         while conn.fill_blocking()? > 0 {
+    ///             conn.process();
+    ///             conn.flush()?;
+    ///             after.push(conn.release_buffers()); // false while "get k" is cut short
+    ///         }
+    ///         Ok((first, after))
+    ///     },
+    /// )?;
+    /// let (first, after) = held;
+    /// assert_eq!(reply, b"STORED\r\nVALUE k 0 1\r\nv\r\nEND\r\n");
+    /// assert!(first && after.contains(&false) && after.last() == Some(&true));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn release_buffers(&mut self) -> bool {
+        if self.pos != self.filled || !self.wbuf.is_empty() {
+            return false;
+        }
+        self.pos = 0;
+        self.filled = 0;
+        self.rbuf = Vec::new();
+        self.wbuf = Reply::new();
+        true
+    }
+
     /// Room at the end of the read buffer: compacts or grows it, and gives
-    /// a grown buffer back once everything in it has been run.
+    /// a grown buffer back once everything in it has been run. A
+    /// connection without buffers (new, or idle: see
+    /// [`release_buffers`](Self::release_buffers)) takes them here.
     fn make_room(&mut self) -> io::Result<()> {
+        if self.rbuf.is_empty() {
+            self.rbuf = vec![0; INITIAL_BUF];
+            if self.wbuf.capacity() == 0 {
+                self.wbuf = Reply::with_capacity(INITIAL_BUF);
+            }
+            return Ok(());
+        }
         if self.pos == self.filled {
             self.pos = 0;
             self.filled = 0;
@@ -500,8 +588,9 @@ impl Connection {
         info.spoke.store(true, Ordering::Relaxed);
         info.busy.store(true, Ordering::Relaxed);
         let flow = self.process_buffered();
-        info.last_cmd
-            .store(self.shared.store.clock().now(), Ordering::Relaxed);
+        let now = self.shared.store.clock().now();
+        // Whole server seconds: a difference of two is more than a second.
+        self.quiet = now.saturating_sub(info.last_cmd.swap(now, Ordering::Relaxed)) >= 2;
         info.busy.store(false, Ordering::Relaxed);
         flow
     }
@@ -946,11 +1035,30 @@ fn refuse_conn(conn: Connection) {
 }
 
 fn run_conn(conn: &mut Connection) -> io::Result<()> {
+    // A busy connection's thread waits for its next request in a read,
+    // with its buffers (one operation per request). A new connection, and
+    // one whose last request came after more than a second of silence,
+    // gives them back and waits for input without them (`readable`, then
+    // a read that does not wait: a system call and two allocations more
+    // per request, which busy connections do not pay). No timer is needed
+    // to tell them apart: `process` already reads the clock.
+    let mut quiet = true;
     loop {
-        if conn.fill_blocking()? == 0 {
+        let n = if quiet && conn.release_buffers() {
+            conn.stream.readable()?;
+            match conn.fill_now() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => r?,
+            }
+        } else {
+            conn.fill_blocking()?
+        };
+        if n == 0 {
             return Ok(());
         }
         let flow = conn.process();
+        quiet = conn.quiet;
         conn.flush()?;
         match flow {
             Flow::Close => return Ok(()),
