@@ -1280,6 +1280,10 @@ fn serve_ready(d: &Dispatch, token: usize, mut conn: Connection) {
     };
     let fd = conn.fd();
     if keep {
+        // As in conn mode: a quiet connection waits without buffers.
+        if conn.quiet {
+            conn.release_buffers();
+        }
         d.table.lock().slots[token] = Some(conn);
         if d.ep
             .ctl(libc::EPOLL_CTL_MOD, fd, CONN_EVENTS, token as u64)

@@ -64,14 +64,13 @@ fn conn_mode_serves_ten_thousand_connections_with_c_10240() {
 /// they are refused (the line arrives; the close is not a reset that would
 /// destroy it), in both modes.
 /// An idle connection holds no buffer: 2 000 new connections add less
-/// than 8 KiB each to the server (a user thread's stack and the
-/// connection's records; with a read buffer and a reply buffer of 4 KiB
-/// each held while waiting, as before, 13 KiB). Every one of them is then
-/// served: each thread wakes from its wait for input.
-#[test]
-fn idle_connections_hold_no_buffers() {
+/// than 8 KiB each to the server (in conn mode a user thread's stack and
+/// the connection's records; with a read buffer and a reply buffer of
+/// 4 KiB each held while waiting, as before, 13 KiB). Every one of them is
+/// then served: each wakes from its wait for input.
+fn idle_connections_hold_no_buffers(mode: &str) {
     const N: usize = 2_000;
-    let s = Server::start(&["-c", "4096", "-t", "2"]);
+    let s = Server::start(&["-c", "4096", "-t", "2", "--mode", mode]);
     // Warm up: the first connections pay for the runtime's first stacks.
     let mut warm = s.client();
     assert_eq!(warm.cmd("version").split(' ').next(), Some("VERSION"));
@@ -104,12 +103,21 @@ fn idle_connections_hold_no_buffers() {
     }
 }
 
+#[test]
+fn conn_mode_idle_connections_hold_no_buffers() {
+    idle_connections_hold_no_buffers("conn");
+}
+
+#[test]
+fn dispatch_mode_idle_connections_hold_no_buffers() {
+    idle_connections_hold_no_buffers("dispatch");
+}
+
 /// A connection silent for over a second waits for its next request
 /// without buffers and is still served, also when a silence falls inside
 /// a request (the part already read is kept).
-#[test]
-fn a_connection_idle_between_and_within_requests_is_served() {
-    let s = Server::start(&[]);
+fn a_connection_idle_between_and_within_requests_is_served(mode: &str) {
+    let s = Server::start(&["--mode", mode]);
     let mut c = s.client();
     assert_eq!(c.set("k", b"v"), "STORED");
     // Over two server seconds apart: the get's batch counts as quiet, and
@@ -129,6 +137,16 @@ fn a_connection_idle_between_and_within_requests_is_served() {
     // Quiet again, with nothing pending: it waits without buffers.
     std::thread::sleep(pause);
     assert_eq!(c.get("k2").as_deref(), Some(&b"abcde"[..]));
+}
+
+#[test]
+fn conn_mode_serves_a_connection_idle_between_and_within_requests() {
+    a_connection_idle_between_and_within_requests_is_served("conn");
+}
+
+#[test]
+fn dispatch_mode_serves_a_connection_idle_between_and_within_requests() {
+    a_connection_idle_between_and_within_requests_is_served("dispatch");
 }
 
 fn refused_clients_get_the_line(mode: &str) {
