@@ -64,9 +64,10 @@ fn conn_mode_serves_ten_thousand_connections_with_c_10240() {
 /// they are refused (the line arrives; the close is not a reset that would
 /// destroy it), in both modes.
 /// An idle connection holds no buffer: 2 000 new connections add less
-/// than 8 KiB each to the server (in conn mode a user thread's stack and
-/// the connection's records; with a read buffer and a reply buffer of
-/// 4 KiB each held while waiting, as before, 13 KiB). Every one of them is
+/// than 8 KiB each to a release build of the server in conn mode (a user
+/// thread's stack and the connection's records; with a read buffer and a
+/// reply buffer of 4 KiB each held while waiting, as before, 13 KiB), and
+/// less than 4 KiB in dispatch mode (8.6 KiB before). Every one of them is
 /// then served: each wakes from its wait for input.
 fn idle_connections_hold_no_buffers(mode: &str) {
     const N: usize = 2_000;
@@ -90,7 +91,17 @@ fn idle_connections_hold_no_buffers(mode: &str) {
     }
     std::thread::sleep(Duration::from_millis(300));
     let per_conn = s.rss().saturating_sub(before) / N as u64;
-    assert!(per_conn < 8 * 1024, "{per_conn} bytes per idle connection");
+    // Conn mode: a user thread's stack and the records. An unoptimized
+    // build's frames are larger, so its stacks reach deeper (about 9 KiB
+    // per connection in all, 17 with the buffers). Dispatch mode: the
+    // records only (under 1 KiB; 8.6 with the buffers).
+    let bound = match mode {
+        "conn" if cfg!(debug_assertions) => 13 * 1024,
+        "conn" => 8 * 1024,
+        _ => 4 * 1024,
+    };
+    eprintln!("{mode}: {per_conn} bytes per idle connection");
+    assert!(per_conn < bound, "{per_conn} bytes per idle connection");
     for (i, c) in conns.iter_mut().enumerate() {
         write!(c, "get k{i}\r\n").unwrap();
     }
