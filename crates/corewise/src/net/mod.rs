@@ -48,6 +48,11 @@
 //!   stream can be read and written from two threads.
 //! - Listeners also have `set_timeout` (the `accept` timeout) and
 //!   `canceller`.
+//! - Every socket also has [`readable`](Socket::readable) and
+//!   [`writable`](Socket::writable), which std lacks: they wait for input
+//!   (or room for output) without taking it, under the same timeouts and
+//!   canceller, and may return spuriously, as tokio's do. A server with
+//!   many quiet connections waits there without a buffer.
 //! - The six types are one generic type, [`Socket<K>`]: code generic over
 //!   sockets can name [`SocketKind`], [`StreamKind`] or [`ListenerKind`].
 //! - A read, write or accept whose timeout passes fails with
