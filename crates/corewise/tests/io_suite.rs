@@ -426,8 +426,9 @@ fn cancel_from_another_thread(b: IoBackend) {
 /// `readable` waits without reading: a thousand threads on one core each
 /// wait on their own connection and then read exactly what was sent (a
 /// lost wake-up hangs the test); it honours the read timeout, the
-/// canceller and end of stream, and a read after it does not wait again.
-/// `writable` waits for room in a full send buffer.
+/// canceller and end of stream, and a read after it does not wait again;
+/// a listener is readable with a connection to accept, a datagram socket
+/// with a datagram. `writable` waits for room in a full send buffer.
 fn readable_and_writable(b: IoBackend) {
     const N: usize = 1000;
     let rt = Runtime::builder()
@@ -484,6 +485,27 @@ fn readable_and_writable(b: IoBackend) {
         corewise::sleep(Duration::from_millis(10));
         canceller.cancel();
         assert_eq!(h.join().unwrap(), Err(true));
+
+        // A listener is readable once a connection waits to be accepted,
+        // a datagram socket once a datagram has arrived.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let l = std::sync::Arc::new(l);
+        let waiter = {
+            let l = l.clone();
+            corewise::spawn(move || l.readable().map(|()| l.accept().map(|_| ())))
+        }
+        .unwrap();
+        corewise::sleep(Duration::from_millis(10));
+        let _c3 = TcpStream::connect(addr).unwrap();
+        waiter.join().unwrap().unwrap().unwrap();
+        let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+        u.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        assert_eq!(u.readable().unwrap_err().kind(), ErrorKind::TimedOut);
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sender.send_to(b"d", u.local_addr().unwrap()).unwrap();
+        u.readable().unwrap();
+        assert_eq!(u.recv(&mut [0u8; 4]).unwrap(), 1);
 
         // Writable: fill the send buffer, then wait for room.
         let (mut s, c) = pair();
