@@ -192,8 +192,8 @@ pub struct Connection {
     /// Its entry in `stats conns`.
     info: Arc<ConnInfo>,
     shared: Arc<Shared>,
-    /// Its last batch of requests came after more than a second without
-    /// one: conn mode then waits for the next without buffers.
+    /// New, or its last batch of requests came after more than a second
+    /// without one: it then waits for the next without buffers.
     quiet: bool,
 }
 
@@ -274,7 +274,7 @@ impl Connection {
             negotiated: false,
             info,
             shared,
-            quiet: false,
+            quiet: true,
         }
     }
 
@@ -1039,12 +1039,11 @@ fn run_conn(conn: &mut Connection) -> io::Result<()> {
     // with its buffers (one operation per request). A new connection, and
     // one whose last request came after more than a second of silence,
     // gives them back and waits for input without them (`readable`, then
-    // a read that does not wait: a system call and two allocations more
-    // per request, which busy connections do not pay). No timer is needed
-    // to tell them apart: `process` already reads the clock.
-    let mut quiet = true;
+    // a read that does not wait: two allocations more per request, and on
+    // io_uring a system call, which busy connections do not pay). No timer
+    // is needed to tell them apart: `process` already reads the clock.
     loop {
-        let n = if quiet && conn.release_buffers() {
+        let n = if conn.quiet && conn.release_buffers() {
             conn.stream.readable()?;
             match conn.fill_now() {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -1058,7 +1057,6 @@ fn run_conn(conn: &mut Connection) -> io::Result<()> {
             return Ok(());
         }
         let flow = conn.process();
-        quiet = conn.quiet;
         conn.flush()?;
         match flow {
             Flow::Close => return Ok(()),

@@ -18,17 +18,6 @@ const GETS: usize = 100;
 /// Keys in its one multi-key get.
 const MULTI: usize = 100;
 
-/// Resident set of `pid` in bytes.
-fn rss(pid: u64) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
-}
-
 /// A binary-protocol GET request for `key`.
 fn bin_get(key: &[u8]) -> Vec<u8> {
     let mut f = vec![0u8; 24];
@@ -45,8 +34,7 @@ fn run(mode: &str, binary: bool) {
     let mut normal = s.client();
     let value = vec![b'v'; VALUE];
     assert_eq!(normal.set("big", &value), "STORED");
-    let pid = normal.stat("pid");
-    let idle = rss(pid);
+    let idle = s.rss();
     let items = normal.stat("bytes");
 
     // The adversary: many requests for the big value, never reading.
@@ -76,7 +64,7 @@ fn run(mode: &str, binary: bool) {
         assert_eq!(normal.get("small").as_deref(), Some(&b"hello"[..]));
         latencies.push(t.elapsed());
         served += 1;
-        peak = peak.max(rss(pid));
+        peak = peak.max(s.rss());
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(served > 10, "the normal client was served {served} times");
@@ -147,8 +135,7 @@ fn large_values_leave_no_buffers(mode: &str) {
     let mut first = s.client();
     assert_eq!(first.set("big", &value), "STORED");
     assert_eq!(first.get("big").map(|v| v.len()), Some(BIG));
-    let pid = first.stat("pid");
-    let before = rss(pid);
+    let before = s.rss();
     let mut conns: Vec<_> = (0..CONNS).map(|_| s.client()).collect();
     for c in &mut conns {
         assert_eq!(c.set("big", &value), "STORED");
@@ -156,7 +143,7 @@ fn large_values_leave_no_buffers(mode: &str) {
         // Idle again: a small request after the large ones.
         assert_eq!(c.cmd("version").split(' ').next(), Some("VERSION"));
     }
-    let after = rss(pid);
+    let after = s.rss();
     let grown = after.saturating_sub(before);
     println!("{mode}: RSS {before} -> {after} bytes with {CONNS} idle connections that moved {BIG} bytes each way");
     // Each connection may keep small buffers and its thread; 1 MiB each

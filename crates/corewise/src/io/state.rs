@@ -194,17 +194,8 @@ impl IoState {
     /// the edge is not confirmed by one either.
     pub(crate) fn readable(&self, fd: RawFd) -> io::Result<()> {
         let deadline = self.read_timeout().and_then(crate::deadline::after);
-        let kind = Kind::Poll {
-            fd,
-            events: libc::POLLIN as u32,
-        };
-        let object = op::Object {
-            ident: self.ident,
-            wait_first: self.read_drained.load(Ordering::Relaxed),
-            readiness_only: true,
-        };
-        // SAFETY: a poll carries no pointers.
-        unsafe { op::run_on(kind, deadline, self.cancel.get().map(|c| &**c), object) }?;
+        let wait_first = self.read_drained.load(Ordering::Relaxed);
+        self.poll(fd, libc::POLLIN as u32, deadline, wait_first, true)?;
         self.read_drained.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -224,11 +215,24 @@ impl IoState {
         events: u32,
         deadline: Option<Instant>,
     ) -> io::Result<()> {
+        self.poll(fd, events, deadline, false, false)
+    }
+
+    /// A [`Kind::Poll`] of `fd` for `events` on this object (`wait_first`,
+    /// `readiness_only`: see [`op::Object`]).
+    fn poll(
+        &self,
+        fd: RawFd,
+        events: u32,
+        deadline: Option<Instant>,
+        wait_first: bool,
+        readiness_only: bool,
+    ) -> io::Result<()> {
         let kind = Kind::Poll { fd, events };
         let object = op::Object {
             ident: self.ident,
-            wait_first: false,
-            readiness_only: false,
+            wait_first,
+            readiness_only,
         };
         // SAFETY: a poll carries no pointers.
         unsafe { op::run_on(kind, deadline, self.cancel.get().map(|c| &**c), object) }.map(drop)
