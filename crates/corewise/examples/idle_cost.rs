@@ -5,8 +5,9 @@
 //! 1. idle: the process's utime + stime (`/proc/self/stat`) and its CPU
 //!    clock over SECONDS with the runtime built and nothing to run;
 //! 2. busy: the CPU time of the helper threads (`corewise-budget`, the
-//!    watcher, and `corewise-monitor`, the handoff monitor, which takes
-//!    the watcher's share samples while it runs; from
+//!    watcher, and `corewise-monitor`, the handoff monitor, which samples
+//!    the neighbour share when every dispatcher sits in one long run, as
+//!    here (otherwise the dispatchers do, between runs); from
 //!    `/proc/self/task/N/schedstat`) and their wakeups (voluntary context
 //!    switches) over SECONDS while one spinning user thread per core keeps
 //!    every core busy.

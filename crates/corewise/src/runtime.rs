@@ -83,6 +83,12 @@ pub(crate) struct Shared {
     /// Whether a core stuck in a blocking call is handed to a spare kernel
     /// thread (see `crate::sched::handoff`).
     pub(crate) handoff: bool,
+    /// Clock ticks (`crate::clock`) at which the next neighbour-share
+    /// window ends: a dispatcher whose clock read passes it samples the
+    /// share (see `sched::dispatch::share_tick`); `u64::MAX` without one.
+    /// Read by every dispatcher at its clock reads, written once a window:
+    /// a line of its own, so that no other field's writes make it miss.
+    pub(crate) share_due: crossbeam_utils::CachePadded<AtomicU64>,
     /// Figures for `Runtime::stats` (see [`Figures`]).
     figures: Figures,
 }
@@ -691,6 +697,7 @@ impl Builder {
             limit_wait: crate::sched::park::LimitWait::default(),
             kthreads: crate::sched::kthread::KernelThreads::default(),
             handoff,
+            share_due: crossbeam_utils::CachePadded::new(AtomicU64::new(0)),
             figures: Figures::new(n),
         }));
         for core in shared.cores.iter() {
@@ -727,10 +734,10 @@ impl Builder {
         // already sleep until the next change, see `manage_cores`).
         manager.thread().unpark();
         rt.manager = Some(manager);
+        // The dispatchers sample the neighbour share between runs (see
+        // `sched::dispatch`); the watcher thread keeps the budget re-reads.
+        shared.budget.share_ticks_elsewhere(WATCHER_BACKSTOP);
         if shared.handoff {
-            // The monitor wakes every MAX_PERIOD or sooner while the runtime
-            // is busy; the watcher's ticks ride on those wakeups.
-            shared.budget.tick_elsewhere(WATCHER_BACKSTOP);
             crate::sched::handoff::install_handler();
             rt.monitor = Some(
                 std::thread::Builder::new()
@@ -742,10 +749,9 @@ impl Builder {
     }
 }
 
-/// How late a budget tick may be before the watcher thread does it itself
-/// while the handoff monitor ticks (see `BudgetHandle::tick_elsewhere`):
-/// the monitor only falls that far behind when it gets no CPU, and then the
-/// watcher would not either.
+/// How late a share sample may be before the watcher thread takes it
+/// itself (see `BudgetHandle::share_ticks_elsewhere`): the dispatchers fall
+/// that far behind only while every one of them sits in a run that long.
 const WATCHER_BACKSTOP: Duration = Duration::from_secs(1);
 
 /// Environment variable that switches blocking handoff off for every

@@ -440,6 +440,52 @@ fn a_spawner_that_outruns_its_core_lets_the_threads_it_made_start() {
     );
 }
 
+/// A thread that keeps its core in runtime calls that never wait (writes
+/// and reads on a socket pair that is always ready, epoll back end) yields
+/// after about a millisecond while another thread waits for the core, by
+/// its own clock: the handoff monitor is off here. Without the yield the
+/// sleeper's timer is never served and the loop runs into its limit.
+#[test]
+fn a_thread_in_runtime_calls_yields_to_a_waiting_one_without_the_monitor() {
+    use std::io::{Read, Write};
+    let rt = Runtime::builder()
+        .cpus([0])
+        .neighbour_awareness(None)
+        .blocking_handoff(false)
+        .io_backend(corewise::io::IoBackend::Epoll)
+        .build()
+        .unwrap();
+    let calls = rt
+        .block_on(|| {
+            let woke = Arc::new(AtomicBool::new(false));
+            let w = woke.clone();
+            let sleeper = corewise::spawn(move || {
+                corewise::sleep(Duration::from_millis(2));
+                w.store(true, Ordering::Release);
+            })
+            .unwrap();
+            // The sleeper starts (and goes to sleep) first.
+            corewise::thread::yield_now();
+            let (mut a, mut b) = corewise::net::UnixStream::pair().unwrap();
+            let start = Instant::now();
+            let mut buf = [0u8; 4];
+            let mut calls = 0u64;
+            while !woke.load(Ordering::Acquire) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "the sleeper did not run in 10 s: {calls} round trips without a yield"
+                );
+                a.write_all(b"ping").unwrap();
+                b.read_exact(&mut buf).unwrap();
+                calls += 1;
+            }
+            sleeper.join().unwrap();
+            calls
+        })
+        .unwrap();
+    assert!(calls > 0);
+}
+
 #[test]
 fn an_exclusive_thread_keeps_its_core_alone() {
     let rt = two_core_runtime();

@@ -28,13 +28,19 @@
 //! cost a system call each; the futex wake is only issued on the 0 → 1
 //! transition while the watcher waits.
 //!
-//! **One wakeup, not two.** A runtime whose handoff monitor already wakes
-//! every few milliseconds while busy lets the monitor do the ticks
-//! ([`BudgetHandle::refresh_if_due`] after each of its wakeups, which it
-//! times to the next share window) and leaves the watcher thread only a
-//! backstop: it wakes when a tick is a second late. On a saturated host
-//! every helper wakeup is a switch the CPU-bound threads around it would
-//! not have had; two helpers woke about 100 times a second each.
+//! **No wakeup for a share window.** A busy runtime takes the share
+//! samples on its dispatchers, between two user threads, when a clock
+//! read they make anyway finds a window over (a crate-internal
+//! `share_tick_if_due`): a few microseconds of the dispatcher's own time
+//! every window, and no helper thread wakes for it. The watcher thread
+//! then keeps only the budget re-reads (once a second) and a backstop: it
+//! samples the share itself when a window is a second late (every
+//! dispatcher inside one long run; the runtime's handoff monitor, awake
+//! every 10 ms while the runtime is busy, samples such a window after
+//! 10 ms). On a saturated host every helper
+//! wakeup is a switch the CPU-bound threads around it would not have had,
+//! and a corewise neighbour's 100 wakeups a second showed in the tail of
+//! the processes beside it (`docs/architecture.md`, "Neighbour share").
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -84,8 +90,14 @@ struct Shared {
     cores: AtomicUsize,
     active: AtomicUsize,
     generation: AtomicU64,
-    /// Nanoseconds after `epoch` when the next refresh is due.
+    /// Nanoseconds after `epoch` when the next refresh is due (the earlier
+    /// of the two below).
     next_due_ns: AtomicU64,
+    /// Nanoseconds after `epoch` when the next share window ends
+    /// (`u64::MAX`: no neighbour share).
+    next_share_ns: AtomicU64,
+    /// Nanoseconds after `epoch` when the next budget re-read is due.
+    next_budget_ns: AtomicU64,
     /// Budget re-reads and share samples taken.
     reads: AtomicU64,
     /// Times the published `active` changed.
@@ -107,11 +119,19 @@ struct Shared {
     /// Whether the watcher thread waits on `awake` (wakers skip the
     /// system call otherwise).
     waiting: AtomicU32,
-    /// Nanoseconds a due tick may stay undone before the watcher thread
-    /// does it (0: it ticks on schedule). Set while another thread ticks
-    /// through [`BudgetHandle::refresh_if_due`] on its own wakeups (the
-    /// runtime's handoff monitor), so that the watcher thread wakes only
-    /// if that thread falls behind.
+    /// When the last awake dispatcher went to sleep (ns after `epoch`).
+    asleep_at_ns: AtomicU64,
+    /// A pause of every dispatcher that outlasted a share window ended:
+    /// the next share tick starts a fresh window (the dispatchers tick
+    /// only while awake, so no tick of theirs sees the pause).
+    paused_since_tick: AtomicBool,
+    /// A pause longer than this counts (the share window; `u64::MAX`:
+    /// no neighbour share, nothing to track).
+    pause_ns: u64,
+    /// Nanoseconds a share window may stay unsampled before the watcher
+    /// thread samples it (0: it samples on schedule). Set while the
+    /// runtime's dispatchers sample through `share_tick_if_due`, so that
+    /// the watcher thread wakes for the share only if they fall behind.
     backstop_ns: AtomicU64,
 }
 
@@ -161,9 +181,11 @@ impl Shared {
         lock(&self.worker).paused = true;
     }
 
-    /// When the next tick is due.
-    fn next_due(&self) -> Instant {
-        self.epoch + Duration::from_nanos(self.next_due_ns.load(Ordering::Relaxed))
+    fn instant_of(&self, ns: &AtomicU64) -> Option<Instant> {
+        match ns.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            n => Some(self.epoch + Duration::from_nanos(n)),
+        }
     }
 
     /// Does whatever is due; returns when the next thing is due.
@@ -172,13 +194,16 @@ impl Shared {
     /// (a tick then only marks the pause); the first tick after it starts a
     /// fresh share window, since one spanning the pause would read as a
     /// tiny share, and re-reads the budget if that fell due meanwhile.
-    fn tick(&self, w: &mut Worker, force_budget: bool) -> Result<Instant, Arc<BudgetError>> {
+    fn tick(&self, w: &mut Worker, parts: Parts) -> Result<Instant, Arc<BudgetError>> {
         let now = Instant::now();
         let idle = self.is_idle();
         w.paused |= idle;
+        if parts.share && self.paused_since_tick.swap(false, Ordering::Relaxed) {
+            w.paused = true;
+        }
         let mut result = Ok(());
         let cores_before = self.cores.load(Ordering::Relaxed);
-        if force_budget || (!idle && now >= w.next_budget) {
+        if parts.force_budget || (parts.budget && !idle && now >= w.next_budget) {
             w.next_budget = now + w.interval;
             self.reads.fetch_add(1, Ordering::Relaxed);
             match w.probe.read() {
@@ -209,7 +234,9 @@ impl Shared {
         let cores = self.cores.load(Ordering::Relaxed);
         let mut active = cores;
         if let (Some(n), Some(next)) = (&mut w.neighbour, &mut w.next_share) {
-            if cores <= 1 {
+            if !parts.share {
+                active = n.cap().min(cores);
+            } else if cores <= 1 {
                 // A cap clamped to [1, 1] says nothing: no sampling (and no
                 // wakeups) until a re-read finds a larger budget; that first
                 // sample then covers the whole pause, an average to start from.
@@ -246,27 +273,61 @@ impl Shared {
                 f();
             }
         }
-        let mut due = match w.next_share {
-            Some(s) => s.min(w.next_budget),
-            None => w.next_budget,
-        };
+        let mut share_due = w.next_share;
+        let mut budget_due = w.next_budget;
         if idle {
             // Nothing is read while idle, so what is overdue cannot be done
             // now: the next tick is a share window (or a budget interval)
-            // away, and the first busy one does it. Left in the past, the
-            // due time had the handoff monitor, which sleeps until it, look
-            // every 50 µs while the dispatchers slept: 8 000 wakeups a
-            // second on the CPU of a one-core server at 2 000 requests/s.
+            // away, and the first busy one does it. Left in the past, a due
+            // time had whoever ticks on it (then the handoff monitor, which
+            // slept until it) look every 50 µs while the dispatchers slept:
+            // 8 000 wakeups a second on the CPU of a one-core server at
+            // 2 000 requests/s.
             let step = match (&w.neighbour, w.next_share) {
                 (Some(n), Some(_)) => n.config().window.min(w.interval),
                 _ => w.interval,
             };
-            due = due.max(now + step);
+            share_due = share_due.map(|s| s.max(now + step));
+            budget_due = budget_due.max(now + step);
         }
+        let share_ns = share_due.map_or(u64::MAX, |s| self.nanos_since_epoch(s));
+        let budget_ns = self.nanos_since_epoch(budget_due);
+        self.next_share_ns.store(share_ns, Ordering::Relaxed);
+        self.next_budget_ns.store(budget_ns, Ordering::Relaxed);
         self.next_due_ns
-            .store(self.nanos_since_epoch(due), Ordering::Relaxed);
+            .store(share_ns.min(budget_ns), Ordering::Relaxed);
+        let due = share_due.map_or(budget_due, |s| s.min(budget_due));
         result.map(|()| due)
     }
+}
+
+/// What a [`Shared::tick`] may do.
+#[derive(Debug, Clone, Copy)]
+struct Parts {
+    /// Re-read the budget if that is due.
+    budget: bool,
+    /// Re-read the budget whether or not it is due.
+    force_budget: bool,
+    /// Sample the neighbour share if a window is over.
+    share: bool,
+}
+
+impl Parts {
+    const DUE: Parts = Parts {
+        budget: true,
+        force_budget: false,
+        share: true,
+    };
+    const FORCED: Parts = Parts {
+        budget: true,
+        force_budget: true,
+        share: true,
+    };
+    const SHARE: Parts = Parts {
+        budget: false,
+        force_budget: false,
+        share: true,
+    };
 }
 
 /// A cheap, cloneable reader of a [`BudgetWatcher`]'s figures, for the
@@ -421,22 +482,51 @@ impl BudgetHandle {
     /// assert!(w.handle().refresh_if_due());
     /// ```
     pub fn refresh_if_due(&self) -> bool {
+        self.tick_if_due(&self.shared.next_due_ns, Parts::DUE)
+    }
+
+    /// Does `parts` if the time in `due` has come and no other thread is
+    /// ticking; returns whether this call ticked.
+    fn tick_if_due(&self, due: &AtomicU64, parts: Parts) -> bool {
         let now = self.shared.nanos_since_epoch(Instant::now());
-        if now < self.shared.next_due_ns.load(Ordering::Relaxed) {
+        if now < due.load(Ordering::Relaxed) {
             return false;
         }
         let Ok(mut w) = self.shared.worker.try_lock() else {
             return false;
         };
-        let _ = self.shared.tick(&mut w, false);
+        let _ = self.shared.tick(&mut w, parts);
         true
     }
 
-    /// From now on another thread calls [`refresh_if_due`](Self::refresh_if_due)
-    /// on its own wakeups, and the watcher thread only does a tick that is
-    /// `backstop` late (that thread fell behind): one helper wakeup instead
-    /// of two.
-    pub(crate) fn tick_elsewhere(&self, backstop: Duration) {
+    /// Samples the neighbour share if a window is over and no other thread
+    /// is ticking; returns whether this call sampled (or found the runtime
+    /// paused). Budget re-reads are left to the watcher thread. Until a
+    /// window is over this is a clock read and one atomic load.
+    pub(crate) fn share_tick_if_due(&self) -> bool {
+        self.tick_if_due(&self.shared.next_share_ns, Parts::SHARE)
+    }
+
+    /// How long until the current share window ends (zero if it has);
+    /// `None` without a neighbour share.
+    pub(crate) fn until_share_due(&self) -> Option<Duration> {
+        self.shared
+            .instant_of(&self.shared.next_share_ns)
+            .map(|t| t.saturating_duration_since(Instant::now()))
+    }
+
+    /// How long ago the current share window ended, if it has and was not
+    /// sampled yet; `None` while it runs (or without a neighbour share).
+    pub(crate) fn share_late_by(&self) -> Option<Duration> {
+        let due = self.shared.instant_of(&self.shared.next_share_ns)?;
+        Instant::now().checked_duration_since(due)
+    }
+
+    /// From now on the runtime's dispatchers sample the share
+    /// ([`share_tick_if_due`](Self::share_tick_if_due)) and the watcher
+    /// thread only samples a window that is `backstop` late (they all sat
+    /// in long runs); it still re-reads the budget on schedule.
+    pub(crate) fn share_ticks_elsewhere(&self, backstop: Duration) {
         let ns = u64::try_from(backstop.as_nanos())
             .unwrap_or(u64::MAX)
             .max(1);
@@ -447,10 +537,13 @@ impl BudgetHandle {
     }
 
     /// How long until the next tick is due (zero if it is).
-    pub(crate) fn until_due(&self) -> Duration {
+    #[cfg(test)]
+    fn until_due(&self) -> Duration {
         self.shared
-            .next_due()
-            .saturating_duration_since(Instant::now())
+            .instant_of(&self.shared.next_due_ns)
+            .map_or(Duration::MAX, |t| {
+                t.saturating_duration_since(Instant::now())
+            })
     }
 
     /// From now on the watcher thread blocks while every dispatcher this
@@ -483,22 +576,33 @@ impl BudgetHandle {
     #[inline]
     pub(crate) fn dispatcher_awake(&self) {
         let shared = &self.shared;
-        if shared.awake.fetch_add(1, Ordering::SeqCst) == 0
-            && shared.waiting.load(Ordering::SeqCst) != 0
-        {
-            rustix::thread::futex::wake(
-                &shared.awake,
-                rustix::thread::futex::Flags::PRIVATE,
-                WAKE_ALL,
-            )
-            .ok();
+        if shared.awake.fetch_add(1, Ordering::SeqCst) == 0 {
+            if shared.waiting.load(Ordering::SeqCst) != 0 {
+                rustix::thread::futex::wake(
+                    &shared.awake,
+                    rustix::thread::futex::Flags::PRIVATE,
+                    WAKE_ALL,
+                )
+                .ok();
+            }
+            if shared.pause_ns != u64::MAX {
+                let since = shared.asleep_at_ns.load(Ordering::Relaxed);
+                let now = shared.nanos_since_epoch(Instant::now());
+                if now.saturating_sub(since) > shared.pause_ns {
+                    shared.paused_since_tick.store(true, Ordering::Relaxed);
+                }
+            }
         }
     }
 
     /// A dispatcher goes to sleep in the kernel or stops running.
     #[inline]
     pub(crate) fn dispatcher_asleep(&self) {
-        self.shared.awake.fetch_sub(1, Ordering::SeqCst);
+        let shared = &self.shared;
+        if shared.awake.fetch_sub(1, Ordering::SeqCst) == 1 && shared.pause_ns != u64::MAX {
+            let now = shared.nanos_since_epoch(Instant::now());
+            shared.asleep_at_ns.store(now, Ordering::Relaxed);
+        }
     }
 
     /// Re-reads the budget now (waiting for a concurrent refresh), and
@@ -513,7 +617,7 @@ impl BudgetHandle {
     /// ```
     pub fn refresh_now(&self) -> Result<Arc<CpuBudget>, Arc<BudgetError>> {
         let mut w = lock(&self.shared.worker);
-        self.shared.tick(&mut w, true)?;
+        self.shared.tick(&mut w, Parts::FORCED)?;
         drop(w);
         Ok(self.snapshot())
     }
@@ -639,6 +743,9 @@ impl WatcherBuilder {
         };
         let now = Instant::now();
         let next_share = neighbour.as_ref().map(|n| now + n.config().window);
+        let pause_ns = neighbour.as_ref().map_or(u64::MAX, |n| {
+            u64::try_from(n.config().window.as_nanos()).unwrap_or(u64::MAX)
+        });
         let cores = first.cores();
         let shared = Arc::new(Shared {
             epoch: now,
@@ -646,6 +753,8 @@ impl WatcherBuilder {
             active: AtomicUsize::new(cores),
             generation: AtomicU64::new(0),
             next_due_ns: AtomicU64::new(0),
+            next_share_ns: AtomicU64::new(u64::MAX),
+            next_budget_ns: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             active_changes: AtomicU64::new(0),
             on_change: std::sync::OnceLock::new(),
@@ -664,12 +773,18 @@ impl WatcherBuilder {
             tracking: AtomicBool::new(false),
             awake: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
+            asleep_at_ns: AtomicU64::new(0),
+            paused_since_tick: AtomicBool::new(false),
+            pause_ns,
             backstop_ns: AtomicU64::new(0),
         });
-        let due = next_share.map_or(now + self.interval, |s| s.min(now + self.interval));
+        let budget_ns = shared.nanos_since_epoch(now + self.interval);
+        let share_ns = next_share.map_or(u64::MAX, |s| shared.nanos_since_epoch(s));
+        shared.next_budget_ns.store(budget_ns, Ordering::Relaxed);
+        shared.next_share_ns.store(share_ns, Ordering::Relaxed);
         shared
             .next_due_ns
-            .store(shared.nanos_since_epoch(due), Ordering::Relaxed);
+            .store(budget_ns.min(share_ns), Ordering::Relaxed);
         Ok(BudgetWatcher {
             handle: BudgetHandle { shared },
             thread: None,
@@ -701,27 +816,37 @@ impl WatcherBuilder {
                     }
                     shared.resume();
                 }
-                let due = {
+                {
                     let mut w = lock(&shared.worker);
-                    match shared.tick(&mut w, false) {
-                        Ok(due) => due,
-                        Err(_) => Instant::now() + w.interval.min(Duration::from_secs(1)),
-                    }
-                };
+                    // With a backstop the dispatchers sample the share: the
+                    // thread samples only a window that late.
+                    let backstop = shared.backstop_ns.load(Ordering::Relaxed);
+                    let share = backstop == 0
+                        || shared
+                            .instant_of(&shared.next_share_ns)
+                            .is_some_and(|t| Instant::now() >= t + Duration::from_nanos(backstop));
+                    // A failed read keeps the last good figures and is
+                    // retried when due again (`last_error` tells).
+                    let _ = shared.tick(
+                        &mut w,
+                        Parts {
+                            share,
+                            ..Parts::DUE
+                        },
+                    );
+                }
                 let mut stop = lock(&shared.stop);
                 loop {
                     if *stop {
                         return;
                     }
                     let now = Instant::now();
-                    // With a backstop, another thread ticks: wake only when
-                    // a tick is that late.
+                    let budget = shared.instant_of(&shared.next_budget_ns).unwrap_or(now);
                     let backstop = shared.backstop_ns.load(Ordering::Relaxed);
-                    let until = if backstop == 0 {
-                        due
-                    } else {
-                        due.max(shared.next_due()) + Duration::from_nanos(backstop)
-                    };
+                    let share = shared
+                        .instant_of(&shared.next_share_ns)
+                        .map(|t| t + Duration::from_nanos(backstop));
+                    let until = share.map_or(budget, |s| s.min(budget));
                     if now >= until {
                         break;
                     }
@@ -1003,38 +1128,81 @@ mod tests {
         drop(w);
     }
 
-    /// With a backstop, the watcher thread leaves the ticks to whoever
-    /// calls `refresh_if_due`, and only ticks itself once one is that late.
+    /// With a backstop, the watcher thread leaves the share samples to
+    /// whoever calls `share_tick_if_due` (the runtime's dispatchers), and
+    /// samples only a window that is that late itself.
     #[test]
-    fn a_backstop_leaves_the_ticks_to_another_thread() {
-        let w = BudgetWatcher::builder()
-            .probe(BudgetProbe::new().max_cores(Some(2)))
-            .interval(Duration::from_millis(5))
-            .spawn()
-            .unwrap();
+    fn a_backstop_leaves_the_share_samples_to_the_dispatchers() {
+        let w = two_cpu_share(Duration::from_millis(5)).spawn().unwrap();
         let h = w.handle().clone();
-        h.tick_elsewhere(Duration::from_secs(3600));
+        h.share_ticks_elsewhere(Duration::from_secs(3600));
         // The thread's wait for its first tick may still run out once.
         std::thread::sleep(Duration::from_millis(20));
         let r0 = h.reads();
         std::thread::sleep(Duration::from_millis(100));
-        assert!(h.reads() <= r0 + 1, "the thread kept ticking on schedule");
-        // Another thread ticks: it finds the ticks due.
-        let mut ticked = 0;
+        assert!(h.reads() <= r0 + 1, "the thread kept sampling on schedule");
+        // A dispatcher samples: it finds the windows over.
+        let mut sampled = 0;
         for _ in 0..10 {
             std::thread::sleep(Duration::from_millis(6));
-            ticked += u64::from(h.refresh_if_due());
+            sampled += u64::from(h.share_tick_if_due());
         }
-        assert!(ticked >= 5, "only {ticked} of 10 ticks were due");
-        // A short backstop: with nobody else ticking the thread takes over
-        // (it re-reads the backstop when its current wait runs out, within
-        // 5 ms plus the last one).
-        h.tick_elsewhere(Duration::from_millis(10));
+        assert!(sampled >= 5, "only {sampled} of 10 windows were over");
+        assert!(h
+            .until_share_due()
+            .is_some_and(|d| d <= Duration::from_millis(5)));
+        // A short backstop: with nobody else sampling the thread takes
+        // over (it re-reads the backstop when its current wait runs out).
+        h.share_ticks_elsewhere(Duration::from_millis(10));
         std::thread::sleep(Duration::from_millis(50));
         let r1 = h.reads();
         std::thread::sleep(Duration::from_millis(200));
-        assert!(h.reads() >= r1 + 3, "the backstop did not tick");
+        assert!(h.reads() >= r1 + 3, "the backstop did not sample");
         drop(w);
+    }
+
+    /// The dispatchers sample only while one is awake, so a pause of all
+    /// of them that outlasts a window is marked when the first wakes: the
+    /// next sample starts a fresh window instead of reading one that spans
+    /// the pause as a tiny share. A shorter pause is part of its window.
+    #[test]
+    fn a_pause_of_every_dispatcher_longer_than_a_window_is_not_sampled() {
+        let window = Duration::from_millis(100);
+        let w = two_cpu_share(window).build().unwrap();
+        let h = w.handle().clone();
+        h.track_activity();
+        let over = window + Duration::from_millis(10);
+        // The first wake starts a window (there was nothing before it).
+        h.dispatcher_awake();
+        std::thread::sleep(over);
+        assert!(h.share_tick_if_due());
+        let r0 = h.reads();
+        std::thread::sleep(over);
+        assert!(h.share_tick_if_due());
+        assert_eq!(h.reads(), r0 + 1, "a busy window was not sampled");
+        h.dispatcher_asleep();
+        std::thread::sleep(Duration::from_millis(1));
+        h.dispatcher_awake();
+        std::thread::sleep(over);
+        assert!(h.share_tick_if_due());
+        assert_eq!(
+            h.reads(),
+            r0 + 2,
+            "a window with a short pause was not sampled"
+        );
+        h.dispatcher_asleep();
+        std::thread::sleep(window + window / 2);
+        h.dispatcher_awake();
+        assert!(h.share_tick_if_due());
+        assert_eq!(
+            h.reads(),
+            r0 + 2,
+            "sampled a window that spans a long pause"
+        );
+        std::thread::sleep(over);
+        assert!(h.share_tick_if_due());
+        assert_eq!(h.reads(), r0 + 3);
+        h.dispatcher_asleep();
     }
 
     /// A tick while a tracked runtime sleeps reads nothing, and the first
@@ -1080,6 +1248,22 @@ mod tests {
             );
             assert!(!h.refresh_if_due(), "{cpus} CPUs: a tick due again at once");
         }
+    }
+
+    /// Two CPUs, a neighbour share sampled every `window`, budget re-reads
+    /// out of the way (an hour apart).
+    fn two_cpu_share(window: Duration) -> WatcherBuilder {
+        BudgetWatcher::builder()
+            .probe(
+                BudgetProbe::new()
+                    .max_cores(Some(2))
+                    .affinity("0-1".parse().unwrap()),
+            )
+            .interval(Duration::from_secs(3600))
+            .neighbour(Some(NeighbourConfig {
+                window,
+                ..NeighbourConfig::default()
+            }))
     }
 
     /// A watcher (no thread) of a runtime that tracks its dispatchers, none

@@ -75,6 +75,15 @@ pub(crate) struct Core {
 unsafe impl Sync for Core {}
 
 impl Core {
+    /// Whether the core has threads other than the running one: in its
+    /// slots, waiting for a slot, in its inbox, or asleep on its timers.
+    pub(crate) fn has_other_work(&self) -> bool {
+        self.mask.count() > 1
+            || self.queued.load(Ordering::Relaxed) != 0
+            || self.inbox.has_items()
+            || self.timers_parked.load(Ordering::Relaxed) != 0
+    }
+
     /// A core with all slots free; `link` must be called once it has its
     /// final ('static) address.
     pub(crate) fn new(index: usize) -> Self {

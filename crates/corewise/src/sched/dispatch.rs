@@ -44,6 +44,7 @@
 //! lets threads that stayed blocked leave their slots.
 
 use crate::clock;
+use crate::runtime::Shared;
 use crate::sched::context::AfterRun;
 use crate::sched::{Core, ThreadContext, BLOCKED};
 use crate::shim::Ordering;
@@ -147,6 +148,39 @@ impl SpinBudget {
 /// Runs after which the next rotation's end reads the clock.
 const RUNS_PER_CLOCK: u64 = 32;
 
+/// Runs this long on average switch the dispatcher to reading the clock
+/// after every run (a few nanoseconds against tens of microseconds), until
+/// [`RUNS_PER_CLOCK`] shorter ones in a row: a core of a few long runs
+/// reaches a rotation's end, where it otherwise reads the clock, only
+/// every few hundred milliseconds (56 slots of 3 ms tasks), and the
+/// neighbour share it samples there (see [`share_tick`]) would lag.
+const LONG_RUN: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Samples the neighbour share if a window ended by `now` (clock ticks):
+/// a load and a compare until then. The busy runtime's share samples are
+/// taken here, between two runs of some dispatcher, instead of on a helper
+/// thread's wakeups (see `crate::budget::watch`).
+#[inline]
+fn share_tick(shared: &Shared, now: u64) {
+    if now >= shared.share_due.load(Ordering::Relaxed) {
+        share_tick_now(shared, now);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn share_tick_now(shared: &Shared, now: u64) {
+    // If another thread holds the watcher's state (sampling), this finds
+    // the window not over yet, or over by a tick: the next clock read
+    // looks again.
+    shared.budget.share_tick_if_due();
+    let next = match shared.budget.until_share_due() {
+        Some(d) => now.saturating_add(clock::duration_to_ticks(d).max(1)),
+        None => u64::MAX,
+    };
+    shared.share_due.store(next, Ordering::Relaxed);
+}
+
 /// The load factor's accounting between clock reads.
 ///
 /// The load is the runnable-thread count weighted by time: a rotation of
@@ -193,6 +227,12 @@ impl LoadMeter {
         self.sum_sq += self.runs * self.runs;
         self.runs = 0;
         self.sum >= RUNS_PER_CLOCK
+    }
+
+    /// The mean length of the runs counted since the last take, up to
+    /// `now` (ticks; idle time included, which only a busy core lacks).
+    fn mean_run(&self, now: u64) -> u64 {
+        now.wrapping_sub(self.since) / self.sum.max(1)
     }
 
     /// The load ticks since the last take (or start), up to `now`.
@@ -246,6 +286,12 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
     let mut marks = 0u64;
     let mut last_sweep = clock::now();
     let mut sweep_due = false;
+    // Long runs (see `LONG_RUN`): the clock is read after every run, and
+    // when it was last read that way; runs in a row shorter than LONG_RUN.
+    let mut long_runs = false;
+    let mut last_run_end = 0u64;
+    let mut short_runs = 0u64;
+    let long_run_ticks = clock::duration_to_ticks(LONG_RUN);
     let sweep_ticks = crate::sched::park::SWEEP_TICKS.load(std::sync::atomic::Ordering::Relaxed);
     loop {
         if let Some(i) = find_runnable(core, next) {
@@ -276,6 +322,12 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
                 crate::sched::park::service(core, i + 1);
                 if load.end_rotation() {
                     let now = clock::now();
+                    share_tick(shared, now);
+                    if !long_runs && load.mean_run(now) >= long_run_ticks {
+                        long_runs = true;
+                        short_runs = 0;
+                        last_run_end = now;
+                    }
                     bump(&core.stats.load_ticks, load.take(now));
                     crate::sched::park::fire_timers(core, now);
                     // SAFETY: the dispatcher, between runs; the reference
@@ -328,6 +380,17 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
             if core.stats.release_check.load(Ordering::Relaxed) && release_now(core) {
                 return Outcome::Released;
             }
+            if long_runs {
+                let now = clock::now();
+                share_tick(shared, now);
+                if now.wrapping_sub(last_run_end) < long_run_ticks {
+                    short_runs += 1;
+                    long_runs = short_runs < RUNS_PER_CLOCK;
+                } else {
+                    short_runs = 0;
+                }
+                last_run_end = now;
+            }
             if sweep_due {
                 sweep_due = false;
                 let now = clock::now();
@@ -358,6 +421,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
         idle_polls = IDLE_POLLS_PER_CLOCK;
         let now = clock::now();
         idle_now = now;
+        share_tick(shared, now);
         if load.counted() {
             load.end_rotation();
             bump(&core.stats.load_ticks, load.take(now));

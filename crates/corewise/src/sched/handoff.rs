@@ -24,19 +24,22 @@
 //!   after [`BLOCKED_AFTER`], a computing one after [`COMPUTING_AFTER`] of
 //!   CPU time and only if other threads wait for the core (with one warning
 //!   per thread).
-//! - **Yielding instead.** A thread that computes while others wait for
-//!   its core is first asked, after
-//!   [`YIELD_AFTER`](crate::sched::monitor::YIELD_AFTER) of CPU time, to
-//!   yield at its next runtime call (a signal whose handler only sets the
-//!   kernel thread's `preempt` flag; [`Entry`]'s drop yields). A thread
-//!   that spends its run in runtime calls (a loop of spawns or I/O calls)
-//!   was found inside one by nearly every handoff signal, which the handler
-//!   must decline there: the monitor asked again every few hundred
-//!   microseconds (250 signals in one 100 000-thread spawning loop) and
-//!   the core's timers waited up to [`COMPUTING_AFTER`]. A handoff signal
-//!   declined inside a runtime call sets the same flag. A spawn that finds
-//!   every slot of its cores taken asks its own thread to yield too (see
-//!   [`crate::sched::spawn`]).
+//! - **Yielding instead.** A thread whose run has lasted
+//!   [`YIELD_AFTER`](crate::sched::kthread::YIELD_AFTER) while others wait
+//!   for its core yields at its next runtime call: [`Entry`]'s drop counts
+//!   the calls and reads the clock every few dozen
+//!   ([`KernelThread::slice_over`]). A thread that spends its run in
+//!   runtime calls (a loop of spawns or I/O calls) was found inside one by
+//!   nearly every handoff signal, which the handler must decline there:
+//!   the monitor asked again every few hundred microseconds (250 signals in
+//!   one 100 000-thread spawning loop) and the core's timers waited up to
+//!   [`COMPUTING_AFTER`]. (The monitor used to ask for these yields with a
+//!   signal after a look at every long run: a wakeup and a signal per
+//!   task of a few milliseconds, which showed beside busy neighbours.) A
+//!   handoff signal declined inside a runtime call sets the kernel
+//!   thread's `preempt` flag, which the same drop checks. A spawn that
+//!   finds every slot of its cores taken asks its own thread to yield too
+//!   (see [`crate::sched::spawn`]).
 //! - **The switch of owners** happens on the stuck kernel thread itself: the
 //!   monitor provisions a spare kernel thread and a spare context, sets the
 //!   core's request flag and sends the thread [`SIGNAL`]. The handler runs
@@ -58,7 +61,8 @@
 //!
 //! The cost on the dispatch path is a store and a load per run (the
 //! context's kernel thread, is `lost` set?) and, in a switch, a load and
-//! two stores of `in_user`.
+//! two stores of `in_user`; in a runtime call, a load and a store of the
+//! yield countdown.
 
 use crate::sched::current::current_slot;
 use crate::sched::kthread::KernelThread;
@@ -186,7 +190,7 @@ impl Drop for Entry {
             user_code_begins(s);
             // Not while unwinding: the panic count is per kernel thread, and
             // the thread may resume on another.
-            if kthread_of(s).is_some_and(|kt| kt.preempt.load(Ordering::Relaxed))
+            if kthread_of(s).is_some_and(|kt| kt.preempt.load(Ordering::Relaxed) || kt.slice_over())
                 && !std::thread::panicking()
             {
                 yield_for_preemption(s);
@@ -233,9 +237,6 @@ pub(crate) struct CoreHandoff {
     pub(crate) owner_tid: AtomicI32,
     /// Set by the monitor before it signals the owner.
     requested: AtomicBool,
-    /// Set by the monitor before it signals the owner to yield at its
-    /// next runtime call (no handoff).
-    yield_requested: AtomicBool,
     /// The spare kernel thread and context provisioned for a handoff.
     spare: crate::sched::handover::Handover<(&'static KernelThread, &'static ThreadContext)>,
     /// Handoffs of this core so far.
@@ -265,7 +266,6 @@ impl Default for CoreHandoff {
         Self {
             owner_tid: AtomicI32::new(0),
             requested: AtomicBool::new(false),
-            yield_requested: AtomicBool::new(false),
             spare: crate::sched::handover::Handover::new(),
             count: AtomicU64::new(0),
             report_ready: AtomicBool::new(false),
@@ -306,16 +306,9 @@ impl CoreHandoff {
         self.requested.store(true, Ordering::Release);
     }
 
-    /// Asks the owner's running thread to yield at its next runtime call
-    /// (the caller then signals it).
-    pub(crate) fn request_yield(&self) {
-        self.yield_requested.store(true, Ordering::Release);
-    }
-
     /// Withdraws a request (the core made progress).
     pub(crate) fn withdraw(&self) {
         self.requested.store(false, Ordering::Relaxed);
-        self.yield_requested.store(false, Ordering::Relaxed);
     }
 
     /// The handler's report of a handed-off thread, if one is ready.
@@ -409,13 +402,12 @@ fn try_hand_over() -> bool {
         return false;
     };
     let h = &core.handoff;
-    let handoff = h.requested.swap(false, Ordering::AcqRel);
-    if !handoff && !h.yield_requested.swap(false, Ordering::AcqRel) {
+    if !h.requested.swap(false, Ordering::AcqRel) {
         return false;
     }
-    if !handoff || !kt.in_user.load(Ordering::Relaxed) {
-        // A yield request, or a handoff in the dispatcher or a runtime call
-        // (not now): a user thread yields when its runtime call returns
+    if !kt.in_user.load(Ordering::Relaxed) {
+        // A handoff in the dispatcher or a runtime call (not now): a user
+        // thread yields when its runtime call returns
         // (`Entry`'s drop). A thread that spends its run in runtime calls (a
         // spawning loop) is found there by nearly every signal. The monitor
         // asks again if the core stays stuck (a call blocked in the kernel).

@@ -14,7 +14,9 @@ use crate::error::BuildError;
 use crate::runtime::Shared;
 use crate::sched::dispatch::Outcome;
 use crate::sched::Core;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -45,7 +47,28 @@ pub(crate) struct KernelThread {
     /// (a yield request, or a handoff it had to decline) or by a spawn that
     /// found every slot taken; cleared when the run ends.
     pub(crate) preempt: AtomicBool,
+    /// Runtime calls left before the running thread next reads the clock
+    /// to see how long its run has lasted (see [`Self::slice_over`]).
+    calls_to_clock: AtomicU32,
+    /// The run of the first such read (its core's dispatch count; a new
+    /// count is a new run, so the dispatch path clears nothing) and the
+    /// clock then. Only this kernel thread touches them.
+    run_seen: AtomicU64,
+    run_seen_at: AtomicU64,
 }
+
+/// Runtime calls between two clock reads of [`KernelThread::slice_over`]:
+/// a countdown costs a load and a store per call, a clock read ten
+/// nanoseconds.
+const CALLS_PER_CLOCK: u32 = 32;
+
+/// A user thread whose run has lasted this long while other threads wait
+/// for its core yields at its next runtime call (a spawn, an I/O call):
+/// cheap for it, and its core's timers and waiting threads are not held
+/// up until the monitor hands the core over ([`COMPUTING_AFTER`]).
+///
+/// [`COMPUTING_AFTER`]: crate::sched::handoff::COMPUTING_AFTER
+pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(1);
 
 impl KernelThread {
     fn new() -> Self {
@@ -58,7 +81,49 @@ impl KernelThread {
             in_user: AtomicBool::new(false),
             lost: AtomicBool::new(false),
             preempt: AtomicBool::new(false),
+            calls_to_clock: AtomicU32::new(CALLS_PER_CLOCK),
+            run_seen: AtomicU64::new(u64::MAX),
+            run_seen_at: AtomicU64::new(0),
         }
+    }
+
+    /// In a runtime call of the running user thread (only this kernel
+    /// thread calls it): whether its run has lasted [`YIELD_AFTER`] while
+    /// other threads wait for its core, so that it yields now. The run's
+    /// length is measured from the first of its calls that read the clock;
+    /// a clock is read every [`CALLS_PER_CLOCK`] calls, and a new dispatch
+    /// count of the core says a new run began. The yield is the
+    /// thread's own: before, the handoff monitor looked at every long run
+    /// and signalled it, a wakeup and a signal per run of a few
+    /// milliseconds (see `docs/architecture.md`, "Blocking handoff").
+    #[inline]
+    pub(crate) fn slice_over(&self) -> bool {
+        let left = self.calls_to_clock.load(Ordering::Relaxed);
+        if left > 1 {
+            self.calls_to_clock.store(left - 1, Ordering::Relaxed);
+            return false;
+        }
+        self.slice_check()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn slice_check(&self) -> bool {
+        self.calls_to_clock
+            .store(CALLS_PER_CLOCK, Ordering::Relaxed);
+        let Some(core) = self.owned() else {
+            return false;
+        };
+        let run = core.stats.dispatches.load(Ordering::Relaxed);
+        let now = crate::clock::now();
+        if self.run_seen.load(Ordering::Relaxed) != run {
+            self.run_seen.store(run, Ordering::Relaxed);
+            self.run_seen_at.store(now, Ordering::Relaxed);
+            return false;
+        }
+        let since = self.run_seen_at.load(Ordering::Relaxed);
+        now.wrapping_sub(since) >= crate::clock::duration_to_ticks(YIELD_AFTER)
+            && core.has_other_work()
     }
 
     /// The kernel thread's id.

@@ -10,10 +10,14 @@
 //! core that looks stuck costs its kernel thread's CPU clock, and a read of
 //! its `/proc` state when that clock stood still.
 //!
-//! The budget watcher's ticks (neighbour-share windows, budget re-reads)
-//! ride on the monitor's wakeups, which it times to the next window: a busy
-//! runtime wakes one helper thread instead of two (see
-//! [`crate::budget::BudgetHandle`]'s `tick_elsewhere`).
+//! The monitor does nothing else on a schedule: the neighbour share is
+//! sampled by the dispatchers between runs (the monitor takes a sample
+//! only when a window is [`MAX_PERIOD`] overdue, every dispatcher in one
+//! long run) and the budget re-read by the watcher thread, and a thread
+//! that computes while others wait yields at its next runtime call by its
+//! own clock (see [`crate::sched::handoff::Entry`]). It used to ask for
+//! those yields itself, with a look and a signal per run of a few
+//! milliseconds, and to time its wakeups to the share windows.
 
 use crate::runtime::Shared;
 use crate::sched::handoff::{self, KernelState, BLOCKED_AFTER, COMPUTING_AFTER};
@@ -61,8 +65,6 @@ struct Seen {
     /// run: a clock that moved says "computing" without reading `/proc`.
     cpu_last: Option<(i32, u64)>,
     last_handoff: Option<Instant>,
-    /// The running thread was asked to yield in this run.
-    yield_asked: bool,
 }
 
 /// The monitor thread's loop; returns at shutdown.
@@ -79,7 +81,6 @@ pub(crate) fn run(shared: &'static Shared) {
             wall_base: now,
             cpu_last: None,
             last_handoff: None,
-            yield_asked: false,
         })
         .collect();
     let mut period = MAX_PERIOD;
@@ -119,14 +120,21 @@ pub(crate) fn run(shared: &'static Shared) {
                 continue;
             }
         }
-        // The budget watcher's ticks (share windows, budget re-reads) ride
-        // on these wakeups: one helper wakeup instead of two.
         let sleep = match wake {
             Some(w) => period.min(w),
             None => period,
         };
-        std::thread::park_timeout(sleep.min(shared.budget.until_due().max(MIN_PERIOD)));
-        shared.budget.refresh_if_due();
+        std::thread::park_timeout(sleep);
+        // The dispatchers sample the share between runs; a window a
+        // period late means every one of them sits in one long run, and
+        // this wakeup (due anyway) takes the sample.
+        if shared
+            .budget
+            .share_late_by()
+            .is_some_and(|late| late >= MAX_PERIOD)
+        {
+            shared.budget.share_tick_if_due();
+        }
         let now = Instant::now();
         let mut soon = false;
         wake = None;
@@ -169,12 +177,6 @@ pub(crate) fn run(shared: &'static Shared) {
     }
 }
 
-/// A thread that computes this long in one run while other threads wait
-/// for its core is asked to yield at its next runtime call (a spawn, an
-/// I/O call): cheap for it, and its core's timers and waiting threads are
-/// not held up for [`COMPUTING_AFTER`].
-pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(1);
-
 /// Whether `core` has a kernel thread that is neither asleep nor idle.
 fn is_awake(core: &Core) -> bool {
     core.handoff.owner_tid.load(Ordering::Acquire) != 0
@@ -197,10 +199,9 @@ enum Next {
 
 /// Looks at one core; if it is stuck, returns when to look again: soon
 /// after a handoff was asked for, or, for a thread still computing, when
-/// its CPU time could reach the next mark ([`YIELD_AFTER`], then
-/// [`COMPUTING_AFTER`]) at the rate it has computed so far. Looking every
-/// [`MIN_PERIOD`] at a core that computes cost two `/proc` reads 20 000
-/// times a second: the monitor took a CPU's share from a runtime busy with
+/// its CPU time could reach [`COMPUTING_AFTER`] at the rate it has
+/// computed so far. Looking every [`MIN_PERIOD`] at a core that computes
+/// cost two `/proc` reads 20 000 times a second: the monitor took a CPU's share from a runtime busy with
 /// tasks of a few milliseconds. Waiting the CPU time still missing as wall
 /// time approached a mark by thirds when the thread had a third of a CPU
 /// (beside two busy neighbours): about ten looks.
@@ -218,7 +219,6 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
         s.since = now;
         s.cpu_base = None;
         s.cpu_last = None;
-        s.yield_asked = false;
         h.withdraw();
         if s.last_handoff
             .is_some_and(|t| now.duration_since(t) > SPARE_LIFETIME)
@@ -254,7 +254,7 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
             // A computing thread alone on its core keeps it: a spare would
             // only compete with it for the CPU (Go retakes a P only when it
             // has work too). Nor does it keep the monitor's looks short.
-            if !has_other_work(core) {
+            if !core.has_other_work() {
                 s.cpu_base = None;
                 return Next::Quiet;
             }
@@ -272,20 +272,8 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
                 }
             };
             let ran = cpu.saturating_sub(base);
-            if !s.yield_asked && ran >= YIELD_AFTER.as_nanos() as u64 {
-                // Others wait: the thread yields at its next runtime call
-                // (a spawning or I/O loop), long before a handoff.
-                s.yield_asked = true;
-                h.request_yield();
-                handoff::signal_thread(tid);
-            }
             let left = (COMPUTING_AFTER.as_nanos() as u64).saturating_sub(ran);
             if left > 0 {
-                let cpu_step = if s.yield_asked {
-                    left
-                } else {
-                    (YIELD_AFTER.as_nanos() as u64).saturating_sub(ran).max(1)
-                };
                 // The CPU time still missing comes at the rate it came so
                 // far (wall time per CPU time, at least 1).
                 let wall = now.duration_since(s.wall_base).as_nanos() as f64;
@@ -295,7 +283,7 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
                     1.0
                 };
                 return Next::After(
-                    Duration::from_nanos((cpu_step as f64 * rate) as u64).max(MIN_PERIOD),
+                    Duration::from_nanos((left as f64 * rate) as u64).max(MIN_PERIOD),
                 );
             }
             s.computing = true;
@@ -309,15 +297,6 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
     handoff::signal_thread(tid);
     s.last_handoff = Some(now);
     Next::Soon
-}
-
-/// Whether `core` has threads other than the running one: in its slots,
-/// waiting for a slot, in its inbox, or asleep on its timers.
-fn has_other_work(core: &Core) -> bool {
-    core.mask.count() > 1
-        || core.queued.load(Ordering::Relaxed) != 0
-        || core.inbox.has_items()
-        || core.timers_parked.load(Ordering::Relaxed) != 0
 }
 
 /// Makes sure `core` has a spare kernel thread and context ready.
