@@ -65,8 +65,9 @@ fn a_busy_runtime_samples_the_share_on_its_dispatchers_without_a_helper_wakeup()
                     .unwrap()
                 })
                 .collect();
-            // The first half second settles the monitor's period; the
-            // next second is counted.
+            // The first half second lets every core reach its long runs
+            // (and the dispatchers their clock read after each); the next
+            // second is counted.
             corewise::sleep(Duration::from_millis(500));
             let before = (budget.reads(), sleeps_of("corewise-budget"));
             corewise::sleep(Duration::from_secs(1));

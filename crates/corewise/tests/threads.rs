@@ -440,14 +440,51 @@ fn a_spawner_that_outruns_its_core_lets_the_threads_it_made_start() {
     );
 }
 
-/// A thread that keeps its core in runtime calls that never wait (writes
-/// and reads on a socket pair that is always ready, epoll back end) yields
-/// after about a millisecond while another thread waits for the core, by
-/// its own clock: the handoff monitor is off here. Without the yield the
-/// sleeper's timer is never served and the loop runs into its limit.
+/// On `rt`'s one core: a thread sleeps 2 ms while the calling thread
+/// computes for `compute` and then makes a write and a read on a socket
+/// pair that is always ready (calls that never wait), round after round,
+/// until the sleeper has run; returns the rounds. Fails after 10 s: the
+/// sleeper's timer is only served if the computing thread yields.
+fn rounds_until_a_sleeper_runs(rt: &Runtime, compute: Duration) -> u64 {
+    use std::io::{Read, Write};
+    rt.block_on(move || {
+        let woke = Arc::new(AtomicBool::new(false));
+        let w = woke.clone();
+        let sleeper = corewise::spawn(move || {
+            corewise::sleep(Duration::from_millis(2));
+            w.store(true, Ordering::Release);
+        })
+        .unwrap();
+        // The sleeper starts (and goes to sleep) first.
+        corewise::thread::yield_now();
+        let (mut a, mut b) = corewise::net::UnixStream::pair().unwrap();
+        let start = Instant::now();
+        let mut buf = [0u8; 4];
+        let mut rounds = 0u64;
+        while !woke.load(Ordering::Acquire) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the sleeper did not run in 10 s: {rounds} rounds without a yield"
+            );
+            let t = Instant::now();
+            while t.elapsed() < compute {
+                std::hint::spin_loop();
+            }
+            a.write_all(b"ping").unwrap();
+            b.read_exact(&mut buf).unwrap();
+            rounds += 1;
+        }
+        sleeper.join().unwrap();
+        rounds
+    })
+    .unwrap()
+}
+
+/// A thread that keeps its core in runtime calls that never wait (epoll
+/// back end) yields after about a millisecond while another thread waits
+/// for the core, by its own clock: the handoff monitor is off here.
 #[test]
 fn a_thread_in_runtime_calls_yields_to_a_waiting_one_without_the_monitor() {
-    use std::io::{Read, Write};
     let rt = Runtime::builder()
         .cpus([0])
         .neighbour_awareness(None)
@@ -455,35 +492,28 @@ fn a_thread_in_runtime_calls_yields_to_a_waiting_one_without_the_monitor() {
         .io_backend(corewise::io::IoBackend::Epoll)
         .build()
         .unwrap();
-    let calls = rt
-        .block_on(|| {
-            let woke = Arc::new(AtomicBool::new(false));
-            let w = woke.clone();
-            let sleeper = corewise::spawn(move || {
-                corewise::sleep(Duration::from_millis(2));
-                w.store(true, Ordering::Release);
-            })
-            .unwrap();
-            // The sleeper starts (and goes to sleep) first.
-            corewise::thread::yield_now();
-            let (mut a, mut b) = corewise::net::UnixStream::pair().unwrap();
-            let start = Instant::now();
-            let mut buf = [0u8; 4];
-            let mut calls = 0u64;
-            while !woke.load(Ordering::Acquire) {
-                assert!(
-                    start.elapsed() < Duration::from_secs(10),
-                    "the sleeper did not run in 10 s: {calls} round trips without a yield"
-                );
-                a.write_all(b"ping").unwrap();
-                b.read_exact(&mut buf).unwrap();
-                calls += 1;
-            }
-            sleeper.join().unwrap();
-            calls
-        })
+    assert!(rounds_until_a_sleeper_runs(&rt, Duration::ZERO) > 0);
+}
+
+/// A thread that computes 3 ms between runtime calls, so that its own
+/// clock (read every 32 calls) would time its run only after ~100 ms,
+/// yields at the handoff monitor's request (a flag, no signal) while
+/// another thread waits for the core: the core is not handed over, as it
+/// would be after 10 ms of computing.
+#[test]
+fn a_long_run_of_few_runtime_calls_yields_before_its_core_is_handed_over() {
+    let rt = Runtime::builder()
+        .cpus([0])
+        .neighbour_awareness(None)
+        .io_backend(corewise::io::IoBackend::Epoll)
+        .build()
         .unwrap();
-    assert!(calls > 0);
+    let rounds = rounds_until_a_sleeper_runs(&rt, Duration::from_millis(3));
+    let handoffs = rt.stats().handoffs;
+    assert_eq!(
+        handoffs, 0,
+        "the core was handed over ({rounds} rounds) instead of the thread yielding"
+    );
 }
 
 #[test]

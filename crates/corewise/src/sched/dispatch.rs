@@ -167,6 +167,15 @@ fn share_tick(shared: &Shared, now: u64) {
     }
 }
 
+/// The dispatch count the core's next run will have.
+#[inline]
+fn next_dispatch(core: &Core) -> u64 {
+    core.stats
+        .dispatches
+        .load(Ordering::Relaxed)
+        .wrapping_add(1)
+}
+
 #[cold]
 #[inline(never)]
 fn share_tick_now(shared: &Shared, now: u64) {
@@ -306,6 +315,9 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
                     clock::now()
                 };
                 core.stats.idle.end(now);
+                if long_runs {
+                    me.run_starts(next_dispatch(core), now);
+                }
                 spin.idle_ended(now.wrapping_sub(idle_since));
                 idle_since = 0;
                 spin_since = 0;
@@ -383,6 +395,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
             if long_runs {
                 let now = clock::now();
                 share_tick(shared, now);
+                me.run_starts(next_dispatch(core), now);
                 if now.wrapping_sub(last_run_end) < long_run_ticks {
                     short_runs += 1;
                     long_runs = short_runs < RUNS_PER_CLOCK;

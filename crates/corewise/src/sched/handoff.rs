@@ -28,7 +28,10 @@
 //!   [`YIELD_AFTER`](crate::sched::kthread::YIELD_AFTER) while others wait
 //!   for its core yields at its next runtime call: [`Entry`]'s drop counts
 //!   the calls and reads the clock every few dozen
-//!   ([`KernelThread::slice_over`]). A thread that spends its run in
+//!   ([`KernelThread::slice_over`]); a run that clock does not time (few
+//!   calls) gets the kernel thread's `preempt` flag from the monitor when
+//!   a look finds it still running ([`CoreHandoff::request_yield`]). A
+//!   thread that spends its run in
 //!   runtime calls (a loop of spawns or I/O calls) was found inside one by
 //!   nearly every handoff signal, which the handler must decline there:
 //!   the monitor asked again every few hundred microseconds (250 signals in
@@ -207,9 +210,11 @@ pub(crate) fn yield_after_call(slot: &ThreadContext) {
     }
 }
 
-/// The monitor asked for the core while the running thread was in a
-/// runtime call (see `try_hand_over`): it yields now, back in its own code,
-/// so the core's other threads run (as a computing thread that Go preempts
+/// The running thread was asked to yield (the monitor asked for the core
+/// while it was in a runtime call, see `try_hand_over`; a spawn found
+/// every slot taken) or its run has lasted long while others wait
+/// ([`KernelThread::slice_over`]): it yields now, back in its own code, so
+/// the core's other threads run (as a computing thread that Go preempts
 /// goes to the back of the queue), instead of taking a signal every few
 /// hundred microseconds that finds it in the next call.
 #[cold]
@@ -235,6 +240,8 @@ fn move_to_a_core(slot: &ThreadContext) {
 pub(crate) struct CoreHandoff {
     /// Kernel thread id of the core's owner (0: none).
     pub(crate) owner_tid: AtomicI32,
+    /// The owner's record (null: none), for the monitor's yield request.
+    owner: AtomicPtr<KernelThread>,
     /// Set by the monitor before it signals the owner.
     requested: AtomicBool,
     /// The spare kernel thread and context provisioned for a handoff.
@@ -265,6 +272,7 @@ impl Default for CoreHandoff {
     fn default() -> Self {
         Self {
             owner_tid: AtomicI32::new(0),
+            owner: AtomicPtr::new(std::ptr::null_mut()),
             requested: AtomicBool::new(false),
             spare: crate::sched::handover::Handover::new(),
             count: AtomicU64::new(0),
@@ -299,6 +307,29 @@ impl CoreHandoff {
     /// runtime shuts down).
     pub(crate) fn unprovision(&self) -> Option<(&'static KernelThread, &'static ThreadContext)> {
         self.spare.take()
+    }
+
+    /// Records the core's owner (`None`: it has none now).
+    pub(crate) fn set_owner(&self, kt: Option<&'static KernelThread>) {
+        self.owner.store(
+            kt.map_or(std::ptr::null_mut(), |k| std::ptr::from_ref(k).cast_mut()),
+            Ordering::Release,
+        );
+        self.owner_tid
+            .store(kt.map_or(0, |k| k.tid()), Ordering::Release);
+    }
+
+    /// Asks the owner's running thread to yield at its next runtime call:
+    /// sets the owner's `preempt` flag, which [`Entry`]'s drop reads. No
+    /// signal: a thread that computes without runtime calls is not helped
+    /// by one, and one that makes them finds the flag. If the run ended
+    /// meanwhile, the next run's first call yields once, which is harmless.
+    pub(crate) fn request_yield(&self) {
+        // SAFETY: only records of kernel threads, which are leaked
+        // ('static), are stored.
+        if let Some(kt) = unsafe { self.owner.load(Ordering::Acquire).as_ref() } {
+            kt.preempt.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Asks the owner to hand the core over (the caller then signals it).
@@ -431,7 +462,7 @@ fn try_hand_over() -> bool {
     h.count.fetch_add(1, Ordering::Relaxed);
     kt.lost.store(true, Ordering::Relaxed);
     kt.disown();
-    h.owner_tid.store(spare_kt.tid(), Ordering::Relaxed);
+    h.set_owner(Some(spare_kt));
     spare_kt.assign(core);
     true
 }
@@ -524,8 +555,8 @@ mod tests {
             .unwrap()
     }
 
-    /// A user thread asked to yield (by the monitor's signal, or by a spawn
-    /// that found every slot taken) yields when its runtime call returns:
+    /// A user thread asked to yield (by a spawn that found every slot
+    /// taken) yields when its runtime call returns:
     /// on a one-core runtime the thread it spawned runs before the spawn
     /// returns to its caller. Without the request the spawner would keep
     /// the core until it blocks.

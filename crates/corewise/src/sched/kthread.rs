@@ -44,8 +44,8 @@ pub(crate) struct KernelThread {
     pub(crate) lost: AtomicBool,
     /// A request that the running user thread yield when its runtime call
     /// returns (see [`crate::sched::handoff::Entry`]): set by the handler
-    /// (a yield request, or a handoff it had to decline) or by a spawn that
-    /// found every slot taken; cleared when the run ends.
+    /// (a handoff it had to decline) or by a spawn that found every slot
+    /// taken; cleared when the run ends.
     pub(crate) preempt: AtomicBool,
     /// Runtime calls left before the running thread next reads the clock
     /// to see how long its run has lasted (see [`Self::slice_over`]).
@@ -92,7 +92,12 @@ impl KernelThread {
     /// other threads wait for its core, so that it yields now. The run's
     /// length is measured from the first of its calls that read the clock;
     /// a clock is read every [`CALLS_PER_CLOCK`] calls, and a new dispatch
-    /// count of the core says a new run began. The yield is the
+    /// count of the core says a new run began. While the core's runs are
+    /// long the dispatcher marks each run's start ([`Self::run_starts`]).
+    /// Otherwise a run that makes fewer than 33 calls is not timed: on
+    /// such a core a run of a millisecond is rare, and the monitor's
+    /// handoff after [`COMPUTING_AFTER`](crate::sched::handoff::COMPUTING_AFTER)
+    /// still frees the core. The yield is the
     /// thread's own: before, the handoff monitor looked at every long run
     /// and signalled it, a wakeup and a signal per run of a few
     /// milliseconds (see `docs/architecture.md`, "Blocking handoff").
@@ -104,6 +109,16 @@ impl KernelThread {
             return false;
         }
         self.slice_check()
+    }
+
+    /// The dispatcher read the clock (`now`) just before run `run` of its
+    /// core (it does after every run while runs are long): that run's
+    /// length counts from there, not from its first clock read in a
+    /// runtime call, so a run of few calls yields too.
+    #[inline]
+    pub(crate) fn run_starts(&self, run: u64, now: u64) {
+        self.run_seen.store(run, Ordering::Relaxed);
+        self.run_seen_at.store(now, Ordering::Relaxed);
     }
 
     #[cold]
@@ -378,11 +393,11 @@ fn serve(shared: &'static Shared, me: &'static KernelThread, mut job: Job) {
             Job::Own(k) => {
                 let core = &shared.cores[k];
                 me.own(core);
-                core.handoff.owner_tid.store(me.tid(), Ordering::Release);
+                core.handoff.set_owner(Some(me));
                 match crate::sched::dispatch::run(core) {
                     Outcome::Released => {
                         me.disown();
-                        core.handoff.owner_tid.store(0, Ordering::Release);
+                        core.handoff.set_owner(None);
                         shared.budget.dispatcher_asleep();
                         // `dispatch::run` took the core out of the active set
                         // before it moved the threads away.

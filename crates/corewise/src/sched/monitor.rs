@@ -15,13 +15,14 @@
 //! only when a window is [`MAX_PERIOD`] overdue, every dispatcher in one
 //! long run) and the budget re-read by the watcher thread, and a thread
 //! that computes while others wait yields at its next runtime call by its
-//! own clock (see [`crate::sched::handoff::Entry`]). It used to ask for
-//! those yields itself, with a look and a signal per run of a few
+//! own clock (see [`crate::sched::handoff::Entry`]); a run that clock does
+//! not time gets a yield request at a look the monitor makes anyway. It
+//! used to schedule a look and send a signal for every run of a few
 //! milliseconds, and to time its wakeups to the share windows.
 
 use crate::runtime::Shared;
 use crate::sched::handoff::{self, KernelState, BLOCKED_AFTER, COMPUTING_AFTER};
-use crate::sched::kthread::SPARE_LIFETIME;
+use crate::sched::kthread::{SPARE_LIFETIME, YIELD_AFTER};
 use crate::sched::Core;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -272,6 +273,13 @@ fn look(shared: &'static Shared, core: &'static Core, s: &mut Seen, now: Instant
                 }
             };
             let ran = cpu.saturating_sub(base);
+            if stuck >= YIELD_AFTER {
+                // A run seen at two looks while others wait: the thread
+                // yields at its next runtime call, if it has not by its own
+                // clock (which does not time a run of few calls). No signal
+                // and no look of its own (see `crate::sched::handoff`).
+                h.request_yield();
+            }
             let left = (COMPUTING_AFTER.as_nanos() as u64).saturating_sub(ran);
             if left > 0 {
                 // The CPU time still missing comes at the rate it came so
