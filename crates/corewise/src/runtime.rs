@@ -738,6 +738,9 @@ impl Builder {
         // `sched::dispatch`); the watcher thread keeps the budget re-reads.
         shared.budget.share_ticks_elsewhere(WATCHER_BACKSTOP);
         if shared.handoff {
+            // The monitor, awake every 10 ms or less while the runtime is
+            // busy, does the budget re-reads on those wakeups.
+            shared.budget.budget_ticks_elsewhere(WATCHER_BACKSTOP);
             crate::sched::handoff::install_handler();
             rt.monitor = Some(
                 std::thread::Builder::new()

@@ -33,11 +33,13 @@
 //! read they make anyway finds a window over (a crate-internal
 //! `share_tick_if_due`): a few microseconds of the dispatcher's own time
 //! every window, and no helper thread wakes for it. The watcher thread
-//! then keeps only the budget re-reads (once a second) and a backstop: it
-//! samples the share itself when a window is a second late (every
-//! dispatcher inside one long run; the runtime's handoff monitor, awake
-//! every 10 ms while the runtime is busy, samples such a window after
-//! 10 ms). On a saturated host every helper
+//! then keeps only a backstop: it samples the share itself when a window
+//! is a second late (every dispatcher inside one long run; the runtime's
+//! handoff monitor, awake every 10 ms while the runtime is busy, samples
+//! such a window after 10 ms). The budget re-reads (once a second) ride on
+//! the monitor's wakeups (`budget_tick_if_due`); the watcher thread does
+//! them on schedule only in a runtime without the monitor, and otherwise
+//! when one is a second late. On a saturated host every helper
 //! wakeup is a switch the CPU-bound threads around it would not have had,
 //! and a corewise neighbour's 100 wakeups a second showed in the tail of
 //! the processes beside it (`docs/architecture.md`, "Neighbour share").
@@ -132,7 +134,10 @@ struct Shared {
     /// thread samples it (0: it samples on schedule). Set while the
     /// runtime's dispatchers sample through `share_tick_if_due`, so that
     /// the watcher thread wakes for the share only if they fall behind.
-    backstop_ns: AtomicU64,
+    share_backstop_ns: AtomicU64,
+    /// The same for budget re-reads, set while the handoff monitor does
+    /// them on its wakeups (`budget_tick_if_due`).
+    budget_backstop_ns: AtomicU64,
 }
 
 impl Shared {
@@ -174,6 +179,12 @@ impl Shared {
         }
         self.waiting.fetch_sub(1, Ordering::Relaxed);
         true
+    }
+
+    /// A watcher thread waiting for a tick on old terms waits anew.
+    fn rewait(&self) {
+        let _stop = lock(&self.stop);
+        self.wake.notify_all();
     }
 
     /// The runtime was idle: the next busy tick starts a fresh share window.
@@ -331,6 +342,11 @@ impl Parts {
         budget: false,
         force_budget: false,
         share: true,
+    };
+    const BUDGET: Parts = Parts {
+        budget: true,
+        force_budget: false,
+        share: false,
     };
 }
 
@@ -535,10 +551,30 @@ impl BudgetHandle {
         let ns = u64::try_from(backstop.as_nanos())
             .unwrap_or(u64::MAX)
             .max(1);
-        self.shared.backstop_ns.store(ns, Ordering::Relaxed);
-        // A thread waiting for a tick on the old terms waits anew.
-        let _stop = lock(&self.shared.stop);
-        self.shared.wake.notify_all();
+        self.shared.share_backstop_ns.store(ns, Ordering::Relaxed);
+        self.shared.rewait();
+    }
+
+    /// From now on another thread re-reads the budget on its own wakeups
+    /// ([`budget_tick_if_due`](Self::budget_tick_if_due): the runtime's
+    /// handoff monitor, awake every 10 ms or less while the runtime is
+    /// busy) and the watcher thread only does a re-read that is
+    /// `backstop` late. A thread that wakes once a second to read a dozen
+    /// files (~90 µs) held up a ticker beside blocking calls (the
+    /// `blocking` benchmark) by about 0.3 ms at the p99, where the
+    /// monitor, running often anyway, did not.
+    pub(crate) fn budget_ticks_elsewhere(&self, backstop: Duration) {
+        let ns = u64::try_from(backstop.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.shared.budget_backstop_ns.store(ns, Ordering::Relaxed);
+        self.shared.rewait();
+    }
+
+    /// Re-reads the budget if that is due and no other thread is ticking;
+    /// returns whether this call ticked.
+    pub(crate) fn budget_tick_if_due(&self) -> bool {
+        self.tick_if_due(&self.shared.next_budget_ns, Parts::BUDGET)
     }
 
     /// How long until the next tick is due (zero if it is).
@@ -786,7 +822,8 @@ impl WatcherBuilder {
             asleep_at_ns: AtomicU64::new(0),
             paused_since_tick: AtomicBool::new(false),
             pause_ns,
-            backstop_ns: AtomicU64::new(0),
+            share_backstop_ns: AtomicU64::new(0),
+            budget_backstop_ns: AtomicU64::new(0),
         });
         let budget_ns = shared.nanos_since_epoch(now + self.interval);
         let share_ns = next_share.map_or(u64::MAX, |s| shared.nanos_since_epoch(s));
@@ -828,20 +865,26 @@ impl WatcherBuilder {
                 }
                 {
                     let mut w = lock(&shared.worker);
-                    // With a backstop the dispatchers sample the share: the
-                    // thread samples only a window that late.
-                    let backstop = shared.backstop_ns.load(Ordering::Relaxed);
-                    let share = backstop == 0
-                        || shared
-                            .instant_of(&shared.next_share_ns)
-                            .is_some_and(|t| Instant::now() >= t + Duration::from_nanos(backstop));
+                    // With a backstop another thread ticks (the dispatchers
+                    // the share, the monitor the budget): the thread does
+                    // only what is that late.
+                    let late = |due: &AtomicU64, backstop: &AtomicU64| {
+                        let b = backstop.load(Ordering::Relaxed);
+                        b == 0
+                            || shared
+                                .instant_of(due)
+                                .is_some_and(|t| Instant::now() >= t + Duration::from_nanos(b))
+                    };
+                    let share = late(&shared.next_share_ns, &shared.share_backstop_ns);
+                    let budget = late(&shared.next_budget_ns, &shared.budget_backstop_ns);
                     // A failed read keeps the last good figures (`last_error`
                     // tells) and is retried within a second (see `tick`).
                     let _ = shared.tick(
                         &mut w,
                         Parts {
                             share,
-                            ..Parts::DUE
+                            budget,
+                            force_budget: false,
                         },
                     );
                 }
@@ -851,11 +894,14 @@ impl WatcherBuilder {
                         return;
                     }
                     let now = Instant::now();
-                    let budget = shared.instant_of(&shared.next_budget_ns).unwrap_or(now);
-                    let backstop = shared.backstop_ns.load(Ordering::Relaxed);
-                    let share = shared
-                        .instant_of(&shared.next_share_ns)
-                        .map(|t| t + Duration::from_nanos(backstop));
+                    let after = |due: &AtomicU64, backstop: &AtomicU64| {
+                        shared
+                            .instant_of(due)
+                            .map(|t| t + Duration::from_nanos(backstop.load(Ordering::Relaxed)))
+                    };
+                    let budget =
+                        after(&shared.next_budget_ns, &shared.budget_backstop_ns).unwrap_or(now);
+                    let share = after(&shared.next_share_ns, &shared.share_backstop_ns);
                     let until = share.map_or(budget, |s| s.min(budget));
                     if now >= until {
                         break;
@@ -1138,35 +1184,75 @@ mod tests {
         drop(w);
     }
 
-    /// With a backstop, the watcher thread leaves the share samples to
-    /// whoever calls `share_tick_if_due` (the runtime's dispatchers), and
-    /// samples only a window that is that late itself.
-    #[test]
-    fn a_backstop_leaves_the_share_samples_to_the_dispatchers() {
-        let w = two_cpu_share(Duration::from_millis(5)).spawn().unwrap();
-        let h = w.handle().clone();
-        h.share_ticks_elsewhere(Duration::from_secs(3600));
+    /// With a long backstop (set by `set_backstop`) the watcher thread
+    /// leaves its ticks to another thread, whose calls `others_tick`
+    /// makes; with a short one it takes them over when nobody else ticks.
+    fn check_backstop(
+        h: &BudgetHandle,
+        set_backstop: impl Fn(Duration),
+        others_tick: impl FnOnce(),
+    ) {
+        set_backstop(Duration::from_secs(3600));
         // The thread's wait for its first tick may still run out once.
         std::thread::sleep(Duration::from_millis(20));
         let r0 = h.reads();
         std::thread::sleep(Duration::from_millis(100));
-        assert!(h.reads() <= r0 + 1, "the thread kept sampling on schedule");
-        // A dispatcher samples: it finds the windows over.
-        let before = h.reads();
-        for _ in 0..10 {
-            std::thread::sleep(Duration::from_millis(6));
-            h.share_tick_if_due();
-        }
-        let sampled = h.reads() - before;
-        assert!(sampled >= 5, "only {sampled} of 10 windows were sampled");
-        assert!(!h.share_tick_if_due(), "a window due again at once");
-        // A short backstop: with nobody else sampling the thread takes
-        // over (it re-reads the backstop when its current wait runs out).
-        h.share_ticks_elsewhere(Duration::from_millis(10));
+        assert!(h.reads() <= r0 + 1, "the thread kept ticking on schedule");
+        others_tick();
+        // A short backstop: with nobody else ticking the thread takes over
+        // (it re-reads the backstop when its current wait runs out).
+        set_backstop(Duration::from_millis(10));
         std::thread::sleep(Duration::from_millis(50));
         let r1 = h.reads();
         std::thread::sleep(Duration::from_millis(200));
-        assert!(h.reads() >= r1 + 3, "the backstop did not sample");
+        assert!(h.reads() >= r1 + 3, "the backstop did not tick");
+    }
+
+    /// The dispatchers sample the share (`share_tick_if_due`); the watcher
+    /// thread samples only a window that is its backstop late.
+    #[test]
+    fn a_backstop_leaves_the_share_samples_to_the_dispatchers() {
+        let w = two_cpu_share(Duration::from_millis(5)).spawn().unwrap();
+        let h = w.handle().clone();
+        check_backstop(
+            &h,
+            |b| h.share_ticks_elsewhere(b),
+            || {
+                let before = h.reads();
+                for _ in 0..10 {
+                    std::thread::sleep(Duration::from_millis(6));
+                    h.share_tick_if_due();
+                }
+                let sampled = h.reads() - before;
+                assert!(sampled >= 5, "only {sampled} of 10 windows were sampled");
+                assert!(!h.share_tick_if_due(), "a window due again at once");
+            },
+        );
+        drop(w);
+    }
+
+    /// The handoff monitor re-reads the budget on its wakeups
+    /// (`budget_tick_if_due`); the watcher thread does only a re-read that
+    /// is its backstop late.
+    #[test]
+    fn a_budget_backstop_leaves_the_re_reads_to_the_monitor() {
+        let w = BudgetWatcher::builder()
+            .probe(BudgetProbe::new().max_cores(Some(2)))
+            .interval(Duration::from_millis(5))
+            .spawn()
+            .unwrap();
+        let h = w.handle().clone();
+        check_backstop(
+            &h,
+            |b| h.budget_ticks_elsewhere(b),
+            || {
+                let before = h.reads();
+                std::thread::sleep(Duration::from_millis(6));
+                assert!(h.budget_tick_if_due());
+                assert_eq!(h.reads(), before + 1);
+                assert!(!h.budget_tick_if_due(), "a re-read due again at once");
+            },
+        );
         drop(w);
     }
 

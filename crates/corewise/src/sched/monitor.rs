@@ -13,7 +13,8 @@
 //! The monitor does nothing else on a schedule: the neighbour share is
 //! sampled by the dispatchers between runs (the monitor takes a sample
 //! only when a window is [`MAX_PERIOD`] overdue, every dispatcher in one
-//! long run) and the budget re-read by the watcher thread, and a thread
+//! long run), the budget re-read (once a second) rides on its wakeups, and
+//! a thread
 //! that computes while others wait yields at its next runtime call by its
 //! own clock (see [`crate::sched::handoff::Entry`]); a run that clock does
 //! not time gets a yield request at a look the monitor makes anyway. It
@@ -126,6 +127,8 @@ pub(crate) fn run(shared: &'static Shared) {
             None => period,
         };
         std::thread::park_timeout(sleep);
+        // The budget re-read (once a second) rides on this wakeup.
+        shared.budget.budget_tick_if_due();
         // The dispatchers sample the share between runs; a window a
         // period late means every one of them sits in one long run, and
         // this wakeup (due anyway) takes the sample.
