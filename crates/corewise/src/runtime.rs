@@ -735,7 +735,8 @@ impl Builder {
         manager.thread().unpark();
         rt.manager = Some(manager);
         // The dispatchers sample the neighbour share between runs (see
-        // `sched::dispatch`); the watcher thread keeps the budget re-reads.
+        // `sched::dispatch`); the budget re-reads stay with the watcher
+        // thread unless the monitor takes them (below).
         shared.budget.share_ticks_elsewhere(WATCHER_BACKSTOP);
         if shared.handoff {
             // The monitor, awake every 10 ms or less while the runtime is
@@ -752,9 +753,11 @@ impl Builder {
     }
 }
 
-/// How late a share sample may be before the watcher thread takes it
-/// itself (see `BudgetHandle::share_ticks_elsewhere`): the dispatchers fall
-/// that far behind only while every one of them sits in a run that long.
+/// How late a share sample or a budget re-read may be before the watcher
+/// thread does it itself (see `BudgetHandle::share_ticks_elsewhere` and
+/// `budget_ticks_elsewhere`): the dispatchers fall that far behind only
+/// while every one of them sits in a run that long, the monitor only when
+/// it gets no CPU.
 const WATCHER_BACKSTOP: Duration = Duration::from_secs(1);
 
 /// Environment variable that switches blocking handoff off for every

@@ -181,10 +181,22 @@ impl Shared {
         true
     }
 
-    /// A watcher thread waiting for a tick on old terms waits anew.
-    fn rewait(&self) {
+    /// Sets a backstop (`share_backstop_ns` or `budget_backstop_ns`); a
+    /// watcher thread waiting for a tick on the old terms waits anew.
+    fn set_backstop(&self, slot: &AtomicU64, backstop: Duration) {
+        let ns = u64::try_from(backstop.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        slot.store(ns, Ordering::Relaxed);
         let _stop = lock(&self.stop);
         self.wake.notify_all();
+    }
+
+    /// When the watcher thread takes over the tick due at `due`: that
+    /// time plus `backstop` (`None`: nothing due, no neighbour share).
+    fn backstopped(&self, due: &AtomicU64, backstop: &AtomicU64) -> Option<Instant> {
+        self.instant_of(due)
+            .map(|t| t + Duration::from_nanos(backstop.load(Ordering::Relaxed)))
     }
 
     /// The runtime was idle: the next busy tick starts a fresh share window.
@@ -205,7 +217,7 @@ impl Shared {
     /// (a tick then only marks the pause); the first tick after it starts a
     /// fresh share window, since one spanning the pause would read as a
     /// tiny share, and re-reads the budget if that fell due meanwhile.
-    fn tick(&self, w: &mut Worker, parts: Parts) -> Result<Instant, Arc<BudgetError>> {
+    fn tick(&self, w: &mut Worker, parts: Parts) -> Result<(), Arc<BudgetError>> {
         let now = Instant::now();
         let idle = self.is_idle();
         w.paused |= idle;
@@ -311,8 +323,7 @@ impl Shared {
         self.next_budget_ns.store(budget_ns, Ordering::Relaxed);
         self.next_due_ns
             .store(share_ns.min(budget_ns), Ordering::Relaxed);
-        let due = share_due.map_or(budget_due, |s| s.min(budget_due));
-        result.map(|()| due)
+        result
     }
 }
 
@@ -548,11 +559,8 @@ impl BudgetHandle {
     /// thread only samples a window that is `backstop` late (they all sat
     /// in long runs); it still re-reads the budget on schedule.
     pub(crate) fn share_ticks_elsewhere(&self, backstop: Duration) {
-        let ns = u64::try_from(backstop.as_nanos())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        self.shared.share_backstop_ns.store(ns, Ordering::Relaxed);
-        self.shared.rewait();
+        self.shared
+            .set_backstop(&self.shared.share_backstop_ns, backstop);
     }
 
     /// From now on another thread re-reads the budget on its own wakeups
@@ -564,11 +572,8 @@ impl BudgetHandle {
     /// `blocking` benchmark) by about 0.3 ms at the p99, where the
     /// monitor, running often anyway, did not.
     pub(crate) fn budget_ticks_elsewhere(&self, backstop: Duration) {
-        let ns = u64::try_from(backstop.as_nanos())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        self.shared.budget_backstop_ns.store(ns, Ordering::Relaxed);
-        self.shared.rewait();
+        self.shared
+            .set_backstop(&self.shared.budget_backstop_ns, backstop);
     }
 
     /// Re-reads the budget if that is due and no other thread is ticking;
@@ -869,11 +874,10 @@ impl WatcherBuilder {
                     // the share, the monitor the budget): the thread does
                     // only what is that late.
                     let late = |due: &AtomicU64, backstop: &AtomicU64| {
-                        let b = backstop.load(Ordering::Relaxed);
-                        b == 0
+                        backstop.load(Ordering::Relaxed) == 0
                             || shared
-                                .instant_of(due)
-                                .is_some_and(|t| Instant::now() >= t + Duration::from_nanos(b))
+                                .backstopped(due, backstop)
+                                .is_some_and(|t| Instant::now() >= t)
                     };
                     let share = late(&shared.next_share_ns, &shared.share_backstop_ns);
                     let budget = late(&shared.next_budget_ns, &shared.budget_backstop_ns);
@@ -894,14 +898,11 @@ impl WatcherBuilder {
                         return;
                     }
                     let now = Instant::now();
-                    let after = |due: &AtomicU64, backstop: &AtomicU64| {
-                        shared
-                            .instant_of(due)
-                            .map(|t| t + Duration::from_nanos(backstop.load(Ordering::Relaxed)))
-                    };
-                    let budget =
-                        after(&shared.next_budget_ns, &shared.budget_backstop_ns).unwrap_or(now);
-                    let share = after(&shared.next_share_ns, &shared.share_backstop_ns);
+                    let budget = shared
+                        .backstopped(&shared.next_budget_ns, &shared.budget_backstop_ns)
+                        .unwrap_or(now);
+                    let share =
+                        shared.backstopped(&shared.next_share_ns, &shared.share_backstop_ns);
                     let until = share.map_or(budget, |s| s.min(budget));
                     if now >= until {
                         break;

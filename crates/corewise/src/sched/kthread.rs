@@ -94,13 +94,11 @@ impl KernelThread {
     /// a clock is read every [`CALLS_PER_CLOCK`] calls, and a new dispatch
     /// count of the core says a new run began. While the core's runs are
     /// long the dispatcher marks each run's start ([`Self::run_starts`]).
-    /// Otherwise a run that makes fewer than 33 calls is not timed: on
-    /// such a core a run of a millisecond is rare, and the monitor's
-    /// handoff after [`COMPUTING_AFTER`](crate::sched::handoff::COMPUTING_AFTER)
-    /// still frees the core. The yield is the
-    /// thread's own: before, the handoff monitor looked at every long run
-    /// and signalled it, a wakeup and a signal per run of a few
-    /// milliseconds (see `docs/architecture.md`, "Blocking handoff").
+    /// A run this clock does not time (fewer than 33 calls) gets the
+    /// monitor's yield request (`CoreHandoff::request_yield`) at a look it
+    /// makes anyway. Before, the monitor looked at every long run and
+    /// signalled it, a wakeup and a signal per run of a few milliseconds
+    /// (see `docs/architecture.md`, "Blocking handoff").
     #[inline]
     pub(crate) fn slice_over(&self) -> bool {
         let left = self.calls_to_clock.load(Ordering::Relaxed);
@@ -132,8 +130,7 @@ impl KernelThread {
         let run = core.stats.dispatches.load(Ordering::Relaxed);
         let now = crate::clock::now();
         if self.run_seen.load(Ordering::Relaxed) != run {
-            self.run_seen.store(run, Ordering::Relaxed);
-            self.run_seen_at.store(now, Ordering::Relaxed);
+            self.run_starts(run, now);
             return false;
         }
         let since = self.run_seen_at.load(Ordering::Relaxed);

@@ -14,10 +14,10 @@
 //! sampled by the dispatchers between runs (the monitor takes a sample
 //! only when a window is [`MAX_PERIOD`] overdue, every dispatcher in one
 //! long run), the budget re-read (once a second) rides on its wakeups, and
-//! a thread
-//! that computes while others wait yields at its next runtime call by its
-//! own clock (see [`crate::sched::handoff::Entry`]); a run that clock does
-//! not time gets a yield request at a look the monitor makes anyway. It
+//! a thread that computes while others wait yields at its next runtime
+//! call by its own clock (see [`crate::sched::handoff::Entry`]); a run that
+//! clock does not time gets a yield request at a look the monitor makes
+//! anyway. It
 //! used to schedule a look and send a signal for every run of a few
 //! milliseconds, and to time its wakeups to the share windows.
 
