@@ -1624,6 +1624,52 @@ both_backends!(
     adopted_sockets_keep_timeouts,
 );
 
+/// On io_uring, a send that has no batch to join (nothing else queued in
+/// the core's ring) is made at once: the sending thread does not switch out
+/// to wait for its core's next pass. Each of 200 sends through the ring
+/// costs the thread a switch out and a dispatch; made at once, none. (200
+/// one-byte sends fit in a Unix socket's send buffer, which counts each
+/// send's whole buffer: about 270 do.) A send that finds the buffer full
+/// still waits in the ring, until the reader below drains it.
+#[test]
+fn a_lone_send_on_io_uring_is_made_at_once() {
+    if !uring_available() {
+        return;
+    }
+    let rt = Runtime::builder()
+        .max_cores(1)
+        .io_backend(IoBackend::Uring)
+        .build()
+        .unwrap();
+    let dispatches = |rt: &Runtime| rt.core_stats().iter().map(|c| c.dispatches).sum::<u64>();
+    let (a, b) = UnixStream::pair().unwrap();
+    let before = dispatches(&rt);
+    let sent = rt
+        .block_on(move || {
+            for i in 0..200u32 {
+                assert_eq!(a.write(&[i as u8]).unwrap(), 1);
+            }
+            a
+        })
+        .unwrap();
+    let runs = dispatches(&rt) - before;
+    assert!(runs < 50, "200 sends took {runs} dispatches");
+    // Every byte arrived, in order; then a send larger than the buffer
+    // (it waits in the ring for room) while a reader drains it.
+    let mut buf = vec![0u8; 200];
+    (&b).read_exact(&mut buf).unwrap();
+    assert!(buf.iter().enumerate().all(|(i, &x)| x == i as u8));
+    let big = vec![7u8; 4 << 20];
+    let reader = std::thread::spawn(move || {
+        let mut got = vec![0u8; 4 << 20];
+        (&b).read_exact(&mut got).unwrap();
+        got.iter().all(|&x| x == 7)
+    });
+    rt.block_on(move || (&sent).write_all(&big).unwrap())
+        .unwrap();
+    assert!(reader.join().unwrap());
+}
+
 /// SQPOLL (the FlexSC syscall core): the rings' submission pollers run on a
 /// CPU outside the runtime's; sockets still carry bytes both ways, a read
 /// that waits (the core idle in its ring) is woken by the peer's write, and

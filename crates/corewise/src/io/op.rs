@@ -186,6 +186,14 @@ impl Kind {
         }
     }
 
+    /// A send on a socket, which [`now`](Self::now) makes with
+    /// `MSG_DONTWAIT`: it never blocks, and a socket's send buffer rarely
+    /// lacks room, so on the ring back end it is made at once unless it
+    /// can join a batch (see [`run_on`]).
+    fn sends_without_blocking(&self) -> bool {
+        matches!(self, Kind::Send { .. } | Kind::SendMsg { .. })
+    }
+
     /// The call itself: non-blocking for sockets, blocking for files.
     ///
     /// # Safety
@@ -374,6 +382,17 @@ pub(crate) unsafe fn run_on(
                         continue;
                     }
                 }
+                if kind.sends_without_blocking() && !ring_batches(core) {
+                    // SAFETY: per our contract.
+                    match unsafe { kind.now() } {
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                            ) => {}
+                        r => return r,
+                    }
+                }
                 // SAFETY: per our contract; ring_wait waits for the CQE.
                 let r = unsafe { ring_wait(core, kind.sqe(), deadline, cancel) };
                 if r >= 0 {
@@ -435,6 +454,18 @@ pub(crate) unsafe fn run_on(
                 }
             }
         }
+    }
+}
+
+/// Whether an entry pushed on `core`'s ring now would share a system call
+/// (see [`super::uring::Uring::batches`]). A core without a ring answers
+/// yes, so its caller goes on to [`ring_wait`], which reports evacuation.
+fn ring_batches(core: &'static Core) -> bool {
+    // SAFETY: we run on `core`'s kernel thread (a user thread of the core)
+    // and hold no other reference to its driver.
+    match unsafe { core.io.driver() } {
+        Driver::Ring(u) => u.batches(),
+        _ => true,
     }
 }
 

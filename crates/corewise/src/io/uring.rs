@@ -50,6 +50,8 @@ pub(crate) struct Uring {
     gate_armed: bool,
     /// Set while [`evacuate`](Self::evacuate) runs.
     evacuating: bool,
+    /// A kernel thread polls the SQ: a queued entry costs no system call.
+    sqpoll: bool,
     pub(crate) slab: Slab,
     /// Setup flags that the kernel accepted, for the start-up report.
     pub(crate) setup: &'static str,
@@ -145,6 +147,7 @@ impl Uring {
                         queued: 0,
                         gate_armed: false,
                         evacuating: false,
+                        sqpoll: opts.sqpoll.is_some(),
                         slab: Slab::with_capacity(256),
                         setup: name,
                     });
@@ -207,6 +210,15 @@ impl Uring {
                 self.reap();
             }
         }
+    }
+
+    /// Whether an entry pushed now costs no system call of its own: others
+    /// wait in the SQ for this pass's enter, or a kernel thread polls it.
+    /// A send that would go into the ring alone is made at once instead
+    /// (see [`crate::io::op::run_on`]).
+    #[inline]
+    pub(crate) fn batches(&self) -> bool {
+        self.sqpoll || self.queued != 0
     }
 
     /// Whether this pass has anything to do: two loads when idle.
