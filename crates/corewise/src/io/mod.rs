@@ -9,7 +9,10 @@
 //! kernel thread, so it writes its SQE straight into its core's ring and
 //! blocks; the dispatcher submits the pass's SQEs with one
 //! `io_uring_enter`, reaps the CQ in memory and signals the waiters (see
-//! `uring`). The core's idle sleep is a wait in the same ring, woken by
+//! `uring`). A socket send with no other entry to share that enter with
+//! is made at once instead (`MSG_DONTWAIT`; the ring takes it when the
+//! buffer is full; see `op::run_on`). The core's idle sleep is a wait in
+//! the same ring, woken by
 //! completions, by the next timer, and by the idle gate's futex word, which
 //! an armed `IORING_OP_FUTEX_WAIT` watches: idle sleep and I/O wait are one
 //! wait, and the waker side of `crate::sched::idle` is unchanged.

@@ -17,9 +17,8 @@
 //! a thread that computes while others wait yields at its next runtime
 //! call by its own clock (see [`crate::sched::handoff::Entry`]); a run that
 //! clock does not time gets a yield request at a look the monitor makes
-//! anyway. It
-//! used to schedule a look and send a signal for every run of a few
-//! milliseconds, and to time its wakeups to the share windows.
+//! anyway. It used to schedule a look and send a signal for every run of a
+//! few milliseconds, and to time its wakeups to the share windows.
 
 use crate::runtime::Shared;
 use crate::sched::handoff::{self, KernelState, BLOCKED_AFTER, COMPUTING_AFTER};
