@@ -83,12 +83,6 @@ pub(crate) struct Shared {
     /// Whether a core stuck in a blocking call is handed to a spare kernel
     /// thread (see `crate::sched::handoff`).
     pub(crate) handoff: bool,
-    /// Clock ticks (`crate::clock`) at which the next neighbour-share
-    /// window ends: a dispatcher whose clock read passes it samples the
-    /// share (see `sched::dispatch::share_tick`); `u64::MAX` without one.
-    /// Read by every dispatcher at its clock reads, written once a window:
-    /// a line of its own, so that no other field's writes make it miss.
-    pub(crate) share_due: crossbeam_utils::CachePadded<AtomicU64>,
     /// Figures for `Runtime::stats` (see [`Figures`]).
     figures: Figures,
 }
@@ -429,7 +423,9 @@ impl Builder {
     /// puts it in the core's cpuset; see
     /// [`CoreArbiter::core_handed_over`](crate::arbiter::CoreArbiter::core_handed_over)).
     /// `COREWISE_HANDOFF=off` ([`HANDOFF_ENV`]) switches it off for every
-    /// runtime of the process.
+    /// runtime of the process. The handoff monitor also samples the
+    /// neighbour share on its wakeups; without it the budget watcher
+    /// thread wakes for each share window while the runtime is busy.
     ///
     /// ```
     /// let rt = corewise::Runtime::builder().blocking_handoff(true).build().unwrap();
@@ -697,7 +693,6 @@ impl Builder {
             limit_wait: crate::sched::park::LimitWait::default(),
             kthreads: crate::sched::kthread::KernelThreads::default(),
             handoff,
-            share_due: crossbeam_utils::CachePadded::new(AtomicU64::new(0)),
             figures: Figures::new(n),
         }));
         for core in shared.cores.iter() {
@@ -734,13 +729,13 @@ impl Builder {
         // already sleep until the next change, see `manage_cores`).
         manager.thread().unpark();
         rt.manager = Some(manager);
-        // The dispatchers sample the neighbour share between runs (see
-        // `sched::dispatch`); the budget re-reads stay with the watcher
-        // thread unless the monitor takes them (below).
-        shared.budget.share_ticks_elsewhere(WATCHER_BACKSTOP);
         if shared.handoff {
             // The monitor, awake every 10 ms or less while the runtime is
-            // busy, does the budget re-reads on those wakeups.
+            // busy, samples the neighbour share and does the budget
+            // re-reads on those wakeups. Without it the watcher thread
+            // does both on its own schedule (never a dispatcher: see
+            // `sched::monitor`).
+            shared.budget.share_ticks_elsewhere(WATCHER_BACKSTOP);
             shared.budget.budget_ticks_elsewhere(WATCHER_BACKSTOP);
             crate::sched::handoff::install_handler();
             rt.monitor = Some(
@@ -755,8 +750,7 @@ impl Builder {
 
 /// How late a share sample or a budget re-read may be before the watcher
 /// thread does it itself (see `BudgetHandle::share_ticks_elsewhere` and
-/// `budget_ticks_elsewhere`): the dispatchers fall that far behind only
-/// while every one of them sits in a run that long, the monitor only when
+/// `budget_ticks_elsewhere`): the monitor falls that far behind only when
 /// it gets no CPU.
 const WATCHER_BACKSTOP: Duration = Duration::from_secs(1);
 

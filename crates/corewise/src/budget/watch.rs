@@ -28,21 +28,18 @@
 //! cost a system call each; the futex wake is only issued on the 0 → 1
 //! transition while the watcher waits.
 //!
-//! **No wakeup for a share window.** A busy runtime takes the share
-//! samples on its dispatchers, between two user threads, when a clock
-//! read they make anyway finds a window over (a crate-internal
-//! `share_tick_if_due`): a few microseconds of the dispatcher's own time
-//! every window, and no helper thread wakes for it. The watcher thread
-//! then keeps only a backstop: it samples the share itself when a window
-//! is a second late (every dispatcher inside one long run; the runtime's
-//! handoff monitor, awake every 10 ms while the runtime is busy, samples
-//! such a window after 10 ms). The budget re-reads (once a second) ride on
-//! the monitor's wakeups (`budget_tick_if_due`); the watcher thread does
-//! them on schedule only in a runtime without the monitor, and otherwise
-//! when one is a second late. On a saturated host every helper
-//! wakeup is a switch the CPU-bound threads around it would not have had,
-//! and a corewise neighbour's 100 wakeups a second showed in the tail of
-//! the processes beside it (`docs/architecture.md`, "Neighbour share").
+//! **No wakeup of its own for a share window.** A busy runtime's handoff
+//! monitor wakes every 10 ms anyway (its bound for finding a core blocked
+//! in the kernel); it takes the share samples and the budget re-reads on
+//! those wakeups (the crate-internal `share_tick_if_due` and
+//! `budget_tick_if_due`), and the watcher thread keeps only a backstop: it
+//! does either itself when one is a second late (the monitor got no CPU).
+//! In a runtime without the monitor (`blocking_handoff(false)`) the watcher
+//! thread does both on its own schedule, a wakeup per window while the
+//! runtime is busy. The dispatchers do not sample: a sample reads the
+//! process CPU clock, and read there, inside a CPU-bound kernel thread's
+//! run, it lengthened the task latency tail of the processes beside it
+//! (`docs/architecture.md`, "Samples on the monitor's wakeups").
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -124,16 +121,17 @@ struct Shared {
     /// When the last awake dispatcher went to sleep (ns after `epoch`).
     asleep_at_ns: AtomicU64,
     /// A pause of every dispatcher that outlasted a share window ended:
-    /// the next share tick starts a fresh window (the dispatchers tick
-    /// only while awake, so no tick of theirs sees the pause).
+    /// the next share tick starts a fresh window (the monitor stops
+    /// ticking once the runtime has been idle a while, so no tick of its
+    /// may see the pause).
     paused_since_tick: AtomicBool,
     /// A pause longer than this counts (the share window; `u64::MAX`:
     /// no neighbour share, nothing to track).
     pause_ns: u64,
     /// Nanoseconds a share window may stay unsampled before the watcher
     /// thread samples it (0: it samples on schedule). Set while the
-    /// runtime's dispatchers sample through `share_tick_if_due`, so that
-    /// the watcher thread wakes for the share only if they fall behind.
+    /// runtime's handoff monitor samples through `share_tick_if_due`, so
+    /// that the watcher thread wakes for the share only if it falls behind.
     share_backstop_ns: AtomicU64,
     /// The same for budget re-reads, set while the handoff monitor does
     /// them on its wakeups (`budget_tick_if_due`).
@@ -547,17 +545,11 @@ impl BudgetHandle {
             .map(|t| t.saturating_duration_since(Instant::now()))
     }
 
-    /// How long ago the current share window ended, if it has and was not
-    /// sampled yet; `None` while it runs (or without a neighbour share).
-    pub(crate) fn share_late_by(&self) -> Option<Duration> {
-        let due = self.shared.instant_of(&self.shared.next_share_ns)?;
-        Instant::now().checked_duration_since(due)
-    }
-
-    /// From now on the runtime's dispatchers sample the share
-    /// ([`share_tick_if_due`](Self::share_tick_if_due)) and the watcher
-    /// thread only samples a window that is `backstop` late (they all sat
-    /// in long runs); it still re-reads the budget on schedule.
+    /// From now on another thread samples the share on its own wakeups
+    /// ([`share_tick_if_due`](Self::share_tick_if_due): the runtime's
+    /// handoff monitor) and the watcher thread only samples a window that
+    /// is `backstop` late (the monitor got no CPU); it still re-reads the
+    /// budget on schedule.
     pub(crate) fn share_ticks_elsewhere(&self, backstop: Duration) {
         self.shared
             .set_backstop(&self.shared.share_backstop_ns, backstop);
@@ -599,8 +591,8 @@ impl BudgetHandle {
         self.shared.tracking.store(true, Ordering::SeqCst);
     }
 
-    /// Calls `f` (from whichever thread ticks: the watcher's, a dispatcher
-    /// between two runs or the handoff monitor, holding the watcher's
+    /// Calls `f` (from whichever thread ticks: the watcher's or the
+    /// handoff monitor, holding the watcher's
     /// state, so it must be quick) whenever
     /// [`active_cores`](Self::active_cores) or [`cores`](Self::cores)
     /// changes; the first call of this sets it.
@@ -870,9 +862,8 @@ impl WatcherBuilder {
                 }
                 {
                     let mut w = lock(&shared.worker);
-                    // With a backstop another thread ticks (the dispatchers
-                    // the share, the monitor the budget): the thread does
-                    // only what is that late.
+                    // With a backstop another thread ticks (the handoff
+                    // monitor): the thread does only what is that late.
                     let late = |due: &AtomicU64, backstop: &AtomicU64| {
                         backstop.load(Ordering::Relaxed) == 0
                             || shared
@@ -1209,10 +1200,10 @@ mod tests {
         assert!(h.reads() >= r1 + 3, "the backstop did not tick");
     }
 
-    /// The dispatchers sample the share (`share_tick_if_due`); the watcher
-    /// thread samples only a window that is its backstop late.
+    /// Another thread samples the share (`share_tick_if_due`); the
+    /// watcher thread samples only a window that is its backstop late.
     #[test]
-    fn a_backstop_leaves_the_share_samples_to_the_dispatchers() {
+    fn a_backstop_leaves_the_share_samples_to_another_thread() {
         let w = two_cpu_share(Duration::from_millis(5)).spawn().unwrap();
         let h = w.handle().clone();
         check_backstop(
@@ -1257,10 +1248,11 @@ mod tests {
         drop(w);
     }
 
-    /// The dispatchers sample only while one is awake, so a pause of all
-    /// of them that outlasts a window is marked when the first wakes: the
-    /// next sample starts a fresh window instead of reading one that spans
-    /// the pause as a tiny share. A shorter pause is part of its window.
+    /// The monitor samples only while the runtime is awake, so a pause of
+    /// every dispatcher that outlasts a window is marked when the first
+    /// wakes: the next sample starts a fresh window instead of reading one
+    /// that spans the pause as a tiny share. A shorter pause is part of its
+    /// window.
     #[test]
     fn a_pause_of_every_dispatcher_longer_than_a_window_is_not_sampled() {
         let window = Duration::from_millis(100);

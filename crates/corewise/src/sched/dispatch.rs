@@ -44,7 +44,6 @@
 //! lets threads that stayed blocked leave their slots.
 
 use crate::clock;
-use crate::runtime::Shared;
 use crate::sched::context::AfterRun;
 use crate::sched::{Core, ThreadContext, BLOCKED};
 use crate::shim::Ordering;
@@ -152,20 +151,11 @@ const RUNS_PER_CLOCK: u64 = 32;
 /// after every run (a few nanoseconds against tens of microseconds), until
 /// [`RUNS_PER_CLOCK`] shorter ones in a row: a core of a few long runs
 /// reaches a rotation's end, where it otherwise reads the clock, only
-/// every few hundred milliseconds (56 slots of 3 ms tasks), and the
-/// neighbour share it samples there (see [`share_tick`]) would lag.
+/// every few hundred milliseconds (56 slots of 3 ms tasks), and the start
+/// of each run, which a computing thread's yield is timed from
+/// (`KernelThread::run_starts`), would otherwise be known only at the
+/// run's first timed runtime call.
 const LONG_RUN: std::time::Duration = std::time::Duration::from_micros(50);
-
-/// Samples the neighbour share if a window ended by `now` (clock ticks):
-/// a load and a compare until then. The busy runtime's share samples are
-/// taken here, between two runs of some dispatcher, instead of on a helper
-/// thread's wakeups (see `crate::budget::watch`).
-#[inline]
-fn share_tick(shared: &Shared, now: u64) {
-    if now >= shared.share_due.load(Ordering::Relaxed) {
-        share_tick_now(shared, now);
-    }
-}
 
 /// The dispatch count the core's next run will have.
 #[inline]
@@ -174,20 +164,6 @@ fn next_dispatch(core: &Core) -> u64 {
         .dispatches
         .load(Ordering::Relaxed)
         .wrapping_add(1)
-}
-
-#[cold]
-#[inline(never)]
-fn share_tick_now(shared: &Shared, now: u64) {
-    // If another thread holds the watcher's state (sampling), this finds
-    // the window not over yet, or over by a tick: the next clock read
-    // looks again.
-    shared.budget.share_tick_if_due();
-    let next = match shared.budget.until_share_due() {
-        Some(d) => now.saturating_add(clock::duration_to_ticks(d).max(1)),
-        None => u64::MAX,
-    };
-    shared.share_due.store(next, Ordering::Relaxed);
 }
 
 /// The load factor's accounting between clock reads.
@@ -334,7 +310,6 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
                 crate::sched::park::service(core, i + 1);
                 if load.end_rotation() {
                     let now = clock::now();
-                    share_tick(shared, now);
                     if !long_runs && load.mean_run(now) >= long_run_ticks {
                         long_runs = true;
                         short_runs = 0;
@@ -394,7 +369,6 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
             }
             if long_runs {
                 let now = clock::now();
-                share_tick(shared, now);
                 me.run_starts(next_dispatch(core), now);
                 if now.wrapping_sub(last_run_end) < long_run_ticks {
                     short_runs += 1;
@@ -434,7 +408,6 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
         idle_polls = IDLE_POLLS_PER_CLOCK;
         let now = clock::now();
         idle_now = now;
-        share_tick(shared, now);
         if load.counted() {
             load.end_rotation();
             bump(&core.stats.load_ticks, load.take(now));

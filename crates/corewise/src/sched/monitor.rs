@@ -10,15 +10,17 @@
 //! core that looks stuck costs its kernel thread's CPU clock, and a read of
 //! its `/proc` state when that clock stood still.
 //!
-//! The monitor does nothing else on a schedule: the neighbour share is
-//! sampled by the dispatchers between runs (the monitor takes a sample
-//! only when a window is [`MAX_PERIOD`] overdue, every dispatcher in one
-//! long run), the budget re-read (once a second) rides on its wakeups, and
-//! a thread that computes while others wait yields at its next runtime
-//! call by its own clock (see [`crate::sched::handoff::Entry`]); a run that
-//! clock does not time gets a yield request at a look the monitor makes
-//! anyway. It used to schedule a look and send a signal for every run of a
-//! few milliseconds, and to time its wakeups to the share windows.
+//! Two periodic jobs ride on its wakeups. The neighbour share is sampled
+//! here when a window has ended (every 10 ms by default, the monitor's own
+//! longest sleep, so no wakeup is added for it), and the budget is re-read
+//! once a second. The samples are not taken on a dispatcher: reading the
+//! process CPU clock there, on a kernel thread inside a CPU-bound run, put
+//! 1.3-1.6 ms on the p99 task latency of a process beside it (see
+//! `docs/architecture.md`, "Samples on the monitor's wakeups"); read by
+//! the monitor, just woken, it did not. A thread that computes while others
+//! wait yields at its next runtime call by its own clock (see
+//! [`crate::sched::handoff::Entry`]); a run that clock does not time gets a
+//! yield request at a look the monitor makes anyway.
 
 use crate::runtime::Shared;
 use crate::sched::handoff::{self, KernelState, BLOCKED_AFTER, COMPUTING_AFTER};
@@ -121,23 +123,20 @@ pub(crate) fn run(shared: &'static Shared) {
                 continue;
             }
         }
-        let sleep = match wake {
+        let mut sleep = match wake {
             Some(w) => period.min(w),
             None => period,
         };
-        std::thread::park_timeout(sleep);
-        // The budget re-read (once a second) rides on this wakeup.
-        shared.budget.budget_tick_if_due();
-        // The dispatchers sample the share between runs; a window a
-        // period late means every one of them sits in one long run, and
-        // this wakeup (due anyway) takes the sample.
-        if shared
-            .budget
-            .share_late_by()
-            .is_some_and(|late| late >= MAX_PERIOD)
-        {
-            shared.budget.share_tick_if_due();
+        // A share window shorter than the period (configured so) is
+        // sampled when it ends; the default window is the period.
+        if let Some(until) = shared.budget.until_share_due() {
+            sleep = sleep.min(until.max(MIN_PERIOD));
         }
+        std::thread::park_timeout(sleep);
+        // The budget re-read (once a second) and the share sample (once a
+        // window) ride on this wakeup.
+        shared.budget.budget_tick_if_due();
+        shared.budget.share_tick_if_due();
         let now = Instant::now();
         let mut soon = false;
         wake = None;
