@@ -592,10 +592,9 @@ impl BudgetHandle {
     }
 
     /// Calls `f` (from whichever thread ticks: the watcher's or the
-    /// handoff monitor, holding the watcher's
-    /// state, so it must be quick) whenever
-    /// [`active_cores`](Self::active_cores) or [`cores`](Self::cores)
-    /// changes; the first call of this sets it.
+    /// handoff monitor, holding the watcher's state, so it must be quick)
+    /// whenever [`active_cores`](Self::active_cores) or
+    /// [`cores`](Self::cores) changes; the first call of this sets it.
     pub(crate) fn on_active_change(&self, f: Box<dyn Fn() + Send + Sync>) {
         let _ = self.shared.on_change.set(f);
     }

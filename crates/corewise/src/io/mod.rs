@@ -12,10 +12,10 @@
 //! `uring`). A socket send with no other entry to share that enter with
 //! is made at once instead (`MSG_DONTWAIT`; the ring takes it when the
 //! buffer is full; see `op::run_on`). The core's idle sleep is a wait in
-//! the same ring, woken by
-//! completions, by the next timer, and by the idle gate's futex word, which
-//! an armed `IORING_OP_FUTEX_WAIT` watches: idle sleep and I/O wait are one
-//! wait, and the waker side of `crate::sched::idle` is unchanged.
+//! the same ring, woken by completions, by the next timer, and by the idle
+//! gate's futex word, which an armed `IORING_OP_FUTEX_WAIT` watches: idle
+//! sleep and I/O wait are one wait, and the waker side of
+//! `crate::sched::idle` is unchanged.
 //!
 //! Where io_uring is missing or forbidden (ENOSYS, EPERM from seccomp,
 //! `kernel.io_uring_disabled`, or a kernel without the futex opcode) the

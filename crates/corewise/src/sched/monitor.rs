@@ -15,7 +15,7 @@
 //! longest sleep, so no wakeup is added for it), and the budget is re-read
 //! once a second. The samples are not taken on a dispatcher: reading the
 //! process CPU clock there, on a kernel thread inside a CPU-bound run, put
-//! 1.3-1.6 ms on the p99 task latency of a process beside it (see
+//! about 1.5 ms on the p99 task latency of a process beside it (see
 //! `docs/architecture.md`, "Samples on the monitor's wakeups"); read by
 //! the monitor, just woken, it did not. A thread that computes while others
 //! wait yields at its next runtime call by its own clock (see
