@@ -114,10 +114,14 @@ impl Reservations {
 
     /// The running thread switched out: gives every reserved slot back to
     /// its core and starts the count of spawns anew.
+    ///
+    /// `cores` gives the runtime's cores; it is called only when something
+    /// is reserved (so the dispatcher's run loop, where this sits, loads
+    /// nothing else when nothing is).
     #[inline]
-    pub(crate) fn end_run(&self, cores: &[Core]) {
+    pub(crate) fn end_run<'c>(&self, cores: impl FnOnce() -> &'c [Core]) {
         if self.spawns.load(Ordering::Relaxed) != 0 {
-            self.give_back(cores);
+            self.give_back(cores());
         }
     }
 

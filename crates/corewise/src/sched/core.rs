@@ -40,8 +40,10 @@ pub(crate) struct Core {
     pub(crate) stats: CachePadded<CoreStats>,
     /// The contexts in this core's slots. Contexts move between cores
     /// when threads migrate (Arachne swaps them the same way), so a
-    /// slot holds a pointer.
-    slots: Box<[AtomicPtr<ThreadContext>]>,
+    /// slot holds a pointer. An array in the core, not a boxed slice: a
+    /// read is one load at a fixed offset, with no length to load for the
+    /// bounds check (it is read several times per run).
+    slots: [AtomicPtr<ThreadContext>; SLOTS],
     pub(crate) index: usize,
     /// The CPU the core's kernel thread runs on while it holds the core.
     pub(crate) cpu: AtomicUsize,
@@ -95,10 +97,9 @@ impl Core {
             slots: {
                 let contexts: &'static [ThreadContext] =
                     Box::leak((0..SLOTS).map(ThreadContext::new).collect());
-                contexts
-                    .iter()
-                    .map(|c| AtomicPtr::new(c as *const ThreadContext as *mut ThreadContext))
-                    .collect()
+                std::array::from_fn(|i| {
+                    AtomicPtr::new(&contexts[i] as *const ThreadContext as *mut ThreadContext)
+                })
             },
             index,
             cpu: AtomicUsize::new(usize::MAX),

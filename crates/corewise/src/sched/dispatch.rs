@@ -307,7 +307,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
                 // idle); every RUNS_PER_CLOCK runs, account the load and see
                 // whether the core must go.
                 core.io.pass();
-                crate::sched::park::service(core, i + 1);
+                crate::sched::park::service(core, shared, i + 1);
                 if load.end_rotation() {
                     let now = clock::now();
                     if !long_runs && load.mean_run(now) >= long_run_ticks {
@@ -350,20 +350,12 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
                 return Outcome::Lost;
             }
             let ran = core.slot(i);
-            match ran.after_run.get() {
-                AfterRun::Nothing => {}
-                AfterRun::Park => {
-                    ran.after_run.set(AfterRun::Nothing);
-                    crate::sched::park::park_at_once(core, i);
-                }
-                AfterRun::HandOver => {
-                    ran.after_run.set(AfterRun::Nothing);
-                    crate::sched::park::hand_over(core, i);
-                }
+            if ran.after_run.get() != AfterRun::Nothing {
+                after_run(core, ran, i);
             }
             // The thread switched out: what it reserved on other cores for
             // more spawns goes back (a load and a branch when nothing is).
-            core.reserved.end_run(&shared.cores);
+            core.reserved.end_run(|| &shared.cores);
             if core.stats.release_check.load(Ordering::Relaxed) && release_now(core) {
                 return Outcome::Released;
             }
@@ -394,7 +386,7 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
             next = i + 1;
             continue;
         }
-        if crate::sched::park::service(core, next) || core.io.pass() {
+        if crate::sched::park::service(core, shared, next) || core.io.pass() {
             continue;
         }
         if idle_polls != 0 {
@@ -478,6 +470,17 @@ pub(crate) fn run(core: &'static Core) -> Outcome {
         spin_since = 0;
         idle_now = 0;
         idle_polls = 0;
+    }
+}
+
+/// What the thread that just ran in slot `i` of `core` left for its
+/// dispatcher to do (see [`AfterRun`]).
+#[cold]
+fn after_run(core: &'static Core, ran: &ThreadContext, i: usize) {
+    match ran.after_run.replace(AfterRun::Nothing) {
+        AfterRun::Nothing => {}
+        AfterRun::Park => crate::sched::park::park_at_once(core, i),
+        AfterRun::HandOver => crate::sched::park::hand_over(core, i),
     }
 }
 

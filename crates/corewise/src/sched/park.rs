@@ -387,7 +387,8 @@ pub(crate) fn unpark(ctx: &'static ThreadContext) {
 }
 
 /// Moves waiting threads into free slots of `core` (the dispatcher, between
-/// runs, with its scan to go on at slot `scan`). Returns whether it put any
+/// runs, with its scan to go on at slot `scan`; `shared` is the core's
+/// runtime, which the dispatcher holds). Returns whether it put any
 /// there.
 ///
 /// They go into the free slots the scan reaches first, oldest first, so
@@ -396,10 +397,10 @@ pub(crate) fn unpark(ctx: &'static ThreadContext) {
 /// scan: with 10 000 echo connections, the requests that had waited
 /// longest were answered last.
 #[inline]
-pub(crate) fn service(core: &'static Core, scan: usize) -> bool {
+pub(crate) fn service(core: &'static Core, shared: &Shared, scan: usize) -> bool {
     // SAFETY: the dispatcher of `core`, between runs.
     let s = unsafe { core.sched() };
-    if s.pending.is_empty() && !core.inbox.has_items() && !core.runtime().homeless.has_items() {
+    if s.pending.is_empty() && !core.inbox.has_items() && !shared.homeless.has_items() {
         return false;
     }
     service_slow(core, s, scan)
