@@ -137,12 +137,14 @@ fn stack_pointer() -> usize {
     sp
 }
 
-/// Switches from the running user thread back to its dispatcher.
+/// Switches from the running user thread back to its dispatcher. Always
+/// inlined, so the switch sits at the caller's call depth (see
+/// [`crate::yield_now`] for why that matters).
 ///
 /// # Safety
 /// `slot` is the slot of the calling user thread, whose coroutine set
 /// `yielder` and is running now.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn switch_out(slot: &ThreadContext) {
     // SAFETY: the yielder lives on the running coroutine's stack for as long
     // as the coroutine does, and we are that coroutine (caller's contract).
