@@ -74,7 +74,20 @@ fn with_table<R>(f: impl FnOnce(&Cell<*mut Table>) -> R) -> Result<R, AccessErro
 /// Drops every value in the table `cell` points to and resets it to null,
 /// returning the first destructor panic. Destructors may use keys again
 /// (the values they create are dropped in the next round).
+///
+/// Every thread's exit calls it, and most threads never used a key: the
+/// check for an empty table is inlined, the work (with its unwinding
+/// frame) is not.
+#[inline]
 pub(crate) fn run_destructors(cell: &Cell<*mut Table>) -> Option<Box<dyn Any + Send>> {
+    if cell.get().is_null() {
+        return None;
+    }
+    run_destructors_slow(cell)
+}
+
+#[inline(never)]
+fn run_destructors_slow(cell: &Cell<*mut Table>) -> Option<Box<dyn Any + Send>> {
     let mut first_panic = None;
     for _ in 0..DESTRUCTOR_ROUNDS {
         // Read before writing: a thread that never used a key leaves its
