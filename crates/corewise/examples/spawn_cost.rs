@@ -16,26 +16,15 @@
 //! COREWISE_IO=epoll valgrind --tool=callgrind target/release/examples/spawn_cost 200000
 //! ```
 
+mod probe;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static DONE: AtomicU64 = AtomicU64::new(0);
 
 fn main() {
-    let n: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2_000_000);
-    let rt = match corewise::Runtime::builder()
-        .cpus([0])
-        .neighbour_awareness(None)
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("spawn_cost: no runtime on cpu 0: {e}");
-            std::process::exit(1);
-        }
-    };
+    let n = probe::count(2_000_000);
+    let rt = probe::runtime_on_cpu0("spawn_cost");
     let t = std::time::Instant::now();
     let run = rt.block_on(move || {
         for _ in 0..n {
@@ -59,13 +48,7 @@ fn main() {
             "{:.1} ns per thread ({n} threads)",
             t.elapsed().as_nanos() as f64 / n as f64
         ),
-        Ok(Err(e)) => {
-            eprintln!("spawn_cost: spawn failed: {e}");
-            std::process::exit(1);
-        }
-        Err(e) => {
-            eprintln!("spawn_cost: {e}");
-            std::process::exit(1);
-        }
+        Ok(Err(e)) => probe::fail("spawn_cost", format!("spawn failed: {e}")),
+        Err(e) => probe::fail("spawn_cost", e),
     }
 }

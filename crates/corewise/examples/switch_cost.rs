@@ -18,22 +18,11 @@
 //! (rustix's own auxv reader faults under valgrind, and valgrind does not
 //! know io_uring.)
 
+mod probe;
+
 fn main() {
-    let n: u32 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5_000_000);
-    let rt = match corewise::Runtime::builder()
-        .cpus([0])
-        .neighbour_awareness(None)
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("switch_cost: no runtime on cpu 0: {e}");
-            std::process::exit(1);
-        }
-    };
+    let n = probe::count(5_000_000);
+    let rt = probe::runtime_on_cpu0("switch_cost");
     let t = std::time::Instant::now();
     let run = rt.block_on(move || {
         let other = corewise::thread::Builder::new().core(0).spawn(move || {
@@ -47,18 +36,14 @@ fn main() {
         other.join().map_err(|e| e.to_string())?;
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
     });
-    match run {
-        Ok(Ok(())) => println!(
+    match run
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+    {
+        Ok(()) => println!(
             "{:.1} ns per one-way yield ({n} yields per thread)",
-            t.elapsed().as_nanos() as f64 / (2.0 * f64::from(n))
+            t.elapsed().as_nanos() as f64 / (2 * n) as f64
         ),
-        Ok(Err(e)) => {
-            eprintln!("switch_cost: {e}");
-            std::process::exit(1);
-        }
-        Err(e) => {
-            eprintln!("switch_cost: {e}");
-            std::process::exit(1);
-        }
+        Err(e) => probe::fail("switch_cost", e),
     }
 }
