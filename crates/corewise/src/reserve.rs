@@ -6,9 +6,9 @@
 //! exits. With the vCPUs on two L3s (a transfer ~200 ns) that capped
 //! creation throughput from one spawner at ~4 M/s. So the second and later
 //! spawns of a run claim up to [`RESERVE`] free slots of the chosen core at
-//! once (the first bit set fetches the line, the others find it here) and
-//! keep the ones they do not use yet; the next spawns onto that core fill
-//! them without touching its word.
+//! once (one locked `or` of their bits) and keep the ones they do not use
+//! yet; the next spawns onto that core fill them without touching its
+//! word, each starting the transfer of the next one's first line.
 //!
 //! A reservation lives only while the thread that made it runs: when the
 //! thread switches out (yields, blocks or exits), its dispatcher gives every
@@ -25,8 +25,15 @@
 use crate::sched::core::Core;
 use crate::shim::{AtomicU32, AtomicU64, Ordering};
 
-/// Slots claimed at once by a spawn that is not the first of its run.
+/// Slots claimed at most at once by a spawn that is not the first of its
+/// run.
 pub(crate) const RESERVE: u32 = 8;
+
+/// A burst's claims take at least 1/`BURST_SHARE` of the threads it has
+/// put on each candidate core so far (up to [`RESERVE`]), whatever the
+/// chosen core's lead (see `crate::sched::spawn`), so a long burst's
+/// imbalance stays within about that share of each core's threads.
+pub(crate) const BURST_SHARE: u32 = 8;
 
 /// Cores a runtime can have (one reservation word each).
 const MAX_CORES: usize = 64;
@@ -58,20 +65,22 @@ impl Reservations {
         }
     }
 
-    /// Counts a spawn of the running thread; true when it is not the first
-    /// of its run (a burst: worth claiming ahead).
+    /// Counts a spawn of the running thread; returns the spawns it made
+    /// before this one in its run (0: the first, which claims no more
+    /// than its slot).
     #[inline]
-    pub(crate) fn count_spawn(&self) -> bool {
+    pub(crate) fn count_spawn(&self) -> u32 {
         let n = self.spawns.load(Ordering::Relaxed);
         self.spawns.store(n.saturating_add(1), Ordering::Relaxed);
-        n != 0
+        n
     }
 
     /// Takes a reserved slot on one of the cores in `candidates` (a core
     /// mask), if one is held: the burst's placement was decided when the
-    /// slots were claimed. Returns the core index and the slot.
+    /// slots were claimed. Returns the core index, the slot, and the slot
+    /// the next take there will return (if one is left).
     #[inline]
-    pub(crate) fn take(&self, candidates: u64) -> Option<(usize, usize)> {
+    pub(crate) fn take(&self, candidates: u64) -> Option<(usize, usize, Option<usize>)> {
         let mut on = self.cores.load(Ordering::Relaxed) & candidates;
         while on != 0
             && self.made_for[on.trailing_zeros() as usize].load(Ordering::Relaxed) != candidates
@@ -92,7 +101,8 @@ impl Reservations {
                 Ordering::Relaxed,
             );
         }
-        Some((target, held.trailing_zeros() as usize))
+        let next = (rest != 0).then(|| rest.trailing_zeros() as usize);
+        Some((target, held.trailing_zeros() as usize, next))
     }
 
     /// Keeps `slots` (claimed on core `target` by a spawn whose candidate

@@ -151,7 +151,19 @@ impl ThreadContext {
     /// [`Invocation::is_published`]).
     #[inline]
     pub(crate) fn is_published(&self) -> bool {
-        self.invocation.is_published()
+        self.invocation
+            .is_published(self.local.ran_generation.load(Ordering::Relaxed))
+    }
+
+    /// The slot's own coroutine: runs the published function, if any (see
+    /// [`Invocation::run_published`]). Returns whether one ran.
+    ///
+    /// # Safety
+    /// Called only by the context's own coroutine.
+    #[inline]
+    pub(crate) unsafe fn run_published(&self) -> bool {
+        // SAFETY: per this function's contract.
+        unsafe { self.invocation.run_published(&self.local.ran_generation) }
     }
 
     pub(crate) fn new(index: usize) -> Self {
@@ -227,6 +239,21 @@ impl ThreadContext {
         prefetch(std::ptr::from_ref(&self.context).cast());
         // The switch's line: yielder, stack pointer, kernel thread.
         prefetch(std::ptr::from_ref(&self.stack_pointer).cast());
+    }
+
+    /// Starts fetching the slot's first line for writing (a hint): a
+    /// spawner that holds the slot reserved writes it next.
+    #[inline]
+    pub(crate) fn prefetch_for_spawn(&self) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is only a hint: it never faults and changes
+        // no state the program can see, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(
+                std::ptr::from_ref(&self.invocation).cast::<i8>(),
+                std::arch::x86_64::_MM_HINT_ET0,
+            )
+        };
     }
 
     /// Starts loading the top of the suspended thread's stack, where its

@@ -57,7 +57,7 @@ impl Context {
                 // spawner has published.
                 crate::sched::handoff::user_code_begins(slot);
                 // SAFETY: this is the slot's own coroutine.
-                let ran = unsafe { slot.invocation.run_published() };
+                let ran = unsafe { slot.run_published() };
                 // Out of user code; if the core was handed over meanwhile,
                 // the thread first moves to a core (the slot it had belongs
                 // to the core's new owner).

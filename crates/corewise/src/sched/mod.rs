@@ -29,6 +29,7 @@ pub(crate) mod idle;
 pub(crate) mod idletime;
 pub(crate) mod inbox;
 pub(crate) mod occupancy;
+pub(crate) mod slot;
 pub(crate) mod wakeup;
 
 #[cfg(not(loom))]
@@ -51,8 +52,6 @@ pub(crate) mod monitor;
 pub(crate) mod park;
 #[cfg(not(loom))]
 pub(crate) mod placement;
-#[cfg(not(loom))]
-pub(crate) mod slot;
 #[cfg(not(loom))]
 pub(crate) mod spawn;
 #[cfg(not(loom))]

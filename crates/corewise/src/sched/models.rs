@@ -1,11 +1,12 @@
 //! Loom models of the dispatcher's cross-core protocol: slot claim,
-//! publication through the wake-up word, parking, and the idle gate, as
-//! the dispatcher and spawners use them together.
+//! publication through the slot's generation, the wake-up word, parking,
+//! and the idle gate, as the dispatcher and spawners use them together.
 
 #[cfg(all(test, loom))]
 mod loom_tests {
     use crate::sched::idle::IdleGate;
     use crate::sched::occupancy::*;
+    use crate::sched::slot::Invocation;
     use crate::sched::wakeup::*;
     use crate::shim::{fence, AtomicBool, Ordering, UnsafeCell};
     use loom::sync::Arc;
@@ -34,41 +35,44 @@ mod loom_tests {
         }
     }
 
+    /// A spawner on its own thread: claims slot 0, writes `value` as the
+    /// thread's function, publishes it and signals the thread.
+    fn spawn_into_slot_0(
+        mask: &Arc<MaskAndCount>,
+        inv: &Arc<Invocation>,
+        gate: &Arc<IdleGate>,
+        job: &Arc<UnsafeCell<u32>>,
+        value: u32,
+    ) -> loom::thread::JoinHandle<()> {
+        let (mask, inv, gate, job) = (mask.clone(), inv.clone(), gate.clone(), job.clone());
+        loom::thread::spawn(move || {
+            assert_eq!(mask.claim(), Some(0));
+            // SAFETY: the slot is ours until it is published.
+            job.with_mut(|p| unsafe { *p = value });
+            inv.publish();
+            // The spawner's signal touches only the shared half.
+            inv.signals.0.fetch_add(SIGNAL, Ordering::Release);
+            gate.wake_after_rmw();
+        })
+    }
+
     #[test]
     fn spawn_onto_a_sleeping_core_is_never_lost() {
         loom::model(|| {
             let mask = Arc::new(MaskAndCount::new());
-            let shared = Arc::new(SignalWord::new());
+            let inv = Arc::new(Invocation::new());
             let local = LocalWake::new();
             let gate = Arc::new(IdleGate::new());
             let job = Arc::new(UnsafeCell::new(0u32));
-            let published = Arc::new(AtomicBool::new(false));
-            let spawner = {
-                let (mask, shared, gate, job, published) = (
-                    mask.clone(),
-                    shared.clone(),
-                    gate.clone(),
-                    job.clone(),
-                    published.clone(),
-                );
-                loom::thread::spawn(move || {
-                    assert_eq!(mask.claim(), Some(0));
-                    // SAFETY: the slot is ours until it is published.
-                    job.with_mut(|p| unsafe { *p = 42 });
-                    published.store(true, Ordering::Release);
-                    // The spawner's signal touches only the shared half.
-                    shared.0.fetch_add(SIGNAL, Ordering::Release);
-                    gate.wake_after_rmw();
-                })
-            };
+            let spawner = spawn_into_slot_0(&mask, &inv, &gate, &job, 42);
             let w = Wakeup {
-                shared: &shared,
+                shared: &inv.signals,
                 local: &local,
             };
             dispatch_until(&mask, w, &gate, || {
                 // A stale signal may run the slot before it is published:
-                // the slot loop checks the publication flag.
-                if !published.load(Ordering::Acquire) {
+                // the slot loop runs only a new generation.
+                if inv.to_run(0).is_none() {
                     return false;
                 }
                 // SAFETY: published with release; the spawner is done.
@@ -78,6 +82,53 @@ mod loom_tests {
             });
             spawner.join().unwrap();
             assert_eq!(mask.count(), 0);
+        });
+    }
+
+    #[test]
+    fn a_reused_slot_runs_only_its_new_function_once() {
+        // The slot's first thread (generation 1) ran and ended; the core
+        // kept the generation it ran and freed the slot without writing
+        // the slot's line. A signal meant for that thread races the next
+        // spawn into the slot: the core must never run the old function
+        // again, nor the new one before its publication or twice.
+        loom::model(|| {
+            let mask = Arc::new(MaskAndCount::new());
+            let inv = Arc::new(Invocation::new());
+            let local = LocalWake::new();
+            let gate = Arc::new(IdleGate::new());
+            let job = Arc::new(UnsafeCell::new(1u32));
+            inv.publish();
+            let mut ran = 1u32;
+            let w = Wakeup {
+                shared: &inv.signals,
+                local: &local,
+            };
+            w.reset();
+            let stale = {
+                let (inv, gate) = (inv.clone(), gate.clone());
+                loom::thread::spawn(move || {
+                    inv.signals.0.fetch_add(SIGNAL, Ordering::Release);
+                    gate.wake_after_rmw();
+                })
+            };
+            let spawner = spawn_into_slot_0(&mask, &inv, &gate, &job, 2);
+            let mut runs = 0;
+            dispatch_until(&mask, w, &gate, || {
+                let Some(g) = inv.to_run(ran) else {
+                    return false;
+                };
+                // SAFETY: published with release; the spawner is done.
+                assert_eq!(job.with_mut(|p| unsafe { *p }), 2);
+                runs += 1;
+                ran = g;
+                mask.release(0);
+                true
+            });
+            stale.join().unwrap();
+            spawner.join().unwrap();
+            assert_eq!(runs, 1);
+            assert_eq!(inv.to_run(ran), None);
         });
     }
 
@@ -220,15 +271,15 @@ mod loom_tests {
         // thread that never ran.)
         loom::model(|| {
             let mask = Arc::new(MaskAndCount::new());
-            let shared = Arc::new(SignalWord::new());
+            let inv = Arc::new(Invocation::new());
             let local = LocalWake::new();
-            let published = Arc::new(AtomicBool::new(false));
             // The spawner's claim (the sweep only looks at occupied slots).
             assert_eq!(mask.claim(), Some(0));
             let spawner = {
-                let (shared, published) = (shared.clone(), published.clone());
+                let inv = inv.clone();
                 loom::thread::spawn(move || {
-                    published.store(true, Ordering::Release);
+                    inv.publish();
+                    let shared = &inv.signals;
                     // `park::signal_context`: a signal that finds the
                     // thread parked places it if it clears the mark.
                     let parked = shared.0.fetch_add(SIGNAL, Ordering::AcqRel) & PARKED != 0;
@@ -236,14 +287,13 @@ mod loom_tests {
                 })
             };
             let w = Wakeup {
-                shared: &shared,
+                shared: &inv.signals,
                 local: &local,
             };
             // The sweep, on slot 0 (`park::park`): a published thread that
             // is not due leaves its slot if no signal came since it ran.
-            let parked = published.load(Ordering::Acquire)
-                && w.due_or_deadline(0) == Some(BLOCKED)
-                && w.try_park();
+            let parked =
+                inv.is_published(0) && w.due_or_deadline(0) == Some(BLOCKED) && w.try_park();
             if parked {
                 mask.release(0);
             }
@@ -254,7 +304,7 @@ mod loom_tests {
             );
             // In its slot, or wherever it is placed, the thread is due.
             assert!(w.take_if_due(&mut || 0));
-            assert_eq!(shared.0.load(Ordering::Relaxed) & PARKED, 0);
+            assert_eq!(inv.signals.0.load(Ordering::Relaxed) & PARKED, 0);
         });
     }
 

@@ -84,35 +84,39 @@ impl MaskAndCount {
         }
     }
 
-    /// Claims the lowest free slot like [`claim`](Self::claim), then up to
-    /// `max - 1` more with one compare-and-swap while the line is still
-    /// here (no retry: if the word changed meanwhile, just the one slot);
-    /// returns the first slot and the others as bits (see `crate::reserve`).
-    /// One swap, not a bit set per slot: the core polls this word, and
-    /// each bit set after its read would wait for the line again.
+    /// Claims up to `max` of the lowest free slots with one locked
+    /// instruction (a `lock or` of their bits; those another claim took
+    /// meanwhile are not ours, and only when it took all of them is the
+    /// word read again); returns the lowest slot claimed and the others as
+    /// bits (see `crate::reserve`), or `None` when all 56 are taken. One
+    /// locked instruction, not one per slot: the core polls this word and
+    /// frees a slot at every thread's end, so each further locked
+    /// instruction would wait for the line again. Acquire, as
+    /// [`claim`](Self::claim).
     #[inline]
     pub(crate) fn claim_ahead(&self, max: u32) -> Option<(usize, u64)> {
-        let first = self.claim()?;
-        let cur = self.0.load(Ordering::Relaxed);
-        let mut free = !cur & OCCUPANCY;
-        let mut more = 0u64;
-        for _ in 1..max {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            let mut free = !cur & OCCUPANCY;
             if free == 0 {
-                break;
+                return None;
             }
-            let bit = free & free.wrapping_neg();
-            more |= bit;
-            free &= !bit;
+            let mut want = 0u64;
+            for _ in 0..max {
+                let bit = free & free.wrapping_neg();
+                want |= bit;
+                free &= !bit;
+                if free == 0 {
+                    break;
+                }
+            }
+            let old = self.0.fetch_or(want, Ordering::Acquire);
+            let got = want & !old;
+            if got != 0 {
+                return Some((got.trailing_zeros() as usize, got & (got - 1)));
+            }
+            cur = old;
         }
-        if more != 0
-            && self
-                .0
-                .compare_exchange(cur, cur | more, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-        {
-            more = 0;
-        }
-        Some((first, more))
     }
 
     /// Frees `slot`, which the caller owns. Release: pairs with `claim`.
@@ -144,6 +148,24 @@ mod tests {
         m.release(7);
         assert_eq!(m.count() as usize, SLOTS - 1);
         assert_eq!(m.claim(), Some(7));
+    }
+
+    #[test]
+    fn claim_ahead_takes_the_lowest_free_slots_at_once() {
+        let m = MaskAndCount::new();
+        assert_eq!(m.claim_from(1), Some(1));
+        assert_eq!(m.claim_from(3), Some(3));
+        // Free: 0, 2, 4, 5, ...: four of them, the first returned alone.
+        assert_eq!(m.claim_ahead(4), Some((0, (1 << 2) | (1 << 4) | (1 << 5))));
+        assert_eq!(m.count(), 6);
+        // Fewer free than asked: what is left.
+        while m.count() < SLOTS as u32 - 2 {
+            m.claim().unwrap();
+        }
+        let (first, more) = m.claim_ahead(8).unwrap();
+        assert_eq!(more.count_ones(), 1);
+        assert!(first < SLOTS && more & (1 << first) == 0);
+        assert_eq!(m.claim_ahead(8), None);
     }
 
     #[test]

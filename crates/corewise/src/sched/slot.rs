@@ -3,13 +3,24 @@
 //! generation, and the signal word. Creating a thread on another core moves
 //! this one line; a signal touches it too, and the wait link of a blocked
 //! thread reuses the dead closure storage.
+//!
+//! Only spawners and signallers write the line. The generation is the
+//! publication: a spawner writes the function and then bumps the
+//! generation (release), and a function is live while the generation
+//! differs from the last one that ran in the context, which the running
+//! core keeps in the context's private part. An earlier version cleared
+//! the function pointer here when the thread ended: a write by the core
+//! that ran the thread into the line the spawner had just written, so one
+//! more transfer of the line per thread, and the thread's exit, whose
+//! locked release of its slot waits for that write, stalled on it (most of
+//! the receiving core's time in cross-core creation).
 
 use super::wakeup::SignalWord;
 use crate::shim::{AtomicU32, AtomicUsize, Ordering};
 use std::cell::UnsafeCell;
 use std::mem::{align_of, size_of, MaybeUninit};
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 const _LINE0_IS_ONE_LINE: () = assert!(size_of::<Invocation>() == 64);
 
 /// Bytes of a thread's function that fit in the slot's first cache line.
@@ -22,12 +33,13 @@ const INLINE_BYTES: usize = 40;
 pub(crate) struct Invocation {
     /// The thread's closure, when it fits (else a `Box` pointer).
     storage: UnsafeCell<MaybeUninit<[u64; INLINE_BYTES / 8]>>,
-    /// The function that runs `storage`, as a `usize`; 0 = nothing to
-    /// run. Published (release) after `storage` is written.
+    /// The function that runs `storage`, as a `usize` (written before the
+    /// generation that publishes it).
     run: AtomicUsize,
     /// `ThreadClass` of the thread in the slot (as u32).
     pub(crate) class: AtomicU32,
-    /// Bumped by the spawner that puts a new thread in the slot, so
+    /// Bumped (release) by the spawner that puts a new thread in the slot,
+    /// once its function is written: that publishes the function, and
     /// `ThreadId`s of earlier threads are recognised as stale.
     pub(crate) generation: AtomicU32,
     /// The shared half of the slot's wakeup state.
@@ -45,7 +57,8 @@ impl Invocation {
         }
     }
 
-    /// Stores `f` (inline when it fits, otherwise boxed) and publishes it.
+    /// Stores `f` (inline when it fits, otherwise boxed) and publishes it
+    /// by bumping the generation.
     ///
     /// # Safety
     /// The caller owns the slot (claimed it and has not yet made it
@@ -66,37 +79,57 @@ impl Invocation {
             };
             run_boxed::<F>
         };
-        self.run.store(run as usize, Ordering::Release);
+        self.run.store(run as usize, Ordering::Relaxed);
+        self.publish();
+    }
+
+    /// Publishes what the slot's owner wrote before (release): a new
+    /// generation. Only the spawner that owns the slot writes it, so no
+    /// locked instruction.
+    #[inline]
+    pub(crate) fn publish(&self) {
+        let g = self.generation.load(Ordering::Relaxed);
+        self.generation.store(g.wrapping_add(1), Ordering::Release);
+    }
+
+    /// The generation to run, if one was published after `ran`, the
+    /// generation whose function last ran in the context (acquire: what
+    /// its spawner wrote before is visible).
+    #[inline]
+    pub(crate) fn to_run(&self, ran: u32) -> Option<u32> {
+        let g = self.generation.load(Ordering::Acquire);
+        (g != ran).then_some(g)
     }
 
     /// Whether a function is published in the slot (from `put` until the
-    /// thread's function has returned). An occupied slot without one is
-    /// being filled by a spawner right now.
+    /// thread's function has returned), given `ran` (see
+    /// [`to_run`](Self::to_run)). An occupied slot without one is being
+    /// filled by a spawner right now.
     #[inline]
-    pub(crate) fn is_published(&self) -> bool {
-        self.run.load(Ordering::Acquire) != 0
+    pub(crate) fn is_published(&self, ran: u32) -> bool {
+        self.to_run(ran).is_some()
     }
 
-    /// Slot's own thread: runs the published function, if there is one,
-    /// leaving the line empty. Returns whether one ran.
+    /// Slot's own thread: runs the published function, if there is one
+    /// (the generation moved past `ran`), and then records its generation
+    /// in `ran`. Returns whether one ran.
     ///
     /// # Safety
     /// Called only by the slot's own coroutine.
-    pub(crate) unsafe fn run_published(&self) -> bool {
-        let run = self.run.load(Ordering::Acquire);
-        if run == 0 {
+    pub(crate) unsafe fn run_published(&self, ran: &AtomicU32) -> bool {
+        let Some(g) = self.to_run(ran.load(Ordering::Relaxed)) else {
             return false;
-        }
-        // SAFETY: a non-zero `run` is an `unsafe fn(*mut u8)` stored by
-        // `put`, which wrote the matching closure before publishing.
+        };
+        let run = self.run.load(Ordering::Relaxed);
+        // SAFETY: a new generation (acquired) publishes an
+        // `unsafe fn(*mut u8)` and its closure, both written by `put`
+        // before its release.
         unsafe {
             let run: unsafe fn(*mut u8) = std::mem::transmute::<usize, unsafe fn(*mut u8)>(run);
             run(self.storage.get().cast());
         }
-        // Cleared only now: a write to this line before the thread ran
-        // would cost a cache-line upgrade on the creation path. Nothing
-        // looks at `run` until the slot is free again.
-        self.run.store(0, Ordering::Relaxed);
+        // Recorded only now: the thread is live (published) while it runs.
+        ran.store(g, Ordering::Relaxed);
         true
     }
 }

@@ -5,9 +5,11 @@
 //! cache line; `wakeup_time = 0` makes it runnable; a sleeping core is woken.
 //! No queue is touched and no memory is allocated for small closures.
 //! A thread that spawns several threads in one run claims slots ahead on
-//! the chosen core, as many as that core's lead over the other choice, and
-//! fills them without touching the core's occupancy word again (see
-//! [`crate::reserve`]; a departure from Arachne's one claim per spawn).
+//! the chosen core (as many as that core's lead over the other choice, or
+//! in a long burst a share of what it has spread so far) and fills them without touching the
+//! core's occupancy word again, fetching each slot's line before it
+//! writes it (see [`crate::reserve`] and [`claim`]; a departure from
+//! Arachne's one claim per spawn).
 //!
 //! A spawn that finds every slot of its cores taken hands the thread to a
 //! core's inbox and makes the spawning user thread yield when the call
@@ -72,13 +74,11 @@ where
         ctx.set_name(Some(name.into_boxed_str()));
     }
     let inv = &ctx.invocation;
-    // A new generation: `ThreadId`s of the slot's earlier threads go stale
-    // (their signals become spurious wakeups of this one, which are
-    // allowed). Only the spawner that claimed the slot writes it, so no
-    // locked instruction; the function's publication releases it.
-    let g = inv.generation.load(Ordering::Relaxed);
-    inv.generation.store(g.wrapping_add(1), Ordering::Relaxed);
     inv.class.store(class, Ordering::Relaxed);
+    // A new generation publishes the function: `ThreadId`s of the slot's
+    // earlier threads go stale (their signals become spurious wakeups of
+    // this one, which are allowed). Only the spawner that claimed the slot
+    // writes it, so no locked instruction.
     // SAFETY: we own the slot (claimed it) or the spare context (took it
     // from a pool), and have not published it yet.
     unsafe { inv.put(job) };
@@ -140,9 +140,13 @@ fn choose(shared: &'static Shared, opts: &SpawnOptions) -> Result<Target, SpawnE
     let from = crate::sched::current::current_slot()
         .map(|s| s.core())
         .filter(|c| std::ptr::eq(c.runtime(), shared));
-    let burst =
-        from.is_some_and(|c| c.reserved.count_spawn()) && opts.class != ThreadClass::Exclusive;
-    if let Some((core, slot)) = claim(shared, candidates, from, burst) {
+    let earlier = from.map_or(0, |c| c.reserved.count_spawn());
+    let earlier = if opts.class == ThreadClass::Exclusive {
+        0
+    } else {
+        earlier
+    };
+    if let Some((core, slot)) = claim(shared, candidates, from, earlier) {
         if still_active(core) {
             return Ok(Target::Slot(core, slot));
         }
@@ -192,20 +196,40 @@ fn still_active(core: &Core) -> bool {
 
 /// Claims a slot on one of `candidates`: the less loaded of two random
 /// choices first, then any. A spawn that is not the first of its thread's
-/// run (`burst`) may claim more slots on the chosen core, kept by the
-/// spawning core `from` for its next spawns (see `crate::reserve`): as
-/// many as the chosen core's lead over the other choice, so the next
-/// spawns land where placement would have put them anyway (with one
-/// acceptable core, up to `RESERVE`).
+/// run (`earlier` spawns came before it) may claim more slots on the
+/// chosen core, kept by the spawning core `from` for its next spawns (see
+/// `crate::reserve`): as many as the chosen core's lead over the other
+/// choice, so the next spawns land where placement would have put them
+/// anyway, and in a long burst at least an eighth of the threads the burst
+/// has put on each candidate so far
+/// ([`BURST_SHARE`](crate::reserve::BURST_SHARE)); never more than
+/// [`RESERVE`](crate::reserve::RESERVE).
+///
+/// The lead alone sized too few: a spawner's own core fills with the
+/// threads it made (they wait for it to switch out) about as fast as the
+/// other core drains, so the lead stayed at a slot or two and about two
+/// spawns in three claimed on the other core's word, a locked instruction
+/// on a line that core writes at every thread's end (creation throughput
+/// from one spawner 6.4-8.7 M/s with the lead, 9.2-10.2 M/s with
+/// `RESERVE` from the second spawn on, in five alternating pairs at a
+/// round trip of ~125 ns). A fixed 8 from the start, though, spread a
+/// burst of 40 threads over two cores 16 and 24; the share keeps a burst
+/// within an eighth or so of even and reaches 8 after 128 spawns on two
+/// cores.
 #[inline]
 fn claim(
     shared: &'static Shared,
     candidates: CoreMask,
     from: Option<&'static Core>,
-    burst: bool,
+    earlier: u32,
 ) -> Option<(&'static Core, usize)> {
     let cores = &shared.cores;
-    if let Some((c, s)) = from.and_then(|a| a.reserved.take(candidates.0)) {
+    if let Some((c, s, next)) = from.and_then(|a| a.reserved.take(candidates.0)) {
+        // The next spawn writes the next reserved slot's first line:
+        // fetching it now overlaps that transfer with this spawn.
+        if let Some(n) = next {
+            cores[c].slot(n).prefetch_for_spawn();
+        }
         return Some((&cores[c], s));
     }
     let n = candidates.len();
@@ -243,10 +267,11 @@ fn claim(
             (b, Some(a), ca - cb)
         }
     };
-    let ahead = if burst && from.is_some() {
-        lead.min(crate::reserve::RESERVE)
-    } else {
+    let ahead = if from.is_none() || earlier == 0 {
         1
+    } else {
+        let share = earlier / (crate::reserve::BURST_SHARE * n as u32);
+        lead.max(share).min(crate::reserve::RESERVE)
     };
     if let Some(s) = claim_on(&cores[first], from, ahead, candidates.0) {
         return Some((&cores[first], s));
@@ -276,6 +301,15 @@ fn claim_on(
     match from {
         Some(a) if ahead > 1 => {
             let (s, more) = target.mask.claim_ahead(ahead)?;
+            // The slots' first lines, which the next spawns write, start
+            // moving here now, all at once.
+            let mut m = more;
+            while m != 0 {
+                target
+                    .slot(m.trailing_zeros() as usize)
+                    .prefetch_for_spawn();
+                m &= m - 1;
+            }
             a.reserved.keep(target.index, more, candidates);
             Some(s)
         }

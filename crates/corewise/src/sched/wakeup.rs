@@ -1,8 +1,9 @@
 //! The wake-up protocol of a slot: a signal count that any core bumps
 //! (in the slot's first line) and the core-private half that the
-//! dispatcher keeps, plus the `PARKED` mark of a thread that left its slot.
+//! dispatcher keeps (with the generation that last ran), plus the `PARKED`
+//! mark of a thread that left its slot.
 
-use crate::shim::{AtomicU64, Ordering};
+use crate::shim::{AtomicU32, AtomicU64, Ordering};
 
 /// `wakeup_time` of a thread that waits for a signal.
 pub(crate) const BLOCKED: u64 = u64::MAX;
@@ -51,6 +52,11 @@ pub(crate) const SIGNAL: u64 = 2;
 pub(crate) struct LocalWake {
     consumed: AtomicU64,
     deadline: AtomicU64,
+    /// The generation whose function last ran in the context (see
+    /// [`Invocation::to_run`](crate::sched::slot::Invocation::to_run)):
+    /// written when a thread ends, by the core that ran it, so it sits in
+    /// this core-private line and not in the slot's first.
+    pub(crate) ran_generation: AtomicU32,
 }
 
 impl LocalWake {
@@ -59,6 +65,7 @@ impl LocalWake {
         Self {
             consumed: AtomicU64::new(0),
             deadline: AtomicU64::new(BLOCKED),
+            ran_generation: AtomicU32::new(0),
         }
     }
 }
