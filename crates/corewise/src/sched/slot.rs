@@ -4,7 +4,8 @@
 //! this one line; a signal touches it too, and the wait link of a blocked
 //! thread reuses the dead closure storage.
 //!
-//! Only spawners and signallers write the line. The generation is the
+//! The core that runs a thread writes the line only while the thread
+//! lives (its wait link, a park), never at its end. The generation is the
 //! publication: a spawner writes the function and then bumps the
 //! generation (release), and a function is live while the generation
 //! differs from the last one that ran in the context, which the running
