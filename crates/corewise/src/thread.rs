@@ -54,10 +54,12 @@ pub struct ThreadId {
 
 impl ThreadId {
     pub(crate) fn new(slot: &'static ThreadContext) -> Self {
-        Self {
-            slot,
-            generation: slot.generation().load(Ordering::Relaxed),
-        }
+        Self::of_generation(slot, slot.generation().load(Ordering::Relaxed))
+    }
+
+    /// The thread of `slot` whose spawner published `generation`.
+    pub(crate) fn of_generation(slot: &'static ThreadContext, generation: u32) -> Self {
+        Self { slot, generation }
     }
 
     /// The runtime core the thread runs on.

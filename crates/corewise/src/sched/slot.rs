@@ -59,12 +59,14 @@ impl Invocation {
     }
 
     /// Stores `f` (inline when it fits, otherwise boxed) and publishes it
-    /// by bumping the generation.
+    /// by bumping the generation; returns the new generation, the
+    /// thread's (read again after the publication, it may already belong
+    /// to a later thread of the slot).
     ///
     /// # Safety
     /// The caller owns the slot (claimed it and has not yet made it
     /// runnable), so nothing else reads or writes `storage`.
-    pub(crate) unsafe fn put<F: FnOnce() + Send + 'static>(&self, f: F) {
+    pub(crate) unsafe fn put<F: FnOnce() + Send + 'static>(&self, f: F) -> u32 {
         let run: unsafe fn(*mut u8) = if size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= 8 {
             // SAFETY: the storage is 40 bytes aligned to 64 and F fits.
             unsafe { self.storage.get().cast::<F>().write(f) };
@@ -81,16 +83,17 @@ impl Invocation {
             run_boxed::<F>
         };
         self.run.store(run as usize, Ordering::Relaxed);
-        self.publish();
+        self.publish()
     }
 
     /// Publishes what the slot's owner wrote before (release): a new
-    /// generation. Only the spawner that owns the slot writes it, so no
-    /// locked instruction.
+    /// generation, which it returns. Only the spawner that owns the slot
+    /// writes it, so no locked instruction.
     #[inline]
-    pub(crate) fn publish(&self) {
-        let g = self.generation.load(Ordering::Relaxed);
-        self.generation.store(g.wrapping_add(1), Ordering::Release);
+    pub(crate) fn publish(&self) -> u32 {
+        let g = self.generation.load(Ordering::Relaxed).wrapping_add(1);
+        self.generation.store(g, Ordering::Release);
+        g
     }
 
     /// The generation to run, if one was published after `ran`, the

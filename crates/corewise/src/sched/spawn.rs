@@ -81,10 +81,12 @@ where
     // writes it, so no locked instruction.
     // SAFETY: we own the slot (claimed it) or the spare context (took it
     // from a pool), and have not published it yet.
-    unsafe { inv.put(job) };
-    // Before the signal: once runnable, the thread may exit at once and
-    // the slot be claimed again.
-    let id = ThreadId::new(ctx);
+    let generation = unsafe { inv.put(job) };
+    // The generation the publication made, not the slot's now: from the
+    // publication on, the thread may run (a stale signal, or a core being
+    // given back makes it runnable), end, and the slot hold a later
+    // thread before this line.
+    let id = ThreadId::of_generation(ctx, generation);
     match target {
         Target::Slot(..) => {
             // From the publication on, the slot's dispatcher may take the
