@@ -6,10 +6,10 @@
 //! No queue is touched and no memory is allocated for small closures.
 //! A thread that spawns several threads in one run claims slots ahead on
 //! the chosen core (as many as that core's lead over the other choice, or
-//! in a long burst a share of what it has spread so far) and fills them without touching the
-//! core's occupancy word again, fetching each slot's line before it
-//! writes it (see [`crate::reserve`] and [`claim`]; a departure from
-//! Arachne's one claim per spawn).
+//! in a long burst a share of what it has spread so far) and fills them
+//! without touching the core's occupancy word again, fetching each slot's
+//! line before it writes it (see [`crate::reserve`] and [`claim`]; a
+//! departure from Arachne's one claim per spawn).
 //!
 //! A spawn that finds every slot of its cores taken hands the thread to a
 //! core's inbox and makes the spawning user thread yield when the call
@@ -202,10 +202,10 @@ fn still_active(core: &Core) -> bool {
 /// chosen core, kept by the spawning core `from` for its next spawns (see
 /// `crate::reserve`): as many as the chosen core's lead over the other
 /// choice, so the next spawns land where placement would have put them
-/// anyway, and in a long burst at least an eighth of the threads the burst
-/// has put on each candidate so far
-/// ([`BURST_SHARE`](crate::reserve::BURST_SHARE)); never more than
-/// [`RESERVE`](crate::reserve::RESERVE).
+/// anyway (with one acceptable core, [`RESERVE`](crate::reserve::RESERVE)),
+/// and in a long burst at least an eighth of the threads the burst has put
+/// on each candidate so far ([`BURST_SHARE`](crate::reserve::BURST_SHARE));
+/// never more than `RESERVE`.
 ///
 /// The lead alone sized too few: a spawner's own core fills with the
 /// threads it made (they wait for it to switch out) about as fast as the
