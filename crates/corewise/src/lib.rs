@@ -20,7 +20,7 @@
 //! - [`run`] is the entry point: `corewise::run(|| ..)` builds a runtime and
 //!   runs the closure as a user thread ([`Builder::run`] for settings).
 //!   [`spawn`] outside a runtime fails with [`SpawnError::NotInRuntime`].
-//! - [`scope`] (and [`Runtime::scope`]) are `std::thread::scope`: threads
+//! - [`scope()`] (and [`Runtime::scope`]) are `std::thread::scope`: threads
 //!   that borrow from the stack, all joined before it returns.
 //! - [`thread_local!`] gives per-*user*-thread values. `std::thread_local!`
 //!   inside a user thread is per kernel thread: the user threads of a core

@@ -421,7 +421,7 @@ impl Builder {
     /// Handoff needs an arbiter that can place the spare (both built-in
     /// ones can: the in-process one sets the spare's affinity, the daemon
     /// puts it in the core's cpuset; see
-    /// [`CoreArbiter::core_handed_over`](crate::arbiter::CoreArbiter::core_handed_over)).
+    /// [`CoreArbiter::core_handed_over`]).
     /// `COREWISE_HANDOFF=off` ([`HANDOFF_ENV`]) switches it off for every
     /// runtime of the process. The handoff monitor also samples the
     /// neighbour share on its wakeups; without it the budget watcher

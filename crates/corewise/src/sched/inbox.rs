@@ -13,7 +13,7 @@
 //! compare-and-swap) that the single consumer empties all at once with one
 //! swap. Taking the whole list is what makes it free of the ABA problem:
 //! the consumer never pops one node while others push. A core that stops
-//! running its dispatcher closes its inbox (the head becomes [`CLOSED`]), so
+//! running its dispatcher closes its inbox (the head becomes [`closed`]), so
 //! a late sender's push fails and the sender chooses another core instead
 //! of stranding the thread on a core nobody runs.
 

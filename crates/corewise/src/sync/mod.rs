@@ -29,7 +29,7 @@
 //!   `call_once_force`. [`OnceLock`] has `get`, `get_or_init`, `set` and
 //!   `get_mut`.
 //! - [`Barrier`] and [`BarrierWaitResult`] behave as std's.
-//! - [`channel`] is bounded (std's `sync_channel`; a capacity of 0 holds
+//! - [`channel()`] is bounded (std's `sync_channel`; a capacity of 0 holds
 //!   one item, not a rendezvous); its [`Receiver`] can be cloned, and
 //!   iterates as std's (`iter`, `try_iter`, `for x in rx`).
 //! - Waiting blocks the user thread, never its core; the same values work
