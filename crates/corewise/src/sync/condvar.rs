@@ -167,11 +167,19 @@ impl Condvar {
         deadline: Option<Instant>,
     ) -> (MutexGuard<'a, T>, WaitTimeoutResult) {
         let mutex = guard.mutex;
+        // We hold the mutex: its next locker will likely notify us.
+        mutex.notify_hint.remember(self.queue_address());
         let outcome = self.waiters.wait(deadline, || true, move || drop(guard));
         (
             mutex.lock(),
             WaitTimeoutResult(outcome == WaitOutcome::TimedOut),
         )
+    }
+
+    /// The address of the waiters' queue (the line a notify touches
+    /// first), for the mutex's [`NotifyHint`](super::notify_hint::NotifyHint).
+    pub(crate) fn queue_address(&self) -> usize {
+        std::ptr::from_ref(&self.waiters) as usize
     }
 
     /// Wakes one waiter.

@@ -2,7 +2,8 @@
 //! the core.
 //!
 //! Everything here is built from one piece, `wait_queue`: a spin-locked
-//! list of waiters whose nodes live on the waiting threads' stacks, woken
+//! list of waiters whose nodes live in the waiting threads' slots (an OS
+//! thread's on its stack), woken
 //! through the runtime's `block`/`signal` pair (or `park`/`unpark` for an OS
 //! thread, so the primitives also connect user threads with OS threads).
 //! Under `cfg(loom)` waiters are loom threads and the same code is model
@@ -43,6 +44,7 @@ mod barrier;
 mod channel;
 mod condvar;
 mod mutex;
+mod notify_hint;
 mod once;
 mod rwlock;
 mod semaphore;

@@ -1,5 +1,6 @@
 //! A sleeping mutex: contended waiters block their user thread.
 
+use super::notify_hint::NotifyHint;
 use super::wait_queue::{WaitOutcome, WaitQueue};
 use crate::shim::{spin_loop, AtomicU32, MutPtr, Ordering, UnsafeCell};
 use std::mem::ManuallyDrop;
@@ -28,6 +29,9 @@ const SPINS: u32 = if cfg!(loom) { 0 } else { 100 };
 /// ```
 pub struct Mutex<T> {
     state: AtomicU32,
+    /// The condition variable its lockers will likely notify (see
+    /// [`NotifyHint`]): in the lock's line, which a locker owns anyway.
+    pub(crate) notify_hint: NotifyHint,
     waiters: WaitQueue,
     value: UnsafeCell<T>,
 }
@@ -65,6 +69,7 @@ impl<T> Mutex<T> {
     pub fn new(value: T) -> Self {
         Self {
             state: AtomicU32::new(UNLOCKED),
+            notify_hint: NotifyHint::new(),
             waiters: WaitQueue::new(),
             value: UnsafeCell::new(value),
         }
@@ -126,6 +131,7 @@ impl<T> Mutex<T> {
 
     fn lock_until(&self, deadline: Option<Instant>) -> Option<MutexGuard<'_, T>> {
         if let Some(g) = self.try_lock() {
+            self.notify_hint.prefetch();
             return Some(g);
         }
         for _ in 0..SPINS {
