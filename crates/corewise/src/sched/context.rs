@@ -155,15 +155,27 @@ impl ThreadContext {
             .is_published(self.local.ran_generation.load(Ordering::Relaxed))
     }
 
-    /// The slot's own coroutine: runs the published function, if any (see
-    /// [`Invocation::run_published`]). Returns whether one ran.
+    /// The generation of a function published in the slot and not run
+    /// yet, if any (see [`Invocation::to_run`]).
+    #[inline]
+    pub(crate) fn to_run(&self) -> Option<u32> {
+        self.invocation
+            .to_run(self.local.ran_generation.load(Ordering::Relaxed))
+    }
+
+    /// The slot's own coroutine: runs the function published as
+    /// generation `g` (see [`Invocation::run_generation`]).
     ///
     /// # Safety
-    /// Called only by the context's own coroutine.
+    /// Called only by the context's own coroutine, once, with `g` from
+    /// [`to_run`](Self::to_run).
     #[inline]
-    pub(crate) unsafe fn run_published(&self) -> bool {
+    pub(crate) unsafe fn run_generation(&self, g: u32) {
         // SAFETY: per this function's contract.
-        unsafe { self.invocation.run_published(&self.local.ran_generation) }
+        unsafe {
+            self.invocation
+                .run_generation(g, &self.local.ran_generation)
+        }
     }
 
     pub(crate) fn new(index: usize) -> Self {

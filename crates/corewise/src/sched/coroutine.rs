@@ -52,21 +52,28 @@ impl Context {
             slot.yielder.set(yielder as *const SlotYielder);
             let mut cmd = first;
             while cmd == Resume::Run {
-                // A stale signal can make a free slot look runnable while a
-                // spawner is still writing its function: run only what the
-                // spawner has published.
-                crate::sched::handoff::user_code_begins(slot);
-                // SAFETY: this is the slot's own coroutine.
-                let ran = unsafe { slot.run_published() };
-                // Out of user code; if the core was handed over meanwhile,
-                // the thread first moves to a core (the slot it had belongs
-                // to the core's new owner).
-                crate::sched::handoff::Entry::leave_user_code(slot);
-                if ran {
-                    // The next thread on this stack starts on pages this
-                    // one may have used deeply (see `give_back_stack_into`).
+                // A stale signal can make a claimed slot look runnable while
+                // its spawner still writes the function (or holds the slot
+                // reserved): run only what the spawner has published, and
+                // enter user code only then. In user code a handoff takes
+                // the running context out of its slot (see
+                // `crate::sched::handoff`), and this slot is its spawner's.
+                if let Some(g) = slot.to_run() {
+                    crate::sched::handoff::user_code_begins(slot);
+                    // SAFETY: this is the slot's own coroutine, and `g` was
+                    // published and has not run.
+                    unsafe { slot.run_generation(g) };
+                    // Out of user code; if the core was handed over
+                    // meanwhile, the thread first moves to a core (the slot
+                    // it had belongs to the core's new owner).
+                    crate::sched::handoff::Entry::leave_user_code(slot);
+                    // The next thread on this stack starts on pages this one
+                    // may have used deeply (see `give_back_stack_into`).
                     slot.stack_used.set(true);
                     crate::sched::current::exit_slot_thread(slot);
+                } else {
+                    #[cfg(test)]
+                    stale_runs::count(slot);
                 }
                 slot.stack_pointer.set(stack_pointer());
                 cmd = yielder.suspend(());
@@ -336,4 +343,82 @@ pub(crate) unsafe fn call_previous(
         }
     }
     true
+}
+
+/// Test-only: runs of a slot's coroutine that found nothing published
+/// (a stale signal made the slot runnable), and how many of them found
+/// their kernel thread in user code, which none may (see the coroutine's
+/// loop).
+#[cfg(test)]
+pub(crate) mod stale_runs {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Runs with nothing published.
+    pub(crate) static RUNS: AtomicUsize = AtomicUsize::new(0);
+    /// Of those, runs whose kernel thread was marked in user code.
+    pub(crate) static IN_USER: AtomicUsize = AtomicUsize::new(0);
+
+    /// Counts a run of `slot` with nothing published.
+    pub(crate) fn count(slot: &crate::sched::ThreadContext) {
+        if crate::sched::handoff::in_user_code(slot) {
+            IN_USER.fetch_add(1, Ordering::SeqCst);
+        }
+        RUNS.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::stale_runs;
+    use std::sync::atomic::Ordering;
+
+    /// A stale signal to a slot that a spawner has claimed but not filled
+    /// runs the slot's coroutine with nothing to run. That run must stay
+    /// out of user code: a handoff there would take the context out of
+    /// the slot, which is the spawner's.
+    #[test]
+    fn a_stale_run_of_a_claimed_slot_stays_out_of_user_code() {
+        let rt = crate::Runtime::builder()
+            .cpus([0])
+            .neighbour_awareness(None)
+            .build()
+            .unwrap();
+        let before = stale_runs::RUNS.load(Ordering::SeqCst);
+        let ran = rt
+            .block_on(move || {
+                let ended = crate::spawn(|| {
+                    crate::sched::current::current_slot()
+                        .map(|s| s.index())
+                        .unwrap()
+                })
+                .unwrap();
+                let id = ended.thread();
+                let index = ended.join().unwrap();
+                // Claimed again, as a spawner does before it writes the
+                // function (one core: the thread's end freed it before
+                // the join returned).
+                let core = crate::sched::current::current_slot().unwrap().core();
+                assert_eq!(core.mask.claim_from(index), Some(index));
+                assert!(!core.slot(index).is_published());
+                crate::thread::signal(id); // stale: its thread ended
+                                           // The dispatcher runs the slot when this thread yields.
+                let mut ran = false;
+                for _ in 0..1_000 {
+                    crate::yield_now();
+                    ran = stale_runs::RUNS.load(Ordering::SeqCst) > before;
+                    if ran {
+                        break;
+                    }
+                }
+                core.mask.release(index);
+                ran
+            })
+            .unwrap();
+        assert!(ran, "the stale signal ran the claimed slot's coroutine");
+        assert_eq!(
+            stale_runs::IN_USER.load(Ordering::SeqCst),
+            0,
+            "a run with nothing published entered user code"
+        );
+    }
 }

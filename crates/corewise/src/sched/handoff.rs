@@ -112,6 +112,12 @@ fn kthread_of(slot: &ThreadContext) -> Option<&'static KernelThread> {
     unsafe { slot.kthread.get().as_ref() }
 }
 
+/// Whether `slot`'s kernel thread is marked in user code (tests).
+#[cfg(test)]
+pub(crate) fn in_user_code(slot: &ThreadContext) -> bool {
+    kthread_of(slot).is_some_and(|kt| kt.in_user.load(Ordering::Relaxed))
+}
+
 /// `slot`'s thread runs its own code from now on.
 #[inline]
 pub(crate) fn user_code_begins(slot: &ThreadContext) {

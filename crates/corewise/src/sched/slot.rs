@@ -114,27 +114,23 @@ impl Invocation {
         self.to_run(ran).is_some()
     }
 
-    /// Slot's own thread: runs the published function, if there is one
-    /// (the generation moved past `ran`), and then records its generation
-    /// in `ran`. Returns whether one ran.
+    /// Slot's own thread: runs the function published as generation `g`
+    /// and then records `g` in `ran`.
     ///
     /// # Safety
-    /// Called only by the slot's own coroutine.
-    pub(crate) unsafe fn run_published(&self, ran: &AtomicU32) -> bool {
-        let Some(g) = self.to_run(ran.load(Ordering::Relaxed)) else {
-            return false;
-        };
+    /// Called only by the slot's own coroutine, with `g` from
+    /// [`to_run`](Self::to_run) given `ran`'s value, once.
+    pub(crate) unsafe fn run_generation(&self, g: u32, ran: &AtomicU32) {
         let run = self.run.load(Ordering::Relaxed);
-        // SAFETY: a new generation (acquired) publishes an
+        // SAFETY: a new generation (acquired by `to_run`) publishes an
         // `unsafe fn(*mut u8)` and its closure, both written by `put`
-        // before its release.
+        // before its release, and this runs them once (per the contract).
         unsafe {
             let run: unsafe fn(*mut u8) = std::mem::transmute::<usize, unsafe fn(*mut u8)>(run);
             run(self.storage.get().cast());
         }
         // Recorded only now: the thread is live (published) while it runs.
         ran.store(g, Ordering::Relaxed);
-        true
     }
 }
 
@@ -142,7 +138,7 @@ impl Invocation {
     /// Puts the running thread's wait link in `storage` and returns it.
     ///
     /// The storage is dead from the moment the thread's function was
-    /// taken out of it (`run_published` moves it to the thread's stack)
+    /// taken out of it (`run_generation` moves it to the thread's stack)
     /// until the slot is freed, and a user thread waits on one queue at
     /// a time; so the link sits in the line that a signal writes and the
     /// dispatcher reads to wake the thread (see `sync::wait_queue`).
