@@ -131,7 +131,7 @@ impl<T> Mutex<T> {
 
     fn lock_until(&self, deadline: Option<Instant>) -> Option<MutexGuard<'_, T>> {
         if let Some(g) = self.try_lock() {
-            self.notify_hint.prefetch();
+            self.notify_hint.take_and_prefetch();
             return Some(g);
         }
         for _ in 0..SPINS {

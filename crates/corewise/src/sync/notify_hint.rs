@@ -7,15 +7,14 @@
 //! cross-core transfer (about 90 ns of a ~330 ns cross-core notify on an
 //! Intel Xeon host, traced with timestamps along the path). The waiter
 //! holds the mutex when it queues, so it leaves the queue's address in the
-//! mutex's line, and whoever takes the mutex next starts fetching that line
-//! to own while it runs its critical section: the notify then finds it
-//! there, or on its way (`examples/notify_cost.rs`: a cross-core notify
-//! 341 -> 303 ns, median of twelve alternating runs each).
+//! mutex's line, and whoever takes the mutex next takes the hint and starts
+//! fetching that line to own while it runs its critical section: the
+//! notify then finds it there, or on its way (`examples/notify_cost.rs`).
 //!
 //! A hint only: a prefetch never faults and changes nothing the program
 //! sees, so a stale address (the condition variable gone, or the mutex
-//! used with another one since) costs at most a useless fetch. Under loom
-//! it does nothing.
+//! used with another one since) costs one useless fetch. Under loom it
+//! does nothing.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -30,8 +29,7 @@ impl NotifyHint {
     }
 
     /// A waiter of the queue at address `queue` holds the mutex: remember
-    /// the queue (stored only when it changes: the waiters of one condition
-    /// variable write it once).
+    /// the queue (stored only when it changes).
     #[inline]
     pub(crate) fn remember(&self, queue: usize) {
         if self.0.load(Ordering::Relaxed) != queue {
@@ -39,12 +37,18 @@ impl NotifyHint {
         }
     }
 
-    /// The mutex was just taken: start fetching the remembered queue's
-    /// line, to own.
+    /// The mutex was just taken: takes the remembered queue, if any, and
+    /// starts fetching its line, to own. Taken, not kept: the next locker
+    /// after a wait is the likely notifier, and a hint kept would make
+    /// every lock pull the queue's line to its core, which several
+    /// producers locking on several cores (with nobody waiting) would
+    /// then pass around at every lock, and which, once the condition
+    /// variable is gone, may belong to anything.
     #[inline]
-    pub(crate) fn prefetch(&self) {
+    pub(crate) fn take_and_prefetch(&self) {
         let q = self.0.load(Ordering::Relaxed);
         if q != 0 {
+            self.0.store(0, Ordering::Relaxed);
             prefetch_to_own(q as *const u8);
         }
     }
@@ -84,8 +88,14 @@ fn has_prefetchw() -> bool {
         0 => {
             // Leaf 8000_0000h says whether the extended leaf exists.
             use std::arch::x86_64::__cpuid;
-            let has =
-                __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0;
+            // SAFETY: `cpuid` exists on every x86_64 CPU and only reads
+            // identification registers (a safe function since Rust 1.94;
+            // the block keeps older compilers, down to the workspace's
+            // 1.85, building).
+            #[allow(unused_unsafe)]
+            let has = unsafe {
+                __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+            };
             HAS.store(if has { 2 } else { 1 }, Ordering::Relaxed);
             has
         }
@@ -98,31 +108,56 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_condition_variable_wait_leaves_its_queue_in_the_mutex() {
-        let (m, cv) = (crate::sync::Mutex::new(()), crate::sync::Condvar::new());
-        assert_eq!(m.notify_hint.0.load(Ordering::Relaxed), 0);
-        let (_g, r) = cv.wait_timeout(m.lock(), std::time::Duration::from_millis(1));
-        assert!(r.timed_out());
+    fn a_waiter_leaves_its_queue_in_the_mutex_and_the_next_locker_takes_it() {
+        use std::sync::Arc;
+        let pair = Arc::new((crate::sync::Mutex::new(false), crate::sync::Condvar::new()));
+        let p = pair.clone();
+        let waiter = std::thread::spawn(move || {
+            let (m, cv) = &*p;
+            let mut go = m.lock();
+            while !*go {
+                go = cv.wait(go);
+            }
+        });
+        let (m, cv) = &*pair;
+        // The waiter queues holding the mutex, then releases it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while m.notify_hint.0.load(Ordering::Relaxed) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never waited"
+            );
+            std::thread::yield_now();
+        }
         assert_eq!(
             m.notify_hint.0.load(Ordering::Relaxed),
             cv.queue_address(),
             "the mutex remembers the queue its waiter queued on"
         );
+        *m.lock() = true;
+        assert_eq!(
+            m.notify_hint.0.load(Ordering::Relaxed),
+            0,
+            "the next locker took the hint"
+        );
+        cv.notify_one();
+        waiter.join().unwrap();
     }
 
     #[test]
-    fn the_hint_keeps_the_last_queue_and_prefetching_any_address_is_harmless() {
+    fn a_hint_is_used_once_and_prefetching_any_address_is_harmless() {
         let h = NotifyHint::new();
-        h.prefetch(); // nothing remembered: nothing fetched
+        h.take_and_prefetch(); // nothing remembered: nothing fetched
         let queue = [0u8; 64];
         h.remember(queue.as_ptr() as usize);
         assert_eq!(h.0.load(Ordering::Relaxed), queue.as_ptr() as usize);
-        h.prefetch();
+        h.take_and_prefetch();
+        assert_eq!(h.0.load(Ordering::Relaxed), 0, "taken by the lock");
         // A stale hint (an address nothing lives at any more) only costs
         // a useless fetch.
         h.remember(std::ptr::dangling::<u8>() as usize);
-        h.prefetch();
+        h.take_and_prefetch();
         h.remember(usize::MAX);
-        h.prefetch();
+        h.take_and_prefetch();
     }
 }
