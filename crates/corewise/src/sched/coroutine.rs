@@ -353,9 +353,13 @@ pub(crate) unsafe fn call_previous(
 pub(crate) mod stale_runs {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Runs with nothing published.
+    /// The context whose runs [`RUNS`] counts (its address; tests run in
+    /// parallel, and their stale runs must not count for another's).
+    pub(crate) static WATCHED: AtomicUsize = AtomicUsize::new(0);
+    /// Runs of the watched context with nothing published.
     pub(crate) static RUNS: AtomicUsize = AtomicUsize::new(0);
-    /// Of those, runs whose kernel thread was marked in user code.
+    /// Runs with nothing published (of any context) whose kernel thread
+    /// was marked in user code.
     pub(crate) static IN_USER: AtomicUsize = AtomicUsize::new(0);
 
     /// Counts a run of `slot` with nothing published.
@@ -363,7 +367,9 @@ pub(crate) mod stale_runs {
         if crate::sched::handoff::in_user_code(slot) {
             IN_USER.fetch_add(1, Ordering::SeqCst);
         }
-        RUNS.fetch_add(1, Ordering::SeqCst);
+        if std::ptr::from_ref(slot) as usize == WATCHED.load(Ordering::SeqCst) {
+            RUNS.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -400,6 +406,10 @@ mod tests {
                 let core = crate::sched::current::current_slot().unwrap().core();
                 assert_eq!(core.mask.claim_from(index), Some(index));
                 assert!(!core.slot(index).is_published());
+                stale_runs::WATCHED.store(
+                    std::ptr::from_ref(core.slot(index)) as usize,
+                    Ordering::SeqCst,
+                );
                 crate::thread::signal(id); // stale: its thread ended
                                            // The dispatcher runs the slot when this thread yields.
                 let mut ran = false;
