@@ -451,7 +451,11 @@ fn measure_point(
 ) -> Result<[Point; 2], BenchError> {
     let mut runs: [Vec<Point>; 2] = [Vec::new(), Vec::new()];
     for r in 0..repeats {
-        let order: [usize; 2] = if (k + r) % 2 == 0 { [0, 1] } else { [1, 0] };
+        let order: [usize; 2] = if (k + r).is_multiple_of(2) {
+            [0, 1]
+        } else {
+            [1, 0]
+        };
         for i in order {
             let idle = both[1 - i].pause()?;
             let o = setup.measure(both[i].port, Pace::Open(rate))?;

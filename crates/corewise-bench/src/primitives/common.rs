@@ -37,7 +37,7 @@ pub fn spin_until(
     let mut start: Option<Instant> = None;
     while !done() {
         spins = spins.wrapping_add(1);
-        if spins % 256 == 0 {
+        if spins.is_multiple_of(256) {
             std::thread::yield_now();
             let s = *start.get_or_insert_with(Instant::now);
             if s.elapsed() > timeout {
@@ -222,7 +222,7 @@ pub fn cache_line_round_trip(ctx: &Ctx) -> Result<f64, BenchError> {
                     return Ok(());
                 } else {
                     spins += 1;
-                    if spins % (1 << 24) == 0 && start.elapsed() > timeout * 8 {
+                    if spins.is_multiple_of(1 << 24) && start.elapsed() > timeout * 8 {
                         return Err(BenchError::Timeout("cache-line round trip"));
                     }
                     std::hint::spin_loop();
@@ -243,7 +243,7 @@ pub fn cache_line_round_trip(ctx: &Ctx) -> Result<f64, BenchError> {
                     let mut n: u64 = 0;
                     while line.load(Ordering::Acquire) != x[k] {
                         n += 1;
-                        if n % (1 << 26) == 0 {
+                        if n.is_multiple_of(1 << 26) {
                             return Err(BenchError::Timeout("cache-line round trip"));
                         }
                         std::hint::spin_loop();
@@ -296,7 +296,7 @@ pub fn pingpong_leader(
             if c >= target {
                 break;
             }
-            if c % 2 == 0 {
+            if c.is_multiple_of(2) {
                 counter.store(c + 1, Ordering::Release);
             }
             yield_fn();

@@ -146,7 +146,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
                 if v >= start + batch {
                     break;
                 }
-                if v % 2 == 0 {
+                if v.is_multiple_of(2) {
                     counter.store(v + 1, Ordering::Release);
                 }
                 co::yield_now();

@@ -156,7 +156,7 @@ pub fn run(ctx: &Ctx) -> Result<RuntimeReport, BenchError> {
                             if c >= start + batch {
                                 break;
                             }
-                            if c % 2 == 0 {
+                            if c.is_multiple_of(2) {
                                 counter.store(c + 1, Ordering::Release);
                             }
                             tokio::task::yield_now().await;
