@@ -255,10 +255,12 @@ impl ThreadContext {
 
     /// Starts fetching the slot's first line (a hint, as
     /// [`prefetch`](Self::prefetch)): a spawner that holds the slot
-    /// reserved writes it next. A read prefetch: `prefetchw`, which asks
-    /// for the line to own, measured no better in cross-core creation.
+    /// reserved writes it next, and a dispatcher about to run the slot
+    /// before it in scan order reads it next. A read prefetch:
+    /// `prefetchw`, which asks for the line to own, measured no better in
+    /// cross-core creation.
     #[inline]
-    pub(crate) fn prefetch_for_spawn(&self) {
+    pub(crate) fn prefetch_first_line(&self) {
         prefetch(std::ptr::from_ref(&self.invocation).cast());
     }
 

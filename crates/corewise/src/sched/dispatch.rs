@@ -587,11 +587,31 @@ fn find_runnable(core: &Core, start: usize) -> Option<usize> {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
             if core.slot(i).wakeup().take_if_due(&mut now) {
+                prefetch_next(core, mask, i);
                 return Some(i);
             }
         }
     }
     None
+}
+
+/// Starts fetching the first line of the occupied slot after `i` in scan
+/// order (wrapping), the line the next scan reads first, while slot `i`'s
+/// thread runs (a hint).
+///
+/// A thread spawned from another core arrives as a miss on that line: one
+/// after the other, a burst's misses did not overlap, and the receiving
+/// core's dispatcher waited for each in turn (cross-core creation was
+/// bound by it). Fetching the next one early overlaps the transfer with
+/// the current run. Only the next: the next two measured slower (14.0
+/// against 14.9 M/s; `docs/benchmarks.md`).
+#[inline]
+fn prefetch_next(core: &Core, mask: u64, i: usize) {
+    let later = mask & (!0u64).checked_shl(i as u32 + 1).unwrap_or(0);
+    let j = if later != 0 { later } else { mask }.trailing_zeros() as usize;
+    if j != i {
+        core.slot(j).prefetch_first_line();
+    }
 }
 
 /// The sleep re-check (after the gate's fence): is anything runnable, and

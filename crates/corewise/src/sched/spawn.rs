@@ -230,7 +230,7 @@ fn claim(
         // The next spawn writes the next reserved slot's first line:
         // fetching it now overlaps that transfer with this spawn.
         if let Some(n) = next {
-            cores[c].slot(n).prefetch_for_spawn();
+            cores[c].slot(n).prefetch_first_line();
         }
         return Some((&cores[c], s));
     }
@@ -309,7 +309,7 @@ fn claim_on(
             while m != 0 {
                 target
                     .slot(m.trailing_zeros() as usize)
-                    .prefetch_for_spawn();
+                    .prefetch_first_line();
                 m &= m - 1;
             }
             a.reserved.keep(target.index, more, candidates);
