@@ -1510,6 +1510,64 @@ fn malformed_clients_are_dropped_alone() {
     assert_cleaned(&sb);
 }
 
+/// A local user who connects and closes in a loop must not stall the
+/// daemon: a registered client's request is answered and its core granted
+/// while the flood goes on. (The daemon accepted until the backlog was
+/// empty, which a flood never lets happen, and served nobody else until
+/// the flood stopped; now it takes a bounded batch per pass.)
+#[test]
+fn a_connection_flood_does_not_stall_registered_clients() {
+    if !can_run() {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::sync::Arc;
+    /// Stops the flood when the test ends, failed or not.
+    struct Stop(Arc<AtomicBool>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &[]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let tid = a.thread("coop");
+
+    let stop = Stop(Arc::new(AtomicBool::new(false)));
+    let attempts = Arc::new(AtomicU64::new(0));
+    let flooders: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, attempts, path) = (stop.0.clone(), attempts.clone(), sb.socket());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    // Connected or refused (backlog full): an attempt either way.
+                    drop(UnixStream::connect(&path));
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    wait_until("the flood is going", || {
+        attempts.load(Ordering::SeqCst) >= 10_000
+    });
+    a.request(level(0, 1));
+    let (_, _, cpu) = a.granted();
+    let at_grant = attempts.load(Ordering::SeqCst);
+    wait_until("the flood goes on after the grant", || {
+        attempts.load(Ordering::SeqCst) >= at_grant + 1_000
+    });
+    drop(stop);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    assert_holds_core1(&sb, tid, cpu);
+
+    drop(a);
+    stop_clean(&sb, &mut d);
+}
+
 #[test]
 fn daemon_restart_with_live_clients() {
     if !can_run() {

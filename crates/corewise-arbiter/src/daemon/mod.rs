@@ -892,6 +892,8 @@ struct Conns {
     /// bound, or waiting while its replies were not taken) to handle in
     /// the next pass without waiting for their sockets.
     resume: Vec<ConnId>,
+    /// Warnings about refused connections, spaced out.
+    refusals: RefusalLog,
 }
 
 impl Conns {
@@ -905,6 +907,7 @@ impl Conns {
             epoll,
             next_id: 1,
             resume: Vec::new(),
+            refusals: RefusalLog::default(),
         })
     }
 
@@ -1161,15 +1164,55 @@ fn serve(
     }
 }
 
-/// Accepts every pending connection, enforcing the global and per-user
-/// caps. Returns whether accepting should pause (out of descriptors).
+/// Connections accepted in one pass of the loop, at most.
+///
+/// A local user who connects and closes in a loop keeps the backlog from
+/// ever emptying: accepting until it was empty served nobody else for as
+/// long as the flood lasted (registered clients' requests, the frame
+/// deadlines, forced reclaims: a holder that flooded kept its core). The
+/// listener is polled level-triggered, so what is left is taken in the
+/// next pass, after the clients and the deadlines.
+const ACCEPTS_PER_PASS: usize = 64;
+
+/// Warnings about refused connections, at most one a
+/// [`REFUSAL_LOG_EVERY`], each with the count since the last one: a flood
+/// would otherwise write a line per connection (about 50 000 a second
+/// here), and a rate-limited journal would then drop the daemon's other
+/// messages.
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+/// See [`RefusalLog`].
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
+
+impl RefusalLog {
+    /// One connection refused at `now`: calls `warn` with the number
+    /// refused since the last warning if one is due.
+    fn refused(&mut self, now: Instant, warn: impl FnOnce(u64)) {
+        self.unlogged += 1;
+        if self
+            .last
+            .is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_EVERY)
+        {
+            warn(std::mem::take(&mut self.unlogged));
+            self.last = Some(now);
+        }
+    }
+}
+
+/// Accepts up to [`ACCEPTS_PER_PASS`] pending connections, enforcing the
+/// global and per-user caps. Returns whether accepting should pause (out
+/// of descriptors).
 fn accept(
     listener: &UnixListener,
     conns: &mut Conns,
     state: &mut State,
     first_message_by: Instant,
 ) -> bool {
-    loop {
+    for _ in 0..ACCEPTS_PER_PASS {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
@@ -1208,12 +1251,25 @@ fn accept(
         let max = state.limits_for(uid).max_connections;
         let open = conns.per_uid.get(&uid).copied().unwrap_or(0);
         if conns.map.len() >= MAX_CONNECTIONS {
-            tracing::warn!(uid, "too many connections; refusing one");
+            conns.refusals.refused(Instant::now(), |n| {
+                tracing::warn!(
+                    uid,
+                    refused = n,
+                    "too many connections; refusing (count since the last warning)"
+                );
+            });
             c.refuse("the daemon has too many connections");
             continue;
         }
         if open >= max {
-            tracing::warn!(uid, max, "user has too many connections; refusing one");
+            conns.refusals.refused(Instant::now(), |n| {
+                tracing::warn!(
+                    uid,
+                    max,
+                    refused = n,
+                    "user has too many connections; refusing (count since the last warning)"
+                );
+            });
             c.refuse(&format!(
                 "user {uid} already has {max} connections (max_connections)"
             ));
@@ -1223,6 +1279,7 @@ fn accept(
             tracing::warn!(uid, "could not watch a new connection; dropping it");
         }
     }
+    false
 }
 
 /// Queues the replies, writes what the sockets take, and closes what must
@@ -1349,7 +1406,10 @@ fn handle_request(
     let fresh = !state.is_app(id) && !state.is_thread(id) && !c.closing;
     match req {
         Request::HelloApp if fresh => {
-            let peer = task::peer_pidfd(c.stream.as_fd());
+            // An error here means the connecting process is gone (see
+            // `peer_pidfd`): its pid may be someone else's by now.
+            let peer = task::peer_pidfd(c.stream.as_fd())
+                .map_err(|_| Some(state::Reject::ProcessGone(c.pid).to_string()))?;
             let app = state
                 .add_app(id, c.pid, c.uid, peer)
                 .map_err(|e| Some(e.to_string()))?;

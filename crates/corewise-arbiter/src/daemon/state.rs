@@ -1158,16 +1158,23 @@ impl State {
         }
         if let Phase::Running { core, .. } = phase {
             self.fence.confine(tid, core)?;
-            if !task.alive() {
-                // The id went to another task during the write: put that
-                // one back out of the managed core, as `move_thread` does.
+            // Checked again after the write, as `move_thread` does: the id
+            // may have gone to another task, or the thread run a
+            // set-user-ID program, in between.
+            let gone = !task.alive();
+            if gone || !task.runs_as(app.uid) {
+                // Put it back out of the managed core.
                 match self.fence.unconfine(tid) {
                     Ok(()) | Err(FenceError::NoSuchThread(_)) => {}
                     Err(e) => {
                         tracing::error!(tid, error = %e, "could not undo a move of a reused thread id")
                     }
                 }
-                return Err(Reject::ForeignThread { tid, pid });
+                return Err(if gone {
+                    Reject::ForeignThread { tid, pid }
+                } else {
+                    Reject::NotTheUsers { tid, uid: app.uid }
+                });
             }
         } else if !task.alive() {
             return Err(Reject::ForeignThread { tid, pid });

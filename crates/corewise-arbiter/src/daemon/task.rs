@@ -19,21 +19,29 @@ use std::os::unix::fs::FileExt;
 use rustix::event::{PollFd, PollFlags};
 
 /// A pidfd for the process that connected the socket (`SO_PEERPIDFD`,
-/// Linux 6.5), or `None` where the kernel (or the architecture's constant)
-/// does not have it. The pidfd names the connecting process itself, so it
-/// tells whether the pid from the peer credentials still means that process.
+/// Linux 6.5): `Ok(None)` where the kernel (or the architecture's
+/// constant) does not have it (`ENOPROTOOPT`), an error when the kernel has
+/// it but gives none. The pidfd names the connecting process itself, so it
+/// tells whether the pid from the peer credentials still means that
+/// process.
+///
+/// An error is what a peer that has exited and been reaped gets on the
+/// kernels that refuse a pidfd for it (`EINVAL` or `ESRCH`, before 6.15 or
+/// so; later ones give a pidfd that polls as exited): exactly the case
+/// the check is for, so callers treat it as the process being gone, not
+/// as a kernel without the option.
 ///
 /// ```
 /// use corewise_arbiter::daemon::task::{peer_pidfd, pidfd_alive};
 /// use std::os::fd::AsFd;
 /// let (a, _b) = std::os::unix::net::UnixStream::pair()?;
 /// // Linux 6.5 and later: a pidfd of the peer (this process); else None.
-/// if let Some(pidfd) = peer_pidfd(a.as_fd()) {
+/// if let Some(pidfd) = peer_pidfd(a.as_fd())? {
 ///     assert!(pidfd_alive(&pidfd));
 /// }
 /// # Ok::<(), std::io::Error>(())
 /// ```
-pub fn peer_pidfd(sock: BorrowedFd<'_>) -> Option<OwnedFd> {
+pub fn peer_pidfd(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     // The asm-generic value (x86, arm, riscv, ...); mips, sparc, parisc and
     // alpha number it differently.
     #[cfg(any(
@@ -61,11 +69,15 @@ pub fn peer_pidfd(sock: BorrowedFd<'_>) -> Option<OwnedFd> {
         if r == 0 && fd >= 0 {
             // SAFETY: the kernel just created this descriptor for us; nothing
             // else owns it.
-            return Some(unsafe { OwnedFd::from_raw_fd(fd) });
+            return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+        let e = io::Error::last_os_error();
+        if r != 0 && e.raw_os_error() != Some(libc::ENOPROTOOPT) {
+            return Err(e);
         }
     }
     let _ = sock;
-    None
+    Ok(None)
 }
 
 /// Whether the process behind `pidfd` has not exited (a pidfd polls
@@ -350,7 +362,7 @@ mod tests {
         let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         use std::os::fd::AsFd;
-        match peer_pidfd(a.as_fd()) {
+        match peer_pidfd(a.as_fd()).expect("the peer is this process, alive") {
             Some(p) => assert!(pidfd_alive(&p), "this process is alive"),
             None => assert!((major, minor) < (6, 5), "no SO_PEERPIDFD on {release}"),
         }
