@@ -673,9 +673,12 @@ pub fn execute_conn<O: Sink>(
             key,
             noreply,
             base64,
+            remove_old,
         } => {
             if let Some(k) = meta_key(key, base64, scratch, out) {
-                store.remove(k);
+                if remove_old {
+                    store.remove(k);
+                }
                 store.ops.store_too_large.fetch_add(1, Ordering::Relaxed);
                 if !noreply {
                     write_error(ProtoError::TooLarge, out);

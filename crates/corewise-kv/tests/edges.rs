@@ -88,6 +88,28 @@ fn run(mode: &str) {
         b"STORED\r\nSERVER_ERROR object too large for cache\r\nEND\r\n",
     );
 
+    // ... but only a too-large `set` does: `add`, `replace`, `append`,
+    // `prepend` and `cas` over the limit leave the old value (memcached
+    // removes it for `set` alone; an append of too large a chunk lost the
+    // whole value here).
+    let mut req = b"set d2b 0 0 1\r\nx\r\n".to_vec();
+    for c in ["append", "prepend", "replace", "add"] {
+        req.extend_from_slice(&with_data(&format!("{c} d2b 0 0 2000000"), 2_000_000));
+    }
+    req.extend_from_slice(&with_data("cas d2b 0 0 2000000 1", 2_000_000));
+    req.extend_from_slice(&with_data("append d2b 0 0 2000000 noreply", 2_000_000));
+    req.extend_from_slice(b"get d2b\r\n");
+    check(
+        &s,
+        &mc,
+        &req,
+        b"STORED\r\nSERVER_ERROR object too large for cache\r\n\
+          SERVER_ERROR object too large for cache\r\n\
+          SERVER_ERROR object too large for cache\r\n\
+          SERVER_ERROR object too large for cache\r\n\
+          SERVER_ERROR object too large for cache\r\nVALUE d2b 0 1\r\nx\r\nEND\r\n",
+    );
+
     // Defect 5: noreply silences errors too (not a wrong argument count;
     // `incr d5 noreply` reads noreply as a bad delta, silenced).
     let mut req = b"set d5 0 0 1 noreply\r\nx\r\n".to_vec();

@@ -293,8 +293,10 @@ pub enum Request<'a> {
     Quit,
     /// A storage command (classic or `ms`) whose item is over the item
     /// size limit (its data block is skipped): memcached answers
-    /// `SERVER_ERROR object too large for cache` and removes the key's old
-    /// value.
+    /// `SERVER_ERROR object too large for cache`, and for `set` and `ms`
+    /// removes the key's old value (so a failed update leaves no stale
+    /// value behind); `add`, `replace`, `append`, `prepend` and `cas`
+    /// leave it.
     TooLarge {
         /// The key.
         key: &'a [u8],
@@ -302,6 +304,8 @@ pub enum Request<'a> {
         noreply: bool,
         /// The key is base64 (`ms ... b`).
         base64: bool,
+        /// The key's old value goes (`set`, `ms`).
+        remove_old: bool,
     },
     /// Meta get (`mg`).
     MetaGet {

@@ -78,7 +78,10 @@ pub const PARTIAL_LINE_MAX: usize = 2048;
 /// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request};
 /// let mut d = Decoder::new(Limits { item_max: 4 });
 /// let (n, r) = d.decode(b"set k 0 0 5\r\nhello\r\n");
-/// assert_eq!(r, Decoded::Request(Request::TooLarge { key: b"k", noreply: false, base64: false }));
+/// assert_eq!(
+///     r,
+///     Decoded::Request(Request::TooLarge { key: b"k", noreply: false, base64: false, remove_old: true })
+/// );
 /// assert_eq!(n, 13); // the line; the data block is skipped as it arrives
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -588,6 +591,7 @@ impl Decoder {
                     key,
                     noreply,
                     base64: false,
+                    remove_old: cmd == StoreCmd::Set,
                 }),
             );
         }
@@ -661,6 +665,7 @@ impl Decoder {
                     key,
                     noreply: false,
                     base64: flags.base64,
+                    remove_old: true,
                 }),
             );
         }
@@ -937,7 +942,8 @@ mod tests {
             Decoded::Request(Request::TooLarge {
                 key: b"k",
                 noreply: false,
-                base64: false
+                base64: false,
+                remove_old: true
             })
         );
         let (m, r) = d.decode(&buf[n..]);
