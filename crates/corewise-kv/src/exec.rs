@@ -11,7 +11,9 @@
 
 use crate::admin::{Detail, DetailOp};
 use crate::config::Config;
-use crate::protocol::{decode_base64, GetKind, MetaFlags, MetaMode, ProtoError, Request, StoreCmd};
+use crate::protocol::{
+    decode_base64, GetKind, MetaCmd, MetaFlags, MetaMode, ProtoError, Request, StoreCmd,
+};
 use crate::reply::Sink;
 use crate::store::{
     exptime_at, slabs, ArithOutcome, Deadline, DeleteOutcome, MetaStore, SetMode, Store,
@@ -543,7 +545,7 @@ pub fn execute_conn<O: Sink>(
             return Flow::Continue;
         }
         Request::MetaGet { key, flags } => {
-            if let Some(k) = meta_key(key, flags.base64, scratch, out.bytes()) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out.bytes(), MetaCmd::Get) {
                 let seen = meta_get(shared, key, k, &flags, out);
                 log_get(shared, k, seen, cfd);
             }
@@ -675,7 +677,7 @@ pub fn execute_conn<O: Sink>(
             base64,
             remove_old,
         } => {
-            if let Some(k) = meta_key(key, base64, scratch, out) {
+            if let Some(k) = meta_key(key, base64, scratch, out, MetaCmd::Set) {
                 if remove_old {
                     store.remove(k);
                 }
@@ -687,12 +689,12 @@ pub fn execute_conn<O: Sink>(
         }
         Request::MetaNoop => line(out, b"MN"),
         Request::MetaSet { key, data, flags } => {
-            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out, MetaCmd::Set) {
                 meta_set(shared, key, k, data, &flags, out, cfd);
             }
         }
         Request::MetaDelete { key, flags } => {
-            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out, MetaCmd::Delete) {
                 let r = if flags.remove_value {
                     // `x` (newer than memcached 1.6.18, which refuses it)
                     // empties the value and keeps the item, as memcached
@@ -727,7 +729,7 @@ pub fn execute_conn<O: Sink>(
             }
         }
         Request::MetaArith { key, flags } => {
-            if let Some(k) = meta_key(key, flags.base64, scratch, out) {
+            if let Some(k) = meta_key(key, flags.base64, scratch, out, MetaCmd::Arith) {
                 meta_arith(shared, key, k, &flags, out);
             }
         }
@@ -780,13 +782,17 @@ pub fn execute_conn<O: Sink>(
     Flow::Continue
 }
 
-/// The binary key of a meta request (base64-decoded with `b`); writes the
-/// error and returns `None` when it does not decode.
+/// The binary key of a meta request `cmd` (base64-decoded with `b`);
+/// writes the error and returns `None` when it does not decode. memcached
+/// words it per command: `mg` and `ms` say "error decoding key", `md` and
+/// `ma` (which decode the key with their other flags) "invalid or
+/// duplicate flag".
 fn meta_key<'k>(
     key: &'k [u8],
     base64: bool,
     scratch: &'k mut Vec<u8>,
     out: &mut Vec<u8>,
+    cmd: MetaCmd,
 ) -> Option<&'k [u8]> {
     if !base64 {
         return Some(key);
@@ -796,7 +802,13 @@ fn meta_key<'k>(
             Some(scratch)
         }
         _ => {
-            write_error(ProtoError::BadKeyEncoding, out);
+            write_error(
+                match cmd {
+                    MetaCmd::Get | MetaCmd::Set => ProtoError::BadKeyEncoding,
+                    MetaCmd::Delete | MetaCmd::Arith => ProtoError::InvalidOrDuplicateFlag,
+                },
+                out,
+            );
             None
         }
     }
@@ -1365,7 +1377,6 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                     ("number_hot", 0),
                     ("number_warm", c.active),
                     ("number_cold", c.number - c.active),
-                    ("number_temp", 0),
                     ("age_hot", 0),
                     ("age_warm", 0),
                     ("age", u64::from(c.age)),

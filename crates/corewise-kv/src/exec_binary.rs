@@ -64,6 +64,9 @@ mod op {
     pub const APPENDQ: u8 = 0x19;
     pub const PREPENDQ: u8 = 0x1a;
     pub const TOUCH: u8 = 0x1c;
+    pub const SASL_LIST_MECHS: u8 = 0x20;
+    pub const SASL_AUTH: u8 = 0x21;
+    pub const SASL_STEP: u8 = 0x22;
     pub const GAT: u8 = 0x1d;
     pub const GATQ: u8 = 0x1e;
     pub const GATK: u8 = 0x23;
@@ -390,6 +393,9 @@ fn execute_bytes(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow {
             }
         }
         op::QUIT | op::QUITQ => {
+            if !layout(f, &[0], Some(false), false) {
+                return invalid(out);
+            }
             if h.opcode == op::QUIT {
                 respond(out, h, status::OK, 0, &[], &[], &[]);
             }
@@ -421,6 +427,22 @@ fn execute_bytes(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow {
                 return invalid(out);
             }
             stat_responses(shared, f, out);
+        }
+        // No SASL here (memcached built or run without it answers the
+        // same), but memcached checks a SASL frame's layout first: a list
+        // with any body, or an auth or step without a key or with extras,
+        // is invalid and closes the connection.
+        op::SASL_LIST_MECHS => {
+            if !layout(f, &[0], Some(false), false) {
+                return invalid(out);
+            }
+            write_error(h, status::UNKNOWN_COMMAND, out);
+        }
+        op::SASL_AUTH | op::SASL_STEP => {
+            if !layout(f, &[0], Some(true), true) {
+                return invalid(out);
+            }
+            write_error(h, status::UNKNOWN_COMMAND, out);
         }
         // Verbosity included: memcached 1.6 no longer serves it in binary.
         _ => write_error(h, status::UNKNOWN_COMMAND, out),
@@ -470,30 +492,32 @@ fn store_value(
 }
 
 /// `stat` with an optional group key: one response per statistic (key =
-/// name, value = value), then an empty one; an unknown group is "not
-/// found". The statistics are those of the text `stats` command.
+/// name, value = value), then an empty one; a group binary `stat` does not
+/// serve is "not found".
+///
+/// The groups are memcached's binary ones, matched as it matches them:
+/// none (the general statistics), a key starting with `reset`,
+/// `settings` or `detail`, and exactly `items`, `slabs` or `sizes`. The
+/// text protocol's other groups (`conns`, `cachedump`, `extstore`, ...)
+/// are not served in binary by memcached either.
 fn stat_responses(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) {
     let h = &f.header;
-    // `detail on|off|dump`: memcached answers the dump as one statistic
-    // named `detail` and the switches with the terminator alone.
-    if let Some(arg) = f.key.strip_prefix(b"detail") {
-        match arg {
-            b" on" | b" off" => shared.detail.command(arg.get(1..), &mut Vec::new()),
-            b" dump" => {
-                let mut dump = Vec::new();
-                shared.detail.dump(&mut dump);
-                respond(out, h, status::OK, 0, &[], b"detail", &dump);
-            }
-            _ => {
-                write_error(h, status::KEY_ENOENT, out);
-                return;
-            }
+    let group: Option<&[u8]> = match f.key {
+        [] => None,
+        k if k.starts_with(b"reset") => Some(b"reset"),
+        k if k.starts_with(b"settings") => Some(b"settings"),
+        k if k.starts_with(b"detail") => {
+            stat_detail(shared, h, &k[b"detail".len()..], out);
+            return;
         }
-        respond(out, h, status::OK, 0, &[], &[], &[]);
-        return;
-    }
+        k @ (b"items" | b"slabs" | b"sizes") => Some(k),
+        _ => {
+            write_error(h, status::KEY_ENOENT, out);
+            return;
+        }
+    };
     let mut text = Vec::new();
-    stats(shared, (!f.key.is_empty()).then_some(f.key), &mut text);
+    stats(shared, group, &mut text);
     for line in text.split(|&b| b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if let Some(rest) = line.strip_prefix(b"STAT ") {
@@ -512,6 +536,29 @@ fn stat_responses(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) {
             write_error(h, status::KEY_ENOENT, out);
             return;
         }
+    }
+    respond(out, h, status::OK, 0, &[], &[], &[]);
+}
+
+/// `stat detail on|off|dump` (`arg` is what follows `detail`, matched by
+/// prefix as memcached does): the switches answer with the terminator
+/// alone, the dump as one statistic named `detailed` whose value is the
+/// text protocol's dump, `END` line included.
+fn stat_detail(shared: &Shared, h: &Header, arg: &[u8], out: &mut Vec<u8>) {
+    let sub: &[u8] = if arg.starts_with(b" dump") {
+        b"dump"
+    } else if arg.starts_with(b" on") {
+        b"on"
+    } else if arg.starts_with(b" off") {
+        b"off"
+    } else {
+        write_error(h, status::KEY_ENOENT, out);
+        return;
+    };
+    let mut text = Vec::new();
+    shared.detail.command(Some(sub), &mut text);
+    if sub == b"dump" {
+        respond(out, h, status::OK, 0, &[], b"detailed", &text);
     }
     respond(out, h, status::OK, 0, &[], &[], &[]);
 }

@@ -13,6 +13,7 @@ const GET: u8 = 0x00;
 const SET: u8 = 0x01;
 const GETKQ: u8 = 0x0d;
 const NOOP: u8 = 0x0a;
+const STAT: u8 = 0x10;
 
 fn set(key: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
     frame(SET, &[0, 0, 0, 7, 0, 0, 0, 0], key, value, opaque)
@@ -100,6 +101,39 @@ fn binary_session(mode: &str) {
     assert_eq!((st, opaque, msg.as_slice()), (3, 5, &b"Too large."[..]));
     b.write_all(&frame(GET, &[], b"k3", &[], 6)).unwrap();
     assert_eq!(read_resp(&mut b).4, b"v3");
+
+    // `stat detail ...` as memcached answers it in binary: the dump is one
+    // statistic named `detailed` holding the text dump, END included; the
+    // switches answer with the terminator alone.
+    let stat = |b: &mut TcpStream, key: &[u8]| -> Vec<Resp> {
+        b.write_all(&frame(STAT, &[], key, &[], 8)).unwrap();
+        let mut all = Vec::new();
+        loop {
+            let r = read_resp(b);
+            let end = r.3.is_empty();
+            all.push(r);
+            if end {
+                return all;
+            }
+        }
+    };
+    let dump = stat(&mut b, b"detail dump");
+    assert_eq!(dump.len(), 2);
+    assert_eq!(
+        (dump[0].3.as_slice(), dump[0].4.as_slice()),
+        (&b"detailed"[..], &b"END\r\n"[..])
+    );
+    assert_eq!(stat(&mut b, b"detail on").len(), 1);
+    b.write_all(&set(b"p:x", b"1", 9)).unwrap();
+    assert_eq!(read_resp(&mut b).1, 0);
+    let dump = stat(&mut b, b"detail dump");
+    assert_eq!(
+        dump[0].4,
+        b"PREFIX p get 0 hit 0 set 1 del 0\r\nEND\r\n",
+        "{:?}",
+        String::from_utf8_lossy(&dump[0].4)
+    );
+    assert_eq!(stat(&mut b, b"detail off").len(), 1);
 
     // A broken stream closes that connection only.
     b.write_all(&[0x42; 24]).unwrap();

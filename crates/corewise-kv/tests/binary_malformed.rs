@@ -72,6 +72,32 @@ fn run(mode: &str) {
             frame(0x1b, &[], &[], &[], 1),
             (vec![(0x1b, 0x81, 1), (NOOP, 0, 99)], false),
         ),
+        // quit and quitq with a body: invalid, not a quit
+        (frame(0x07, &[0; 4], &[], &[], 1), invalid(0x07)),
+        (frame(0x17, &[], &[], b"x", 1), invalid(0x17)),
+        // SASL, which neither serves: its layout is checked first (a list
+        // with a body, an auth or step without a key or with extras are
+        // invalid); a well-formed one is unknown and the connection goes on
+        (frame(0x20, &[], b"k", &[], 1), invalid(0x20)),
+        (frame(0x21, &[], &[], &[], 1), invalid(0x21)),
+        (frame(0x22, &[0; 4], b"PLAIN", &[], 1), invalid(0x22)),
+        (
+            frame(0x20, &[], &[], &[], 1),
+            (vec![(0x20, 0x81, 1), (NOOP, 0, 99)], false),
+        ),
+        (
+            frame(0x21, &[], b"PLAIN", b"\0u\0p", 1),
+            (vec![(0x21, 0x81, 1), (NOOP, 0, 99)], false),
+        ),
+        // stat groups binary memcached does not serve: not found
+        (
+            frame(0x10, &[], b"conns", &[], 1),
+            (vec![(0x10, 1, 1), (NOOP, 0, 99)], false),
+        ),
+        (
+            frame(0x10, &[], b"items2", &[], 1),
+            (vec![(0x10, 1, 1), (NOOP, 0, 99)], false),
+        ),
     ];
     // A key of 10 bytes in a body of 5.
     let mut short = frame(0x00, &[], b"abcde", &[], 1);

@@ -110,6 +110,17 @@ fn run(mode: &str) {
           SERVER_ERROR object too large for cache\r\nVALUE d2b 0 1\r\nx\r\nEND\r\n",
     );
 
+    // A base64 key that does not decode: `mg` and `ms` say so, `md` and
+    // `ma` (which decode it with their flags) call it a bad flag.
+    check(
+        &s,
+        &mc,
+        b"md @@@@ b\r\nma @@@@ b\r\nmd a2V5= b\r\nmg @@@@ b v\r\nms @@@@ 1 b\r\nx\r\n",
+        b"CLIENT_ERROR invalid or duplicate flag\r\nCLIENT_ERROR invalid or duplicate flag\r\n\
+          CLIENT_ERROR invalid or duplicate flag\r\nCLIENT_ERROR error decoding key\r\n\
+          CLIENT_ERROR error decoding key\r\n",
+    );
+
     // Defect 5: noreply silences errors too (not a wrong argument count;
     // `incr d5 noreply` reads noreply as a bad delta, silenced).
     let mut req = b"set d5 0 0 1 noreply\r\nx\r\n".to_vec();
