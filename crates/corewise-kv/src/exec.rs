@@ -305,6 +305,9 @@ pub struct Shared {
     pub slab_automove: AtomicU64,
     /// `stats detail` prefix statistics.
     pub detail: Detail,
+    /// `stats sizes` lists the item size histogram (`stats sizes_enable`;
+    /// off by default, as in memcached).
+    pub sizes_enabled: AtomicBool,
     /// Open connections, for `stats conns`.
     pub conn_table: ConnTable,
     started: Instant,
@@ -332,6 +335,7 @@ impl Shared {
             crawler_enabled: AtomicBool::new(true),
             slab_automove: AtomicU64::new(1),
             detail: Detail::default(),
+            sizes_enabled: AtomicBool::new(false),
             conn_table: ConnTable::default(),
             started: Instant::now(),
         }
@@ -1429,7 +1433,31 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "active_slabs", active);
             stat(out, "total_malloced", pages_total * slabs::PAGE_SIZE as u64);
         }
-        Some(b"sizes") => stat(out, "sizes_status", "disabled"),
+        // The number of items of each size as memcached counts an item's
+        // size (`item_size`), rounded up to 32 bytes, smallest first; when
+        // enabled (memcached keeps its histogram up to date at every link
+        // and unlink; here it is counted when asked, over the items
+        // stored, as `stats items` is).
+        Some(b"sizes") => {
+            if shared.sizes_enabled.load(Ordering::Relaxed) {
+                for (size, n) in store.size_histogram() {
+                    stat(out, &size.to_string(), n);
+                }
+            } else {
+                stat(out, "sizes_status", "disabled");
+            }
+        }
+        // memcached 1.6.18 ends these two replies without an `END` line.
+        Some(b"sizes_enable") => {
+            shared.sizes_enabled.store(true, Ordering::Relaxed);
+            stat(out, "sizes_status", "enabled");
+            return;
+        }
+        Some(b"sizes_disable") => {
+            shared.sizes_enabled.store(false, Ordering::Relaxed);
+            stat(out, "sizes_status", "disabled");
+            return;
+        }
         Some(b"cachedump") => {
             cachedump(store, group_args(whole), out);
             return;

@@ -497,9 +497,11 @@ fn store_value(
 ///
 /// The groups are memcached's binary ones, matched as it matches them:
 /// none (the general statistics), a key starting with `reset`,
-/// `settings` or `detail`, and exactly `items`, `slabs` or `sizes`. The
-/// text protocol's other groups (`conns`, `cachedump`, `extstore`, ...)
-/// are not served in binary by memcached either.
+/// `settings` or `detail`, and exactly `items`, `slabs`, `sizes`,
+/// `sizes_enable` or `sizes_disable` (whose one statistic memcached sends
+/// without the empty response after it, as its text reply has no `END`).
+/// The text protocol's other groups (`conns`, `cachedump`, `extstore`,
+/// ...) are not served in binary by memcached either.
 fn stat_responses(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) {
     let h = &f.header;
     let group: Option<&[u8]> = match f.key {
@@ -510,7 +512,7 @@ fn stat_responses(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) {
             stat_detail(shared, h, &k[b"detail".len()..], out);
             return;
         }
-        k @ (b"items" | b"slabs" | b"sizes") => Some(k),
+        k @ (b"items" | b"slabs" | b"sizes" | b"sizes_enable" | b"sizes_disable") => Some(k),
         _ => {
             write_error(h, status::KEY_ENOENT, out);
             return;
@@ -537,7 +539,9 @@ fn stat_responses(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) {
             return;
         }
     }
-    respond(out, h, status::OK, 0, &[], &[], &[]);
+    if !matches!(group, Some(b"sizes_enable" | b"sizes_disable")) {
+        respond(out, h, status::OK, 0, &[], &[], &[]);
+    }
 }
 
 /// `stat detail on|off|dump` (`arg` is what follows `detail`, matched by

@@ -98,6 +98,16 @@ fn run(mode: &str) {
             frame(0x10, &[], b"items2", &[], 1),
             (vec![(0x10, 1, 1), (NOOP, 0, 99)], false),
         ),
+        // the size histogram's switches: one statistic, no empty response
+        // after it
+        (
+            frame(0x10, &[], b"sizes_enable", &[], 1),
+            (vec![(0x10, 0, 1), (NOOP, 0, 99)], false),
+        ),
+        (
+            frame(0x10, &[], b"sizes_disable", &[], 1),
+            (vec![(0x10, 0, 1), (NOOP, 0, 99)], false),
+        ),
     ];
     // A key of 10 bytes in a body of 5.
     let mut short = frame(0x00, &[], b"abcde", &[], 1);

@@ -1395,6 +1395,27 @@ impl Store {
         v
     }
 
+    /// The items stored, counted by size as [`item_size`] counts it,
+    /// rounded up to a multiple of 32 bytes (`stats sizes`).
+    ///
+    /// ```
+    /// use corewise_kv::store::{item_size, Deadline, SetMode, Store};
+    /// let s = Store::new(1 << 20, 2);
+    /// s.store(SetMode::Set, b"a", 0, Deadline::Never, b"abc", None);
+    /// s.store(SetMode::Set, b"b", 0, Deadline::Never, b"xyz", None);
+    /// let size = item_size(1, 0, 3).div_ceil(32) * 32;
+    /// assert_eq!(s.size_histogram().into_iter().collect::<Vec<_>>(), vec![(size, 2)]);
+    /// ```
+    pub fn size_histogram(&self) -> std::collections::BTreeMap<usize, u64> {
+        let mut hist = std::collections::BTreeMap::new();
+        for sh in self.shards.iter() {
+            for it in sh.lock().iter_lru() {
+                *hist.entry(it.ntotal().div_ceil(32) * 32).or_insert(0) += 1;
+            }
+        }
+        hist
+    }
+
     /// Debug view of one item without touching it (meta `me`): (expiry
     /// left or -1, seconds since last access, cas, fetched, item size as
     /// [`item_size`] counts it, which is what memcached's `me` reports).
