@@ -11,6 +11,7 @@
 //! Every backend keeps files open for the hot path (moving a thread, changing
 //! the unmanaged set) so a grant costs two `pwrite`s.
 
+use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::OwnedFd;
@@ -126,6 +127,24 @@ pub trait Fence: Send {
         _whole: &dyn Fn(u32) -> bool,
     ) -> usize {
         0
+    }
+    /// The processes (thread groups) of the tasks in `core`'s set but
+    /// `keep`: after an [`evacuate`](Self::evacuate) that left some, whose
+    /// they are. Backends without sets of their own have none.
+    fn processes_in(&self, _core: CoreId, _keep: Option<u32>) -> BTreeSet<u32> {
+        BTreeSet::new()
+    }
+    /// Moves process `pid` whole to the unmanaged set, in one write the
+    /// kernel makes atomic with its forks (its threads on cores move too:
+    /// the caller confines them again); returns whether it moved. The
+    /// process is opened before `witness` is asked whether a task known by
+    /// identity to belong to it is still alive, so the write cannot move
+    /// another process that took the pid. For a process that holds a core
+    /// and whose threads on another core replace themselves faster than
+    /// [`evacuate`](Self::evacuate) moves them one by one. Backends without
+    /// sets of their own do nothing.
+    fn evacuate_process(&mut self, _pid: u32, _witness: &dyn Fn() -> bool) -> bool {
+        false
     }
     /// Moves everything back where it came from and removes what was created.
     fn teardown(&mut self) -> Result<(), FenceError>;
@@ -331,6 +350,29 @@ fn thread_group(tid: u32) -> Option<u32> {
         .lines()
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// Writes process `pid` into `procs` (a `cgroup.procs` file: every thread
+/// of it moves, atomically with its forks), checked by identity: the
+/// process is opened first, then `witness` must hold (a task known by
+/// identity to belong to the process is still alive, so the pid still
+/// names that process and the opened one is it), and the process must be
+/// alive for the write; a warning says so if it exited meanwhile. Returns
+/// whether the write succeeded.
+fn move_process(procs: &Path, pid: u32, witness: &dyn Fn() -> bool) -> bool {
+    let Ok(p) = TaskIdent::process(pid) else {
+        return false;
+    };
+    if !witness() || std::fs::write(procs, pid.to_string()).is_err() {
+        return false;
+    }
+    if !p.alive() {
+        tracing::warn!(
+            pid,
+            "a process left on a core exited while it was moved out"
+        );
+    }
+    true
 }
 
 fn write_tid(f: &File, path: &Path, tid: u32) -> Result<(), FenceError> {
@@ -818,17 +860,9 @@ impl Fence for CgroupFence {
                     // Its whole process, when nothing of it must stay on a
                     // core: checked by identity as the thread is.
                     if let Some(tgid) = thread_group(t.tid()).filter(|&g| whole(g)) {
-                        if let Ok(p) = TaskIdent::process(tgid) {
-                            if t.alive() && std::fs::write(&procs, tgid.to_string()).is_ok() {
-                                moved += 1;
-                                if !p.alive() {
-                                    tracing::warn!(
-                                        pid = tgid,
-                                        "a process left on a core exited while it was moved out"
-                                    );
-                                }
-                                continue;
-                            }
+                        if move_process(&procs, tgid, &|| t.alive()) {
+                            moved += 1;
+                            continue;
                         }
                     }
                     if write_tid(
@@ -860,6 +894,20 @@ impl Fence for CgroupFence {
             .into_iter()
             .filter(|&t| Some(t) != keep)
             .count()
+    }
+
+    fn processes_in(&self, core: CoreId, keep: Option<u32>) -> BTreeSet<u32> {
+        self.core(core)
+            .map(|set| read_ids(&set.threads_path))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&t| Some(t) != keep)
+            .filter_map(thread_group)
+            .collect()
+    }
+
+    fn evacuate_process(&mut self, pid: u32, witness: &dyn Fn() -> bool) -> bool {
+        move_process(&self.unmanaged.join("cgroup.procs"), pid, witness)
     }
 
     fn teardown(&mut self) -> Result<(), FenceError> {

@@ -232,6 +232,7 @@ fn child_main(socket: PathBuf) {
                 let forker = match *mode {
                     "forker" => Some(Leftover::Sleep),
                     "chainer" => Some(Leftover::Chain),
+                    "inchain" => Some(Leftover::ThreadChain),
                     _ => None,
                 };
                 std::thread::spawn(move || kernel_thread(c, idx, stubborn, forker));
@@ -418,6 +419,10 @@ enum Leftover {
     /// A process whose threads each start their successor and exit (see
     /// `chain_entry`): moved one thread at a time, it escapes.
     Chain,
+    /// The same chain of threads in the application's own process; the
+    /// kernel thread that started it then ends, and its core is freed
+    /// while the process may hold others.
+    ThreadChain,
 }
 
 fn kernel_thread(c: client::Client, idx: u32, stubborn: bool, forker: Option<Leftover>) {
@@ -438,6 +443,16 @@ fn kernel_thread(c: client::Client, idx: u32, stubborn: bool, forker: Option<Lef
         };
         let cpu = rustix::thread::sched_getcpu();
         say(format!("granted {idx} {} {core} {cpu}", me.tid()));
+        if !forked && matches!(forker, Some(Leftover::ThreadChain)) {
+            fn link() {
+                let _ = std::thread::Builder::new().stack_size(64 << 10).spawn(link);
+            }
+            // Started from the granted core: the chain starts in its set.
+            link();
+            say(format!("chained {idx}"));
+            // Ends: the thread's connection closes and its core is freed.
+            return;
+        }
         if !forked {
             forked = true;
             let mut cmd = match forker {
@@ -1237,6 +1252,73 @@ fn a_process_whose_threads_replace_themselves_leaves_a_freed_core() {
     assert_cleaned(&sb);
 }
 
+/// The cgroup fence itself, on the real hierarchy: a process whose threads
+/// each start their successor and exit, put in a managed core's set, is
+/// moved out whole by `evacuate_process` (one write, atomic with its
+/// forks; what the daemon does for a process that holds another core,
+/// which `evacuate` moves only thread by thread): the set empties and the
+/// chain runs in the unmanaged set. Not when the witness says the pid may
+/// name another process.
+#[test]
+fn a_chain_of_threads_is_moved_out_whole() {
+    if !can_run() {
+        return;
+    }
+    use corewise_arbiter::fence::{CgroupFence, Fence};
+    let h = hierarchy().unwrap();
+    if h.version != CgroupVersion::V1 {
+        // Putting a process into a set of a cgroup v2 threaded subtree
+        // from outside takes the daemon's adoption; the guest's tests of
+        // the daemon cover v2.
+        eprintln!("skipped: a cgroup v1 test");
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut fence = CgroupFence::new(h.version, &sb.cg, &both().parse().unwrap(), &[m()]).unwrap();
+    let mut chain = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "chain_entry", "--nocapture"])
+        .env(CHAIN_ENV, "1")
+        .env_remove(CHILD_ENV)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = chain.id();
+    let _kill = PidGuard(pid);
+    std::fs::write(sb.core(m()).join("cgroup.procs"), pid.to_string()).unwrap();
+    wait_until("the chain runs in the core's set", || {
+        fence.processes_in(m(), None).contains(&pid)
+    });
+    let exists = |t: u32| Path::new(&format!("/proc/{t}")).exists();
+    let me = corewise_arbiter::daemon::task::TaskIdent::process(pid).unwrap();
+    assert!(fence.evacuate_process(pid, &|| me.alive()));
+    // Threads that were exiting at the move may still be listed a moment.
+    wait_until("the core's set is empty", || fence.members(m()).is_empty());
+    assert!(fence.processes_in(m(), None).is_empty());
+    assert!(
+        sb.unmanaged_tasks()
+            .iter()
+            .any(|&t| exists(t) && fence_tgid(t) == Some(pid)),
+        "the chain runs in the unmanaged set"
+    );
+    // A process that is not the one the witness vouches for is not moved.
+    std::fs::write(sb.core(m()).join("cgroup.procs"), pid.to_string()).unwrap();
+    assert!(!fence.evacuate_process(pid, &|| false));
+    assert!(!fence.members(m()).is_empty());
+    drop(_kill);
+    let _ = chain.wait();
+    fence.teardown().unwrap();
+    assert_cleaned(&sb);
+}
+
+/// The process of thread `tid`.
+fn fence_tgid(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Kills a process the test did not spawn itself (a client's child) on drop.
 struct PidGuard(u32);
 
@@ -1958,6 +2040,44 @@ fn six_cpus_split_by_whole_cores_and_sockets() {
     drop(a);
     drop(b);
     drop(c);
+    assert!(d.stop());
+    assert_cleaned(&sb);
+}
+
+/// A process that holds a core and leaves threads that replace themselves
+/// on another core it gave up: they all leave that core (its whole process
+/// moves out in one write, atomic with its forks), and its holder goes
+/// back to its own core at once. (Moved one by one they could escape for
+/// as long as the chain ran, and the core stayed shared with whoever was
+/// granted it next. In the emulated guest the one-by-one moves often
+/// catch this chain, so this test pins the scenario end to end;
+/// `a_chain_of_threads_is_moved_out_whole` pins the whole move.)
+#[test]
+fn a_holding_process_whose_threads_replace_themselves_leaves_a_freed_core() {
+    if !can_run() || !two_sockets_of_hyperthreads() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = Daemon::start(&sb, &["--cpus", "0-7", "--reclaim-timeout-ms", "600000"]);
+    let mut a = App::spawn(&sb);
+    a.connect();
+    let keeper = a.thread("coop");
+    a.request(level(2, 1));
+    let (tid, _, keeper_cpu) = a.granted();
+    assert_eq!(tid, keeper);
+    let chainer = a.thread("inchain");
+    a.request(level(2, 2));
+    let (tid, _, chain_cpu) = a.granted();
+    assert_eq!(tid, chainer);
+    a.expect("chained");
+    wait_until("the chainer's core is freed and emptied", || {
+        status_of(&sb, a.pid()).is_some_and(|e| e.granted == vec![keeper_cpu])
+            && sb.core_tasks(chain_cpu).is_empty()
+    });
+    wait_until("the keeper is on its core", || {
+        sb.core_tasks(keeper_cpu) == vec![keeper]
+    });
+    drop(a);
     assert!(d.stop());
     assert_cleaned(&sb);
 }

@@ -1936,10 +1936,12 @@ impl State {
                 .get(&c)
                 .and_then(|tc| self.threads.get(tc))
                 .map(|t| t.task.tid());
-            let left = self.fence.evacuate(c, keep, &whole);
+            let mut left = self.fence.evacuate(c, keep, &whole);
             if left > 0 {
-                // Threads of a holding process that replace themselves
-                // faster than they are moved: tried again at once.
+                left = self.evacuate_holders(c, keep, &holding);
+            }
+            if left > 0 {
+                // Tried again at once.
                 tracing::warn!(
                     core = c,
                     left,
@@ -1949,6 +1951,63 @@ impl State {
             }
         }
         marked.len()
+    }
+
+    /// What [`tidy`](Self::tidy)'s thread-by-thread moves left on `core`
+    /// (but `keep`) that belongs to a process holding another core: its
+    /// threads there replace themselves faster than they can be moved one
+    /// by one, which would keep them on a core granted to someone else for
+    /// as long as the process liked. Each such process moves out whole
+    /// (one write, atomic with its forks), and its threads that hold cores
+    /// are confined to them again at once. Returns the tasks still left.
+    fn evacuate_holders(
+        &mut self,
+        core: CoreId,
+        keep: Option<u32>,
+        holding: &BTreeSet<u32>,
+    ) -> usize {
+        for pid in self.fence.processes_in(core, keep) {
+            if !holding.contains(&pid) {
+                continue;
+            }
+            // The registered process, known by identity: alive after the
+            // fence opened `pid`, it is the one the write moves.
+            let Some(app) = self.apps.values().find(|a| a.pid == pid) else {
+                continue;
+            };
+            let process = &app.process;
+            if !self.fence.evacuate_process(pid, &|| process.alive()) {
+                continue;
+            }
+            let holders: Vec<(ConnId, CoreId)> = self
+                .holder
+                .iter()
+                .filter(|(_, tc)| {
+                    self.threads
+                        .get(tc)
+                        .and_then(|t| self.apps.get(&t.app))
+                        .is_some_and(|a| a.pid == pid)
+                })
+                .map(|(&c, &tc)| (tc, c))
+                .collect();
+            tracing::warn!(
+                pid,
+                core,
+                holders = holders.len(),
+                "a process holding cores kept threads on a core it gave up; \
+                 moved it out whole and its core threads back"
+            );
+            for (tc, c) in holders {
+                if let Err(e) = self.move_thread(tc, Some(c)) {
+                    tracing::warn!(conn = tc, core = c, error = %e, "could not confine a holder again");
+                }
+            }
+        }
+        self.fence
+            .members(core)
+            .into_iter()
+            .filter(|&t| Some(t) != keep)
+            .count()
     }
 
     /// Whether [`State::tidy`] has sets left to empty (the daemon then
