@@ -1027,6 +1027,7 @@ fn serve(
                 state.warm_deadline(),
                 accept_paused_until,
                 conns.deadlines.first().map(|d| d.0),
+                conns.refusals.due(),
                 // A set that could not be emptied is tried again soon.
                 state.untidy().then(|| now + Duration::from_millis(1)),
             ])
@@ -1155,6 +1156,7 @@ fn serve(
             }
         }
         state.expire(now);
+        conns.refusals.flush(now);
         flush(&mut conns, state, frame_timeout);
         // After the replies: a grant's wake-up is not delayed by these writes.
         state.sync_warm(Instant::now());
@@ -1174,31 +1176,81 @@ fn serve(
 /// next pass, after the clients and the deadlines.
 const ACCEPTS_PER_PASS: usize = 64;
 
-/// Warnings about refused connections, at most one a
-/// [`REFUSAL_LOG_EVERY`], each with the count since the last one: a flood
-/// would otherwise write a line per connection (about 50 000 a second
-/// here), and a rate-limited journal would then drop the daemon's other
+/// Warnings about refused connections: counted per reason and user, and
+/// written at most once a [`REFUSAL_LOG_EVERY`], one line per reason and
+/// user with the count since the last (the count left when a flood stops
+/// is written by the loop's next pass after the interval). A flood would
+/// otherwise write a line per connection (about 50 000 a second here),
+/// and a rate-limited journal would then drop the daemon's other
 /// messages.
 #[derive(Default)]
 struct RefusalLog {
     last: Option<Instant>,
-    unlogged: u64,
+    unlogged: BTreeMap<(Refusal, u32), u64>,
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Refusal {
+    /// The daemon's cap on connections in all ([`MAX_CONNECTIONS`]).
+    DaemonFull,
+    /// The user's `max_connections`.
+    UserCap,
 }
 
 /// See [`RefusalLog`].
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
 impl RefusalLog {
-    /// One connection refused at `now`: calls `warn` with the number
-    /// refused since the last warning if one is due.
-    fn refused(&mut self, now: Instant, warn: impl FnOnce(u64)) {
-        self.unlogged += 1;
+    /// A connection of `uid` refused at `now` for `why`.
+    fn refused(&mut self, now: Instant, why: Refusal, uid: u32) {
+        *self.unlogged.entry((why, uid)).or_insert(0) += 1;
+        self.flush(now);
+    }
+
+    /// When counted refusals are due to be written (the loop wakes then).
+    fn due(&self) -> Option<Instant> {
+        if self.unlogged.is_empty() {
+            return None;
+        }
+        Some(
+            self.last
+                .map_or_else(Instant::now, |t| t + REFUSAL_LOG_EVERY),
+        )
+    }
+
+    /// What was counted, per reason and user, if the interval since the
+    /// last warning has passed at `now` (and nothing otherwise).
+    fn take_due(&mut self, now: Instant) -> BTreeMap<(Refusal, u32), u64> {
         if self
             .last
-            .is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_LOG_EVERY)
+            .is_some_and(|t| now.saturating_duration_since(t) < REFUSAL_LOG_EVERY)
         {
-            warn(std::mem::take(&mut self.unlogged));
+            return BTreeMap::new();
+        }
+        let due = std::mem::take(&mut self.unlogged);
+        if !due.is_empty() {
             self.last = Some(now);
+        }
+        due
+    }
+
+    /// Writes what was counted, if the interval since the last warning
+    /// has passed.
+    fn flush(&mut self, now: Instant) {
+        for ((why, uid), n) in self.take_due(now) {
+            match why {
+                Refusal::DaemonFull => tracing::warn!(
+                    uid,
+                    refused = n,
+                    "too many connections in all; refused (count since the last warning)"
+                ),
+                Refusal::UserCap => tracing::warn!(
+                    uid,
+                    refused = n,
+                    "user has too many connections; refused (count since the last warning)"
+                ),
+            }
         }
     }
 }
@@ -1251,25 +1303,16 @@ fn accept(
         let max = state.limits_for(uid).max_connections;
         let open = conns.per_uid.get(&uid).copied().unwrap_or(0);
         if conns.map.len() >= MAX_CONNECTIONS {
-            conns.refusals.refused(Instant::now(), |n| {
-                tracing::warn!(
-                    uid,
-                    refused = n,
-                    "too many connections; refusing (count since the last warning)"
-                );
-            });
+            conns
+                .refusals
+                .refused(Instant::now(), Refusal::DaemonFull, uid);
             c.refuse("the daemon has too many connections");
             continue;
         }
         if open >= max {
-            conns.refusals.refused(Instant::now(), |n| {
-                tracing::warn!(
-                    uid,
-                    max,
-                    refused = n,
-                    "user has too many connections; refusing (count since the last warning)"
-                );
-            });
+            conns
+                .refusals
+                .refused(Instant::now(), Refusal::UserCap, uid);
             c.refuse(&format!(
                 "user {uid} already has {max} connections (max_connections)"
             ));
@@ -1406,10 +1449,33 @@ fn handle_request(
     let fresh = !state.is_app(id) && !state.is_thread(id) && !c.closing;
     match req {
         Request::HelloApp if fresh => {
-            // An error here means the connecting process is gone (see
-            // `peer_pidfd`): its pid may be someone else's by now.
-            let peer = task::peer_pidfd(c.stream.as_fd())
-                .map_err(|_| Some(state::Reject::ProcessGone(c.pid).to_string()))?;
+            let peer = match task::peer_pidfd(c.stream.as_fd()) {
+                Ok(p) => p,
+                Err(e) => match e.raw_os_error() {
+                    // The connecting process is gone (see `peer_pidfd`):
+                    // its pid may be someone else's by now.
+                    Some(libc::EINVAL | libc::ESRCH | libc::ENODATA) => {
+                        return Err(Some(state::Reject::ProcessGone(c.pid).to_string()));
+                    }
+                    // The daemon's own limits: the client may try again.
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM) => {
+                        return Err(Some(format!(
+                            "the daemon is out of resources ({e}); try again"
+                        )));
+                    }
+                    // Refused by something else (a seccomp filter, say):
+                    // registered without the check, as on kernels
+                    // without the option.
+                    _ => {
+                        tracing::warn!(
+                            conn = id,
+                            error = %e,
+                            "SO_PEERPIDFD failed; registering without the pid-reuse check"
+                        );
+                        None
+                    }
+                },
+            };
             let app = state
                 .add_app(id, c.pid, c.uid, peer)
                 .map_err(|e| Some(e.to_string()))?;
@@ -1477,6 +1543,32 @@ fn handle_request(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn refusals_are_counted_per_reason_and_user_and_written_once_a_second() {
+        use super::{Refusal, RefusalLog, REFUSAL_LOG_EVERY};
+        let t0 = std::time::Instant::now();
+        let mut log = RefusalLog::default();
+        // The first refusal is written at once.
+        log.unlogged.insert((Refusal::UserCap, 7), 1);
+        assert_eq!(
+            log.take_due(t0).into_iter().collect::<Vec<_>>(),
+            vec![((Refusal::UserCap, 7), 1)]
+        );
+        // Then counted, per reason and user, until the interval passes.
+        for _ in 0..1000 {
+            *log.unlogged.entry((Refusal::UserCap, 7)).or_insert(0) += 1;
+        }
+        *log.unlogged.entry((Refusal::DaemonFull, 8)).or_insert(0) += 1;
+        assert!(log.take_due(t0 + REFUSAL_LOG_EVERY / 2).is_empty());
+        assert_eq!(log.due(), Some(t0 + REFUSAL_LOG_EVERY));
+        let due: Vec<_> = log.take_due(t0 + REFUSAL_LOG_EVERY).into_iter().collect();
+        assert_eq!(
+            due,
+            vec![((Refusal::DaemonFull, 8), 1), ((Refusal::UserCap, 7), 1000)]
+        );
+        assert_eq!(log.due(), None);
+    }
+
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 

@@ -28,8 +28,9 @@ use rustix::event::{PollFd, PollFlags};
 /// An error is what a peer that has exited and been reaped gets on the
 /// kernels that refuse a pidfd for it (`EINVAL` or `ESRCH`, before 6.15 or
 /// so; later ones give a pidfd that polls as exited): exactly the case
-/// the check is for, so callers treat it as the process being gone, not
-/// as a kernel without the option.
+/// the check is for, so the daemon treats those as the process being
+/// gone, not as a kernel without the option; `EMFILE`, `ENFILE` and
+/// `ENOMEM` are its own limits (the client may retry).
 ///
 /// ```
 /// use corewise_arbiter::daemon::task::{peer_pidfd, pidfd_alive};
