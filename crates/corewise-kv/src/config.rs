@@ -1,9 +1,11 @@
 //! The server's settings, read from memcached's command-line flags.
 //!
 //! Why memcached's flags: scripts and load generators that start memcached
-//! start this server unchanged. Flags that make no sense here (UDP, SASL,
-//! slab tuning) are not accepted, so a typo is not silently ignored; `-U 0`
-//! (UDP off) is accepted because it is what scripts usually pass.
+//! start this server unchanged, and so do distributions' configurations
+//! (`-d`, `-u`, `-P`; a flag given twice takes its last value). Flags that
+//! make no sense here (UDP, SASL, slab tuning) are not accepted, so a typo
+//! is not silently ignored; `-U 0` (UDP off) is accepted because it is
+//! what scripts usually pass.
 
 use clap::Parser;
 use std::path::PathBuf;
@@ -105,6 +107,11 @@ pub enum ConfigError {
 /// // memcached's flags.
 /// let a = Args::try_parse_from(["corewise-kv", "-p", "22122", "-m", "128", "-c", "10", "-A"])?;
 /// assert_eq!((a.port, a.memory_mb, a.max_conns, a.enable_shutdown), (22122, 128, 10, true));
+/// // A flag given twice: the last value, as memcached takes it.
+/// assert_eq!(Args::try_parse_from(["corewise-kv", "-m", "32", "-m", "48"])?.memory_mb, 48);
+/// // Debian's memcached.conf flags.
+/// let a = Args::try_parse_from(["corewise-kv", "-d", "-u", "memcache", "-P", "/run/kv.pid"])?;
+/// assert!(a.daemon && a.user.as_deref() == Some("memcache"));
 /// assert!(Args::try_parse_from(["corewise-kv", "--no-such-flag"]).is_err());
 /// # Ok::<(), clap::Error>(())
 /// ```
@@ -115,7 +122,10 @@ pub enum ConfigError {
     about = "A memcached-compatible server on corewise user threads",
     // The doc comment above is for the library's readers (it holds a
     // doctest); without this clap would print it as `--help`'s text.
-    long_about = None
+    long_about = None,
+    // A flag given twice takes its last value, as memcached's getopt loop
+    // does (wrapper scripts append their own flags after the defaults).
+    args_override_self = true
 )]
 pub struct Args {
     /// TCP port to listen on.
@@ -182,6 +192,16 @@ pub struct Args {
     /// Allow `shutdown` (memcached's `-A`).
     #[arg(short = 'A', long = "enable-shutdown")]
     pub enable_shutdown: bool,
+    /// Run as a daemon: detach from the terminal once listening (stdio to
+    /// /dev/null).
+    #[arg(short = 'd', long = "daemon")]
+    pub daemon: bool,
+    /// Write the server's process id to this file (after `-d` detaches).
+    #[arg(short = 'P', long = "pidfile")]
+    pub pid_file: Option<PathBuf>,
+    /// Run as this user once listening (only when started as root).
+    #[arg(short = 'u', long = "user")]
+    pub user: Option<String>,
 }
 
 /// Validated settings.
@@ -220,6 +240,12 @@ pub struct Config {
     pub verbose: u8,
     /// `shutdown` allowed (`-A`).
     pub enable_shutdown: bool,
+    /// Detach from the terminal (`-d`).
+    pub daemon: bool,
+    /// Pid file (`-P`).
+    pub pid_file: Option<PathBuf>,
+    /// User to run as (`-u`).
+    pub user: Option<String>,
 }
 
 impl Default for Config {
@@ -238,6 +264,9 @@ impl Default for Config {
             idle_spin_us: 10,
             verbose: 0,
             enable_shutdown: false,
+            daemon: false,
+            pid_file: None,
+            user: None,
         }
     }
 }
@@ -336,6 +365,9 @@ impl Args {
             idle_spin_us: self.idle_spin_us,
             verbose: self.verbose,
             enable_shutdown: self.enable_shutdown,
+            daemon: self.daemon,
+            pid_file: self.pid_file,
+            user: self.user,
         })
     }
 }

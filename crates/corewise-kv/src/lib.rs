@@ -16,6 +16,7 @@ pub mod admin;
 pub mod config;
 pub mod exec;
 pub mod exec_binary;
+pub mod process;
 pub mod protocol;
 pub mod reply;
 mod runtime_stats;

@@ -3,7 +3,7 @@
 use clap::Parser;
 use corewise_kv::config::{Args, Io, Mode};
 use corewise_kv::exec::Shared;
-use corewise_kv::server;
+use corewise_kv::{process, server};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -17,6 +17,37 @@ fn main() -> ExitCode {
         }
     };
     server::raise_fd_limit();
+    // Listening first, as root if started so (a low port), and while the
+    // terminal still shows an error; then memcached's process set-up,
+    // which must come before the runtime starts any thread.
+    let listener = match server::bind(&config.listen, config.port) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "corewise-kv: cannot listen on {}:{}: {e}",
+                config.listen, config.port
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(user) = &config.user {
+        if let Err(e) = process::switch_user(user) {
+            eprintln!("corewise-kv: -u {user}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if config.daemon {
+        if let Err(e) = process::detach() {
+            eprintln!("corewise-kv: -d: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(p) = &config.pid_file {
+        if let Err(e) = process::write_pid_file(p) {
+            eprintln!("corewise-kv: -P {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
     let mut b = corewise::Runtime::builder()
         .max_cores(config.threads)
         .idle_spin(std::time::Duration::from_micros(config.idle_spin_us));
@@ -55,16 +86,6 @@ fn main() -> ExitCode {
             );
         }
     }
-    let listener = match server::bind(&config.listen, config.port) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!(
-                "corewise-kv: cannot listen on {}:{}: {e}",
-                config.listen, config.port
-            );
-            return ExitCode::FAILURE;
-        }
-    };
     if config.verbose > 0 {
         eprintln!(
             "corewise-kv: listening on {}:{} ({} mode, {} cores max, {} backend)",

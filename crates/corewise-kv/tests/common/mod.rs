@@ -14,7 +14,8 @@ pub struct Server {
     pub port: u16,
 }
 
-fn free_port() -> u16 {
+/// A port free on 127.0.0.1 a moment ago.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -121,6 +122,11 @@ impl Server {
     /// A new client.
     pub fn client(&self) -> Client {
         Client::connect(self.port)
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Its resident memory (`VmRSS`), in bytes.
