@@ -192,6 +192,10 @@ pub struct Args {
     /// Allow `shutdown` (memcached's `-A`).
     #[arg(short = 'A', long = "enable-shutdown")]
     pub enable_shutdown: bool,
+    /// Return an error when memory is exhausted instead of evicting items
+    /// (`SERVER_ERROR out of memory storing object`).
+    #[arg(short = 'M', long = "disable-evictions")]
+    pub no_evictions: bool,
     /// Run as a daemon: detach from the terminal once listening (stdio to
     /// /dev/null).
     #[arg(short = 'd', long = "daemon")]
@@ -240,6 +244,8 @@ pub struct Config {
     pub verbose: u8,
     /// `shutdown` allowed (`-A`).
     pub enable_shutdown: bool,
+    /// No evictions (`-M`).
+    pub no_evictions: bool,
     /// Detach from the terminal (`-d`).
     pub daemon: bool,
     /// Pid file (`-P`).
@@ -264,6 +270,7 @@ impl Default for Config {
             idle_spin_us: 10,
             verbose: 0,
             enable_shutdown: false,
+            no_evictions: false,
             daemon: false,
             pid_file: None,
             user: None,
@@ -365,6 +372,7 @@ impl Args {
             idle_spin_us: self.idle_spin_us,
             verbose: self.verbose,
             enable_shutdown: self.enable_shutdown,
+            no_evictions: self.no_evictions,
             daemon: self.daemon,
             pid_file: self.pid_file,
             user: self.user,

@@ -326,6 +326,7 @@ impl Shared {
         let limit = config.memory_mb.saturating_mul(1024 * 1024);
         let store = Store::new(limit, Store::shards_for(limit, config.item_max));
         store.set_item_max(config.item_max);
+        store.set_evictions(!config.no_evictions);
         let verbose = u64::from(config.verbose);
         Self {
             store,
@@ -1345,7 +1346,11 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "udpport", 0);
             stat(out, "inter", &cfg.listen);
             stat(out, "verbosity", ld(&shared.verbosity));
-            stat(out, "evictions", "on");
+            stat(
+                out,
+                "evictions",
+                if store.evictions() { "on" } else { "off" },
+            );
             stat(out, "domain_socket", "NULL");
             stat(out, "shutdown_command", yes(cfg.enable_shutdown));
             stat(out, "growth_factor", "1.25");

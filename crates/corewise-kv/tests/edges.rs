@@ -52,6 +52,61 @@ fn stats_sizes_as_memcached() {
     );
 }
 
+/// `-M`: a full cache refuses stores (`SERVER_ERROR out of memory storing
+/// object`) instead of evicting; nothing stored before is lost, an append
+/// that does not fit leaves the value as it was, and `stats settings`
+/// says `evictions off` (memcached 1.6.18 behaves so; its slab pages make
+/// its count of values that fit differ).
+#[test]
+fn a_full_cache_refuses_stores_under_dash_m() {
+    let s = Server::start(&["-M", "-m", "2", "-I", "512k"]);
+    let mut c = s.client();
+    let value = vec![b'v'; 100_000];
+    let mut stored = 0;
+    let refused = loop {
+        let r = c.store(&format!("set k{stored} 0 0 100000"), &value);
+        if r != "STORED" {
+            break r;
+        }
+        stored += 1;
+        assert!(stored < 100, "2 MB never filled");
+    };
+    assert_eq!(refused, "SERVER_ERROR out of memory storing object");
+    assert!(stored >= 10, "only {stored} values fitted in 2 MB");
+    for i in 0..stored {
+        assert_eq!(c.cmd(&format!("get k{i}")), format!("VALUE k{i} 0 100000"));
+        assert_eq!(c.block(100_000), value);
+        assert_eq!(c.line(), "END");
+    }
+    assert_eq!(
+        c.store("append k0 0 0 100000", &value),
+        "SERVER_ERROR out of memory storing object"
+    );
+    assert_eq!(c.cmd("get k0"), "VALUE k0 0 100000");
+    assert_eq!(c.block(100_000), value);
+    assert_eq!(c.line(), "END");
+    let stat = |c: &mut common::Client, group: &str, name: &str| -> String {
+        let line = if group.is_empty() {
+            "stats\r\n".to_string()
+        } else {
+            format!("stats {group}\r\n")
+        };
+        c.send(line.as_bytes());
+        let mut found = String::new();
+        loop {
+            let l = c.line();
+            if l == "END" {
+                return found;
+            }
+            if let Some(v) = l.strip_prefix(&format!("STAT {name} ")) {
+                found = v.to_string();
+            }
+        }
+    };
+    assert_eq!(stat(&mut c, "settings", "evictions"), "off");
+    assert_eq!(stat(&mut c, "", "evictions"), "0");
+}
+
 fn run(mode: &str) {
     let s = Server::start(&["--mode", mode]);
     let mc = Memcached::start();

@@ -381,6 +381,8 @@ pub struct Store {
     limit: AtomicU64,
     /// The item size limit (`-I`), as [`item_size`] counts an item.
     item_max: AtomicU64,
+    /// Stores may evict (see `set_evictions`).
+    evictions: std::sync::atomic::AtomicBool,
     /// The server second of the last sweep of every shard's LRU tail.
     swept_at: AtomicU32,
     /// Request counters.
@@ -427,6 +429,7 @@ impl Store {
             flush_at: AtomicU64::new(0),
             limit: AtomicU64::new(limit as u64),
             item_max: AtomicU64::new(u64::MAX),
+            evictions: std::sync::atomic::AtomicBool::new(true),
             swept_at: AtomicU32::new(0),
             ops: OpCounters::default(),
             watch,
@@ -858,6 +861,33 @@ impl Store {
         self.item_max.store(n as u64, Ordering::Relaxed);
     }
 
+    /// Lets stores evict other items to make room (the default), or not
+    /// (memcached's `-M`): a store that does not fit then answers
+    /// [`StoreOutcome::NoMemory`], and only a `set` loses the key's old
+    /// value, as in memcached.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, SetMode, Store, StoreOutcome};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.set_evictions(false);
+    /// assert!(!s.evictions());
+    /// let big = vec![0u8; 600 << 10];
+    /// assert!(matches!(s.store(SetMode::Set, b"a", 0, Deadline::Never, &big, None), StoreOutcome::Stored(_)));
+    /// assert_eq!(s.store(SetMode::Set, b"b", 0, Deadline::Never, &big, None), StoreOutcome::NoMemory);
+    /// assert!(s.get(b"a", None, |_, _| {}), "nothing was evicted");
+    /// ```
+    pub fn set_evictions(&self, on: bool) {
+        self.evictions.store(on, Ordering::Relaxed);
+        for sh in self.shards.iter() {
+            sh.lock().set_evict(on);
+        }
+    }
+
+    /// Whether stores may evict (see [`set_evictions`](Self::set_evictions)).
+    pub fn evictions(&self) -> bool {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
     /// [`store`](Self::store) with the meta set's options (an explicit new
     /// CAS, invalidation).
     ///
@@ -971,6 +1001,14 @@ impl Store {
             }
         };
         let ntotal = item.ntotal();
+        // Without evictions, a store that does not fit leaves the old value
+        // (memcached removes it only for `set`, which `insert` does).
+        if mode != SetMode::Set && !self.evictions() && !shard.fits(key, item.size(), now) {
+            shard.count_out_of_memory(ntotal);
+            drop(shard);
+            bump(&self.ops.store_no_memory);
+            return StoreOutcome::NoMemory;
+        }
         let stored = shard.insert(item, now);
         if !stored {
             shard.count_out_of_memory(ntotal);

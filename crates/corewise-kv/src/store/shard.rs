@@ -215,6 +215,9 @@ pub struct Shard {
     /// `bytes` of `stats`.
     requested: usize,
     limit: usize,
+    /// Whether a store may evict other items to make room (memcached's
+    /// `-M` turns it off: a full cache refuses stores instead).
+    evict: bool,
     /// Counters of this shard.
     pub counters: ShardCounters,
     /// Counters per slab class (index = class id).
@@ -262,6 +265,7 @@ impl Shard {
             used: 0,
             requested: 0,
             limit,
+            evict: true,
             counters: ShardCounters::default(),
             class_counters: vec![ClassCounters::default(); MAX_CLASSES + 1],
             watch: Arc::default(),
@@ -436,7 +440,7 @@ impl Shard {
             return false;
         }
         while self.used + size > self.limit {
-            if !self.evict_one(now) {
+            if !self.evict || !self.evict_one(now) {
                 return false;
             }
         }
@@ -496,7 +500,45 @@ impl Shard {
         self.used = self.used.saturating_sub(old) + new;
         // An edit changes the value only, so both sizes move by as much.
         self.requested = (self.requested + new).saturating_sub(old);
-        while self.used > self.limit && self.tail != i && self.evict_one(now) {}
+        // Without evictions (`-M`) a counter that grew by a few digits
+        // stays, a few bytes over the limit.
+        while self.evict && self.used > self.limit && self.tail != i && self.evict_one(now) {}
+    }
+
+    /// Lets stores evict other items to make room, or not (`-M`).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1000);
+    /// sh.set_evict(false);
+    /// assert!(sh.insert(Item::new(b"a", vec![0; 600], 0, 0, 1, 1), 1));
+    /// // No room left without evicting `a`: refused, and `a` stays.
+    /// assert!(!sh.insert(Item::new(b"b", vec![0; 600], 0, 0, 2, 1), 1));
+    /// assert!(sh.lookup(b"a", 1, 0, false).is_ok());
+    /// ```
+    pub fn set_evict(&mut self, on: bool) {
+        self.evict = on;
+    }
+
+    /// Whether an item of `size` (as [`Item::size`] counts it) stored
+    /// under `key` would fit without evicting anything, the key's current
+    /// item and the expired items at the LRU tail freed first.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1000);
+    /// sh.insert(Item::new(b"a", vec![0; 300], 0, 0, 1, 1), 1);
+    /// assert!(sh.fits(b"a", 900, 1)); // replacing a frees its room
+    /// assert!(!sh.fits(b"b", 900, 1));
+    /// ```
+    pub fn fits(&mut self, key: &[u8], size: usize, now: u32) -> bool {
+        self.reclaim_tail(now);
+        let old = self
+            .map
+            .get(key)
+            .and_then(|&i| self.item(i))
+            .map_or(0, Item::size);
+        self.used - old + size <= self.limit
     }
 
     /// Removes every item.
