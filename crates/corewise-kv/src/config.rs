@@ -67,6 +67,11 @@ pub enum Io {
 /// assert_eq!(check(&["corewise-kv", "-m", "0"]), Some(ConfigError::Memory));
 /// assert_eq!(check(&["corewise-kv", "-U", "11211"]), Some(ConfigError::Udp));
 /// assert_eq!(check(&["corewise-kv", "-m", "1", "-I", "2m"]), Some(ConfigError::ItemOverMemory { item: 2 << 20, memory_mb: 1 }));
+/// // One listening address: a list, host:port or -l twice is refused.
+/// assert!(matches!(check(&["corewise-kv", "-l", "127.0.0.1,::1"]), Some(ConfigError::Listen(_))));
+/// assert!(matches!(check(&["corewise-kv", "-l", "127.0.0.1:11212"]), Some(ConfigError::Listen(_))));
+/// assert!(matches!(check(&["corewise-kv", "-l", "127.0.0.1", "-l", "::1"]), Some(ConfigError::Listen(_))));
+/// assert_eq!(check(&["corewise-kv", "-l", "::1"]), None);
 /// ```
 #[derive(Debug, Error, PartialEq, Eq)]
 #[non_exhaustive]
@@ -97,6 +102,9 @@ pub enum ConfigError {
     /// `-U` other than 0.
     #[error("-U: UDP is not supported; only -U 0 is accepted")]
     Udp,
+    /// `-l` given several addresses (a list, `host:port`, or `-l` twice).
+    #[error("-l {0}: one address only; a list of addresses, host:port, or -l given twice is not supported")]
+    Listen(String),
 }
 
 /// Command line of `corewise-kv` (memcached's flags).
@@ -131,9 +139,10 @@ pub struct Args {
     /// TCP port to listen on.
     #[arg(short = 'p', long = "port", default_value_t = 11211)]
     pub port: u16,
-    /// Interface to listen on.
-    #[arg(short = 'l', long = "listen", default_value = "127.0.0.1")]
-    pub listen: String,
+    /// Interface to listen on (one address: memcached's lists and
+    /// `host:port` forms are refused with a clear error).
+    #[arg(short = 'l', long = "listen", default_value = "127.0.0.1", action = clap::ArgAction::Append)]
+    pub listen: Vec<String>,
     /// Item memory in megabytes.
     #[arg(short = 'm', long = "memory-limit", default_value_t = 64)]
     pub memory_mb: usize,
@@ -206,6 +215,13 @@ pub struct Args {
     /// Run as this user once listening (only when started as root).
     #[arg(short = 'u', long = "user")]
     pub user: Option<String>,
+}
+
+/// Whether `-l`'s value names one address and no port: not a list
+/// (`a,b`), not `host:port` (one colon) nor `[v6]:port`; an IPv6 address
+/// alone has two colons or more.
+fn is_one_address(s: &str) -> bool {
+    !s.contains(',') && s.matches(':').count() != 1 && !s.contains("]:")
 }
 
 /// Validated settings.
@@ -348,6 +364,15 @@ impl Args {
                 memory_mb: self.memory_mb,
             });
         }
+        // memcached listens on every address of a list (`a,b`, or `-l`
+        // repeated) and on `host:port`; this server has one listener, so
+        // those are refused rather than reduced to one address. An IPv6
+        // address has colons of its own; only its bracketed `[a]:port`
+        // form names a port.
+        let listen = match self.listen.as_slice() {
+            [one] if is_one_address(one) => one.clone(),
+            many => return Err(ConfigError::Listen(many.join(" -l "))),
+        };
         let cpus = match &self.cpus {
             Some(s) => Some(parse_cpus(s).ok_or_else(|| ConfigError::Cpus(s.clone()))?),
             None => None,
@@ -360,7 +385,7 @@ impl Args {
         };
         Ok(Config {
             port: self.port,
-            listen: self.listen,
+            listen,
             memory_mb: self.memory_mb,
             max_conns: self.max_conns,
             item_max,
