@@ -356,9 +356,9 @@ fn thread_group(tid: u32) -> Option<u32> {
 /// of it moves, atomically with its forks), checked by identity: the
 /// process is opened first, then `witness` must hold (a task known by
 /// identity to belong to the process is still alive, so the pid still
-/// names that process and the opened one is it), and the process must be
-/// alive for the write; a warning says so if it exited meanwhile. Returns
-/// whether the write succeeded.
+/// names that process and the opened one is it); a warning says so if the
+/// process exited by the end of the write. Returns whether the write
+/// succeeded.
 fn move_process(procs: &Path, pid: u32, witness: &dyn Fn() -> bool) -> bool {
     let Ok(p) = TaskIdent::process(pid) else {
         return false;

@@ -127,13 +127,17 @@ fn chain_entry() {
     if std::env::var_os(CHAIN_ENV).is_none() {
         return;
     }
-    fn link() {
-        let _ = std::thread::Builder::new().stack_size(64 << 10).spawn(link);
-    }
-    link();
+    chain_link();
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// One link of a chain of threads: starts its successor and ends.
+fn chain_link() {
+    let _ = std::thread::Builder::new()
+        .stack_size(64 << 10)
+        .spawn(chain_link);
 }
 
 /// Entry point of the re-executed child; a no-op in the normal test run.
@@ -444,11 +448,8 @@ fn kernel_thread(c: client::Client, idx: u32, stubborn: bool, forker: Option<Lef
         let cpu = rustix::thread::sched_getcpu();
         say(format!("granted {idx} {} {core} {cpu}", me.tid()));
         if !forked && matches!(forker, Some(Leftover::ThreadChain)) {
-            fn link() {
-                let _ = std::thread::Builder::new().stack_size(64 << 10).spawn(link);
-            }
             // Started from the granted core: the chain starts in its set.
-            link();
+            chain_link();
             say(format!("chained {idx}"));
             // Ends: the thread's connection closes and its core is freed.
             return;
@@ -1288,7 +1289,6 @@ fn a_chain_of_threads_is_moved_out_whole() {
     wait_until("the chain runs in the core's set", || {
         fence.processes_in(m(), None).contains(&pid)
     });
-    let exists = |t: u32| Path::new(&format!("/proc/{t}")).exists();
     let me = corewise_arbiter::daemon::task::TaskIdent::process(pid).unwrap();
     assert!(fence.evacuate_process(pid, &|| me.alive()));
     // Threads that were exiting at the move may still be listed a moment.
@@ -1297,7 +1297,7 @@ fn a_chain_of_threads_is_moved_out_whole() {
     assert!(
         sb.unmanaged_tasks()
             .iter()
-            .any(|&t| exists(t) && fence_tgid(t) == Some(pid)),
+            .any(|&t| Path::new(&format!("/proc/{pid}/task/{t}")).exists()),
         "the chain runs in the unmanaged set"
     );
     // A process that is not the one the witness vouches for is not moved.
@@ -1308,15 +1308,6 @@ fn a_chain_of_threads_is_moved_out_whole() {
     let _ = chain.wait();
     fence.teardown().unwrap();
     assert_cleaned(&sb);
-}
-
-/// The process of thread `tid`.
-fn fence_tgid(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Kills a process the test did not spawn itself (a client's child) on drop.

@@ -64,11 +64,11 @@ mod op {
     pub const APPENDQ: u8 = 0x19;
     pub const PREPENDQ: u8 = 0x1a;
     pub const TOUCH: u8 = 0x1c;
+    pub const GAT: u8 = 0x1d;
+    pub const GATQ: u8 = 0x1e;
     pub const SASL_LIST_MECHS: u8 = 0x20;
     pub const SASL_AUTH: u8 = 0x21;
     pub const SASL_STEP: u8 = 0x22;
-    pub const GAT: u8 = 0x1d;
-    pub const GATQ: u8 = 0x1e;
     pub const GATK: u8 = 0x23;
     pub const GATKQ: u8 = 0x24;
 }

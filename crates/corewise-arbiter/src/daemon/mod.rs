@@ -1543,9 +1543,11 @@ fn handle_request(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
     #[test]
     fn refusals_are_counted_per_reason_and_user_and_written_once_a_second() {
-        use super::{Refusal, RefusalLog, REFUSAL_LOG_EVERY};
         let t0 = std::time::Instant::now();
         let mut log = RefusalLog::default();
         // The first refusal is written at once.
@@ -1568,9 +1570,6 @@ mod tests {
         );
         assert_eq!(log.due(), None);
     }
-
-    use super::*;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     fn access(mode: u32) -> SocketAccess {
         SocketAccess {

@@ -381,8 +381,6 @@ pub struct Store {
     limit: AtomicU64,
     /// The item size limit (`-I`), as [`item_size`] counts an item.
     item_max: AtomicU64,
-    /// Stores may evict (see `set_evictions`).
-    evictions: std::sync::atomic::AtomicBool,
     /// The server second of the last sweep of every shard's LRU tail.
     swept_at: AtomicU32,
     /// Request counters.
@@ -429,7 +427,6 @@ impl Store {
             flush_at: AtomicU64::new(0),
             limit: AtomicU64::new(limit as u64),
             item_max: AtomicU64::new(u64::MAX),
-            evictions: std::sync::atomic::AtomicBool::new(true),
             swept_at: AtomicU32::new(0),
             ops: OpCounters::default(),
             watch,
@@ -877,7 +874,6 @@ impl Store {
     /// assert!(s.get(b"a", None, |_, _| {}), "nothing was evicted");
     /// ```
     pub fn set_evictions(&self, on: bool) {
-        self.evictions.store(on, Ordering::Relaxed);
         for sh in self.shards.iter() {
             sh.lock().set_evict(on);
         }
@@ -885,7 +881,7 @@ impl Store {
 
     /// Whether stores may evict (see [`set_evictions`](Self::set_evictions)).
     pub fn evictions(&self) -> bool {
-        self.evictions.load(Ordering::Relaxed)
+        self.shards.iter().all(|sh| sh.lock().evicts())
     }
 
     /// [`store`](Self::store) with the meta set's options (an explicit new
@@ -1003,7 +999,7 @@ impl Store {
         let ntotal = item.ntotal();
         // Without evictions, a store that does not fit leaves the old value
         // (memcached removes it only for `set`, which `insert` does).
-        if mode != SetMode::Set && !self.evictions() && !shard.fits(key, item.size(), now) {
+        if mode != SetMode::Set && !shard.evicts() && !shard.fits(key, item.size(), now) {
             shard.count_out_of_memory(ntotal);
             drop(shard);
             bump(&self.ops.store_no_memory);

@@ -511,6 +511,7 @@ impl Shard {
     /// use corewise_kv::store::{Item, Shard};
     /// let mut sh = Shard::new(1000);
     /// sh.set_evict(false);
+    /// assert!(!sh.evicts());
     /// assert!(sh.insert(Item::new(b"a", vec![0; 600], 0, 0, 1, 1), 1));
     /// // No room left without evicting `a`: refused, and `a` stays.
     /// assert!(!sh.insert(Item::new(b"b", vec![0; 600], 0, 0, 2, 1), 1));
@@ -518,6 +519,12 @@ impl Shard {
     /// ```
     pub fn set_evict(&mut self, on: bool) {
         self.evict = on;
+    }
+
+    /// Whether stores may evict other items here (see
+    /// [`set_evict`](Self::set_evict)).
+    pub fn evicts(&self) -> bool {
+        self.evict
     }
 
     /// Whether an item of `size` (as [`Item::size`] counts it) stored
