@@ -69,26 +69,40 @@ exit $failed
 # no limits file (removed from the guest's copy of /etc if the host has
 # them), the daemon at the unit's path. It must start, answer `status` on
 # the default socket with its sets made under the cgroup v2 root, not have
-# been restarted, and leave no set behind when stopped.
+# been restarted, and leave no set behind when stopped. Each step is
+# bounded and says when it is done, so that a step that hangs is named and
+# followed by what systemd shows (its pending jobs, the unit, its journal)
+# instead of using up the guest's time in silence.
 unit_check='
 set -eu
-trap "journalctl --no-pager -u corewise-arbiter.service | tail -20" ERR
+t0=$(date +%s)
+step() { echo "guest: $* ($(( $(date +%s) - t0 )) s)"; }
+diagnose() {
+    echo "guest: the unit check failed; what systemd shows:"
+    timeout 20 systemctl list-jobs --no-pager || true
+    timeout 20 systemctl status --no-pager corewise-arbiter.service || true
+    timeout 20 journalctl --no-pager -b -u corewise-arbiter.service | tail -20 || true
+}
+trap diagnose ERR
+step "systemd ran the check"
 rm -f /etc/default/corewise-arbiter /etc/corewise-arbiter.toml
 install -m 755 "$1" /usr/local/bin/corewise-arbiter
 install -m 644 crates/corewise-arbiter/corewise-arbiter.service /etc/systemd/system/
-systemctl daemon-reload
-systemctl start corewise-arbiter.service
-for _ in $(seq 120); do
-    corewise-arbiter status >/dev/null 2>&1 && break
+timeout 60 systemctl daemon-reload
+timeout 120 systemctl start corewise-arbiter.service
+step "the unit started"
+until corewise-arbiter status --timeout-s 5 >/dev/null 2>&1; do
+    [ $(( $(date +%s) - t0 )) -lt 150 ] || break
     sleep 0.5
 done
-corewise-arbiter status
+corewise-arbiter status --timeout-s 10
+step "the daemon answered"
 test "$(systemctl is-active corewise-arbiter.service)" = active
 test "$(systemctl show -P NRestarts corewise-arbiter.service)" = 0
 test -d /sys/fs/cgroup/corewise-unmanaged
-systemctl stop corewise-arbiter.service
+timeout 60 systemctl stop corewise-arbiter.service
 test -z "$(ls -d /sys/fs/cgroup/corewise-* 2>/dev/null)"
-echo "guest: the systemd unit started with the defaults, answered, and stopped cleanly"
+step "the systemd unit started with the defaults, answered, and stopped cleanly"
 '
 started=$(date +%s)
 status=0

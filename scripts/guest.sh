@@ -213,11 +213,16 @@ EOF
 # systemd-tmpfiles-setup is masked: it would walk the host's whole file
 # system over 9p (a minute and a half with an emulated CPU), and the
 # guest's /run and /tmp start empty anyway.
+# systemd-firstboot is masked too: on a first boot (a host without
+# /etc/machine-id, as a fresh container is) it would ask for a time zone
+# or a locale on the console, which nobody answers, and every unit after
+# sysinit.target (any service the command starts) would wait for it.
 if [ "$systemd" = 1 ]; then
     cat >"$run/stage2" <<'EOF'
 bb=/run/guest/busybox
 $bb mkdir -p /etc/systemd/system
 $bb ln -sf /dev/null /etc/systemd/system/systemd-tmpfiles-setup.service
+$bb ln -sf /dev/null /etc/systemd/system/systemd-firstboot.service
 $bb cat >/etc/systemd/system/guest-command.service <<'UNIT'
 [Unit]
 Description=guest.sh command

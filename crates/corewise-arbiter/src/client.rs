@@ -29,6 +29,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use thiserror::Error;
@@ -77,6 +78,10 @@ pub enum ClientError {
     /// gave: a limit reached, a protocol version it does not speak, ...).
     #[error("the core arbiter refused: {0}")]
     Refused(String),
+    /// The daemon accepted the connection but did not answer in time (it
+    /// is stopped, or stuck): a query gives up instead of waiting forever.
+    #[error("the core arbiter did not answer within {0:?}")]
+    NoAnswer(Duration),
 }
 
 fn is_gone(e: &io::Error) -> bool {
@@ -1299,7 +1304,15 @@ impl std::os::fd::AsFd for CoreThread {
     }
 }
 
-/// Asks the daemon for its status table.
+/// How long [`status`] waits for the daemon's answer.
+///
+/// ```
+/// assert_eq!(corewise_arbiter::client::STATUS_TIMEOUT.as_secs(), 10);
+/// ```
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the daemon for its status table, waiting at most
+/// [`STATUS_TIMEOUT`] for the answer.
 ///
 /// ```no_run
 /// for e in corewise_arbiter::client::status("/run/corewise-arbiter.sock")? {
@@ -1308,9 +1321,47 @@ impl std::os::fd::AsFd for CoreThread {
 /// # Ok::<(), corewise_arbiter::client::ClientError>(())
 /// ```
 pub fn status(socket_path: impl AsRef<Path>) -> Result<Vec<StatusEntry>, ClientError> {
+    status_within(socket_path, STATUS_TIMEOUT)
+}
+
+/// Asks the daemon for its status table; a daemon that accepts the
+/// connection (the kernel does that for it while it is stopped or stuck)
+/// but does not answer within `timeout` is [`ClientError::NoAnswer`].
+///
+/// ```
+/// use corewise_arbiter::client::{status_within, ClientError};
+/// use std::time::Duration;
+/// // A socket whose owner never answers.
+/// let path = std::env::temp_dir().join(format!("mute-arbiter-{}.sock", std::process::id()));
+/// let _ = std::fs::remove_file(&path);
+/// let _mute = std::os::unix::net::UnixListener::bind(&path)?;
+/// let err = status_within(&path, Duration::from_millis(50)).unwrap_err();
+/// assert!(matches!(err, ClientError::NoAnswer(_)));
+/// std::fs::remove_file(&path)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn status_within(
+    socket_path: impl AsRef<Path>,
+    timeout: Duration,
+) -> Result<Vec<StatusEntry>, ClientError> {
     let mut c = Conn::open(socket_path.as_ref())?;
-    c.send(&Request::StatusQuery)?;
-    match c.recv()? {
+    // A zero timeout would mean "no timeout" to the socket: take the least.
+    let timeout = timeout.max(Duration::from_millis(1));
+    c.stream.set_read_timeout(Some(timeout))?;
+    c.stream.set_write_timeout(Some(timeout))?;
+    let no_answer = |e: ClientError| match e {
+        ClientError::Io(io)
+            if matches!(
+                io.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            ClientError::NoAnswer(timeout)
+        }
+        other => other,
+    };
+    c.send(&Request::StatusQuery).map_err(no_answer)?;
+    match c.recv().map_err(no_answer)? {
         Response::Status { entries } => Ok(entries),
         other => Err(ClientError::Unexpected(format!("{other:?}"))),
     }

@@ -85,6 +85,10 @@ enum Cmd {
         /// Machine-readable output (one JSON object).
         #[arg(long)]
         json: bool,
+        /// Give up when the daemon has not answered within this many
+        /// seconds (it is stopped or stuck).
+        #[arg(long, default_value_t = corewise_arbiter::client::STATUS_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+        timeout_s: u64,
     },
 }
 
@@ -159,7 +163,14 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Status { socket, json } => match corewise_arbiter::client::status(&socket) {
+        Cmd::Status {
+            socket,
+            json,
+            timeout_s,
+        } => match corewise_arbiter::client::status_within(
+            &socket,
+            std::time::Duration::from_secs(timeout_s),
+        ) {
             Ok(entries) => {
                 if json {
                     print!("{}", corewise_arbiter::status::format_json(&entries));
