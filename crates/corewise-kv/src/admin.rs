@@ -242,6 +242,7 @@ fn execute_loud(shared: &Shared, cmd: &[u8], t: &[&[u8]], args: &[u8], out: &mut
             }
         }
         b"lru_crawler" => return lru_crawler(shared, t, out),
+        b"watch" if !shared.config.watch_enabled => b"CLIENT_ERROR watch commands not allowed",
         b"watch" => match crate::watch::mask_of(args) {
             // The server answers OK once it knows nothing follows.
             Some(mask) => return Flow::Watch(mask),
@@ -367,6 +368,7 @@ fn lru_crawler(shared: &Shared, t: &[&[u8]], out: &mut Vec<u8>) -> Flow {
             None => b"CLIENT_ERROR bad command line format",
         },
         [b"crawl" | b"metadump", _] if !on => b"CLIENT_ERROR lru crawler disabled",
+        [b"metadump", _] if !shared.config.dump_enabled => b"ERROR metadump not allowed",
         [b"crawl", arg] => match classes(arg) {
             Some(_) => {
                 shared.store.crawl();

@@ -66,6 +66,7 @@ pub enum Io {
 /// let check = |argv: &[&str]| Args::try_parse_from(argv).unwrap().into_config().err();
 /// assert_eq!(check(&["corewise-kv", "-m", "0"]), Some(ConfigError::Memory));
 /// assert_eq!(check(&["corewise-kv", "-U", "11211"]), Some(ConfigError::Udp));
+/// assert_eq!(check(&["corewise-kv", "-R", "0"]), Some(ConfigError::ReqsPerEvent));
 /// assert_eq!(check(&["corewise-kv", "-m", "1", "-I", "2m"]), Some(ConfigError::ItemOverMemory { item: 2 << 20, memory_mb: 1 }));
 /// // One listening address: a list, host:port or -l twice is refused.
 /// assert!(matches!(check(&["corewise-kv", "-l", "127.0.0.1,::1"]), Some(ConfigError::Listen(_))));
@@ -102,6 +103,9 @@ pub enum ConfigError {
     /// `-U` other than 0.
     #[error("-U: UDP is not supported; only -U 0 is accepted")]
     Udp,
+    /// `-R` is zero.
+    #[error("-R: the number of requests per event must be greater than 0")]
+    ReqsPerEvent,
     /// `-l` given several addresses (a list, `host:port`, or `-l` twice).
     #[error("-l {0}: one address only; a list of addresses, host:port, or -l given twice is not supported")]
     Listen(String),
@@ -120,6 +124,12 @@ pub enum ConfigError {
 /// // Debian's memcached.conf flags.
 /// let a = Args::try_parse_from(["corewise-kv", "-d", "-u", "memcache", "-P", "/run/kv.pid"])?;
 /// assert!(a.daemon && a.user.as_deref() == Some("memcache"));
+/// // Commands turned off, and connection fairness and backlog.
+/// let c = Args::try_parse_from(["corewise-kv", "-F", "-X", "-W", "-R", "5", "-b", "64"])?
+///     .into_config()
+///     .unwrap();
+/// assert!(!c.flush_enabled && !c.dump_enabled && !c.watch_enabled);
+/// assert_eq!((c.reqs_per_event, c.backlog), (5, 64));
 /// assert!(Args::try_parse_from(["corewise-kv", "--no-such-flag"]).is_err());
 /// # Ok::<(), clap::Error>(())
 /// ```
@@ -215,6 +225,25 @@ pub struct Args {
     /// Run as this user once listening (only when started as root).
     #[arg(short = 'u', long = "user")]
     pub user: Option<String>,
+    /// Requests a connection runs from one read before it lets the other
+    /// connections run (memcached's `-R`; `conn_yields` counts the times).
+    #[arg(short = 'R', long = "max-reqs-per-event", default_value_t = 20)]
+    pub reqs_per_event: u32,
+    /// Connections the kernel queues before they are accepted (the listen
+    /// backlog, memcached's `-b`; the kernel caps it at
+    /// `net.core.somaxconn`).
+    #[arg(short = 'b', long = "listen-backlog", default_value_t = 1024)]
+    pub backlog: u32,
+    /// Refuse `flush_all` (memcached's `-F`).
+    #[arg(short = 'F', long = "disable-flush-all")]
+    pub disable_flush_all: bool,
+    /// Refuse `stats cachedump` and `lru_crawler metadump` (memcached's
+    /// `-X`).
+    #[arg(short = 'X', long = "disable-dumping")]
+    pub disable_dumping: bool,
+    /// Refuse `watch` (memcached's `-W`).
+    #[arg(short = 'W', long = "disable-watch")]
+    pub disable_watch: bool,
 }
 
 /// Whether `-l`'s value names one address and no port: not a list
@@ -268,6 +297,16 @@ pub struct Config {
     pub pid_file: Option<PathBuf>,
     /// User to run as (`-u`).
     pub user: Option<String>,
+    /// Requests run from one read before yielding (`-R`).
+    pub reqs_per_event: u32,
+    /// Listen backlog (`-b`).
+    pub backlog: u32,
+    /// `flush_all` allowed (no `-F`).
+    pub flush_enabled: bool,
+    /// `stats cachedump` and `lru_crawler metadump` allowed (no `-X`).
+    pub dump_enabled: bool,
+    /// `watch` allowed (no `-W`).
+    pub watch_enabled: bool,
 }
 
 impl Default for Config {
@@ -290,6 +329,11 @@ impl Default for Config {
             daemon: false,
             pid_file: None,
             user: None,
+            reqs_per_event: 20,
+            backlog: 1024,
+            flush_enabled: true,
+            dump_enabled: true,
+            watch_enabled: true,
         }
     }
 }
@@ -358,6 +402,9 @@ impl Args {
         if self.udp_port != 0 {
             return Err(ConfigError::Udp);
         }
+        if self.reqs_per_event == 0 {
+            return Err(ConfigError::ReqsPerEvent);
+        }
         if item_max > self.memory_mb.saturating_mul(1024 * 1024) {
             return Err(ConfigError::ItemOverMemory {
                 item: item_max,
@@ -401,6 +448,11 @@ impl Args {
             daemon: self.daemon,
             pid_file: self.pid_file,
             user: self.user,
+            reqs_per_event: self.reqs_per_event,
+            backlog: self.backlog,
+            flush_enabled: !self.disable_flush_all,
+            dump_enabled: !self.disable_dumping,
+            watch_enabled: !self.disable_watch,
         })
     }
 }

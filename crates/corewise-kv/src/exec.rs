@@ -82,6 +82,9 @@ pub struct ConnCounters {
     pub bytes_read: AtomicU64,
     /// Bytes written to clients.
     pub bytes_written: AtomicU64,
+    /// Times a connection let the others run after `-R` requests from
+    /// one read with more requests waiting (memcached's `conn_yields`).
+    pub conn_yields: AtomicU64,
 }
 
 /// What `stats conns` shows of one open connection.
@@ -650,9 +653,21 @@ pub fn execute_conn<O: Sink>(
             }
         }
         Request::FlushAll { delay, noreply } => {
-            store.flush(delay);
+            // Under `-F` a flush is counted and refused, whatever its
+            // delay, as memcached does.
+            let reply: &[u8] = match delay {
+                _ if !shared.config.flush_enabled => {
+                    store.ops.cmd_flush.fetch_add(1, Ordering::Relaxed);
+                    b"CLIENT_ERROR flush_all not allowed"
+                }
+                Some(delay) => {
+                    store.flush(delay);
+                    b"OK"
+                }
+                None => b"CLIENT_ERROR invalid exptime argument",
+            };
             if !noreply {
-                line(out, b"OK");
+                line(out, reply);
             }
         }
         Request::Stats { group } => stats(shared, group, out),
@@ -1327,6 +1342,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             }
             stat(out, "limit_maxbytes", s.limit_maxbytes);
             stat(out, "threads", cfg.threads);
+            stat(out, "conn_yields", ld(&c.conn_yields));
             stat(out, "bytes", s.bytes);
             stat(out, "curr_items", s.curr_items);
             stat(out, "total_items", s.counters.total_items);
@@ -1372,7 +1388,10 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                 "lru_crawler",
                 yes(shared.crawler_enabled.load(Ordering::Relaxed)),
             );
-            stat(out, "flush_enabled", "yes");
+            stat(out, "flush_enabled", yes(cfg.flush_enabled));
+            stat(out, "dump_enabled", yes(cfg.dump_enabled));
+            stat(out, "reqs_per_event", cfg.reqs_per_event);
+            stat(out, "tcp_backlog", cfg.backlog);
             stat(out, "corewise_mode", cfg.mode);
         }
         Some(b"items") => {
@@ -1464,7 +1483,11 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             return;
         }
         Some(b"cachedump") => {
-            cachedump(store, group_args(whole), out);
+            if shared.config.dump_enabled {
+                cachedump(store, group_args(whole), out);
+            } else {
+                line(out, b"CLIENT_ERROR stats cachedump not allowed");
+            }
             return;
         }
         // No external storage: memcached without extstore answers so.
@@ -1477,6 +1500,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                 &shared.conns.rejected_connections,
                 &shared.conns.bytes_read,
                 &shared.conns.bytes_written,
+                &shared.conns.conn_yields,
             ] {
                 c.store(0, Ordering::Relaxed);
             }

@@ -30,6 +30,7 @@ mod status {
     pub const EINVAL: u16 = 0x0004;
     pub const NOT_STORED: u16 = 0x0005;
     pub const DELTA_BADVAL: u16 = 0x0006;
+    pub const AUTH_ERROR: u16 = 0x0020;
     pub const UNKNOWN_COMMAND: u16 = 0x0081;
     pub const ENOMEM: u16 = 0x0082;
 }
@@ -404,6 +405,12 @@ fn execute_bytes(shared: &Shared, f: &Frame<'_>, out: &mut Vec<u8>) -> Flow {
         op::FLUSH | op::FLUSHQ => {
             if !layout(f, &[0, 4], Some(false), false) {
                 return invalid(out);
+            }
+            if !shared.config.flush_enabled {
+                // memcached's answer under `-F`, to flushq too; unlike a
+                // text flush it is not counted in `cmd_flush`.
+                respond(out, h, status::AUTH_ERROR, 0, &[], &[], b"Auth failure.");
+                return Flow::Continue;
             }
             store.flush(i64::from(be32(f.extras)));
             if h.opcode == op::FLUSH {

@@ -30,6 +30,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Err(e) = server::set_backlog(&listener, config.backlog) {
+        eprintln!("corewise-kv: -b {}: {e}", config.backlog);
+        return ExitCode::FAILURE;
+    }
     if let Some(user) = &config.user {
         if let Err(e) = process::switch_user(user) {
             eprintln!("corewise-kv: -u {user}: {e}");

@@ -609,6 +609,7 @@ impl Connection {
         if self.binary.is_some() {
             return self.process_binary();
         }
+        let mut ran = 0;
         loop {
             let buf = &self.rbuf[self.pos..self.filled];
             let (used, d) = self.decoder.decode(buf);
@@ -645,15 +646,22 @@ impl Connection {
             if done {
                 return Flow::Continue;
             }
+            if self.pace(&mut ran).is_err() {
+                return Flow::Close;
+            }
         }
     }
 
     /// [`process`](Self::process) for a binary-protocol connection.
     fn process_binary(&mut self) -> Flow {
-        let Some(dec) = self.binary.as_mut() else {
+        if self.binary.is_none() {
             return Flow::Continue;
-        };
+        }
+        let mut ran = 0;
         loop {
+            let Some(dec) = self.binary.as_mut() else {
+                return Flow::Continue;
+            };
             let (used, d) = dec.decode(&self.rbuf[self.pos..self.filled]);
             let flow = match d {
                 BinDecoded::Incomplete => Flow::Continue,
@@ -677,10 +685,33 @@ impl Connection {
             {
                 return Flow::Close;
             }
-            if matches!(d, BinDecoded::Incomplete) && (used == 0 || self.pos == self.filled) {
-                return Flow::Continue;
+            if matches!(d, BinDecoded::Incomplete) {
+                if used == 0 || self.pos == self.filled {
+                    return Flow::Continue;
+                }
+            } else if self.pace(&mut ran).is_err() {
+                return Flow::Close;
             }
         }
+    }
+
+    /// Counts a request run from this read; after `-R` of them with more
+    /// bytes waiting, sends the replies so far and lets the core's other
+    /// user threads run first, as memcached lets its other connections run
+    /// (`conn_yields` counts the times). A thread per connection would
+    /// otherwise keep its core for as long as one client pipelines.
+    fn pace(&mut self, ran: &mut u32) -> io::Result<()> {
+        *ran += 1;
+        if *ran >= self.shared.config.reqs_per_event && self.pos < self.filled {
+            *ran = 0;
+            self.shared
+                .conns
+                .conn_yields
+                .fetch_add(1, Ordering::Relaxed);
+            self.flush()?;
+            corewise::yield_now();
+        }
+        Ok(())
     }
 
     /// Writes the replies: straight to the socket while it takes them,
@@ -1338,6 +1369,28 @@ pub fn raise_fd_limit() -> u64 {
 /// ```
 pub fn bind(listen: &str, port: u16) -> io::Result<TcpListener> {
     TcpListener::bind((listen, port))
+}
+
+/// Sets the listen backlog of a bound listener (memcached's `-b`): Linux
+/// takes `listen` on a socket that already listens as its new backlog
+/// (capped by the kernel at `net.core.somaxconn`).
+///
+/// ```
+/// use corewise_kv::server::{bind, set_backlog};
+/// let l = bind("127.0.0.1", 0)?;
+/// set_backlog(&l, 16)?;
+/// // Still listening: a client connects.
+/// std::net::TcpStream::connect(l.local_addr()?)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn set_backlog(listener: &TcpListener, backlog: u32) -> io::Result<()> {
+    let backlog = i32::try_from(backlog).unwrap_or(i32::MAX);
+    // SAFETY: `listen` takes a descriptor the listener owns and an int.
+    if unsafe { libc::listen(listener.as_raw_fd(), backlog) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 #[allow(dead_code)]

@@ -205,6 +205,17 @@ fn every_stats_counter_moves() {
             &[("cmd_meta", By(1))],
         ),
         row(
+            // 25 requests in one read, more than -R's 20: the connection
+            // sends its replies and lets the others run once.
+            |_, c| {
+                c.send(&b"mn\r\n".repeat(25));
+                for _ in 0..25 {
+                    assert_eq!(c.line(), "MN");
+                }
+            },
+            &[("conn_yields", By(1))],
+        ),
+        row(
             // A delayed flush: items stored before it are gone after it
             // (`flush_all 1` takes effect at once and frees them, so a
             // read of them is a plain miss).

@@ -253,8 +253,10 @@ pub enum Request<'a> {
     },
     /// flush_all, with an optional delay.
     FlushAll {
-        /// Delay (expiry rules), 0 for now.
-        delay: i64,
+        /// Delay (expiry rules), 0 for now; `None` when it is not a
+        /// number (`CLIENT_ERROR invalid exptime argument`, unless
+        /// flushing is off).
+        delay: Option<i64>,
         /// No reply wanted.
         noreply: bool,
     },

@@ -814,9 +814,11 @@ fn flush_all(toks: Tokens<'_>) -> Result<Request<'_>, ProtoError> {
         [d, extra] => (Some(*d), noreply_last(extra)),
         _ => return Err(ProtoError::Unknown),
     };
+    // A delay that is not a number is the executor's error to give:
+    // memcached refuses a flush under `-F` before it reads the delay.
     let delay = match delay {
-        None => 0,
-        Some(d) => parse_i64(d).ok_or(ProtoError::BadExptime)?,
+        None => Some(0),
+        Some(d) => parse_i64(d),
     };
     Ok(Request::FlushAll { delay, noreply })
 }

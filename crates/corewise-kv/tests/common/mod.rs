@@ -308,11 +308,17 @@ pub struct Memcached(Child, pub u16);
 impl Memcached {
     /// Starts it, if `memcached` is on PATH.
     pub fn start() -> Option<Memcached> {
+        Self::start_with(&[])
+    }
+
+    /// Starts it with these extra flags, if `memcached` is on PATH.
+    pub fn start_with(extra: &[&str]) -> Option<Memcached> {
         let (child, port) = spawn_on_free_port(
             |port| {
                 let mut c = Command::new("memcached");
                 c.args(["-p", &port.to_string(), "-l", "127.0.0.1", "-U", "0"])
                     .args(["-u", "root"])
+                    .args(extra)
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null());
@@ -365,6 +371,14 @@ impl Pair {
         Pair {
             server: Server::start(flags),
             memcached: Memcached::start(),
+        }
+    }
+
+    /// Starts corewise-kv and memcached, both with `flags` (memcached's).
+    pub fn start_alike(flags: &[&str]) -> Pair {
+        Pair {
+            server: Server::start(flags),
+            memcached: Memcached::start_with(flags),
         }
     }
 

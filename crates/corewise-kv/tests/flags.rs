@@ -1,0 +1,194 @@
+//! memcached's `-F`, `-X`, `-W`, `-R` and `-b` against the real binary,
+//! side by side with memcached (given the same flags) when it is
+//! installed: the refusals' exact bytes, what is still counted, the
+//! `stats settings` lines, the yields `-R` makes, and the listening
+//! socket's backlog as the kernel shows it.
+
+mod common;
+
+use common::{bin_exchange, frame, Client, Pair, Server};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+fn raw(r: &[u8]) -> String {
+    String::from_utf8_lossy(r).into_owned()
+}
+
+/// Sends `req` in one write on a new connection and reads until the
+/// replies end with `end`.
+fn send_in_one_write(port: u16, req: &[u8], end: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(req).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    while !got.ends_with(end) {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed after {:?}", raw(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+/// The value of `name` in `stats settings` on `port`.
+fn setting(port: u16, name: &str) -> String {
+    let mut c = Client::connect(port);
+    c.stats("settings")
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no setting {name}"))
+}
+
+#[test]
+fn commands_turned_off_are_refused_as_memcached_refuses_them() {
+    let both = Pair::start_alike(&["-F", "-X", "-W"]);
+    let check = |req: &str, want: &str| both.check(req.as_bytes(), want, raw);
+    let mut ports = vec![both.server.port];
+    ports.extend(both.memcached.as_ref().map(|m| m.1));
+
+    check("set a 0 0 1\r\nx\r\n", "STORED\r\n");
+    // Refused whatever the delay, a bad one included; `noreply` silences
+    // the refusal.
+    check(
+        "flush_all\r\nflush_all 10\r\nflush_all noreply\r\nflush_all bogus\r\n",
+        "CLIENT_ERROR flush_all not allowed\r\n\
+         CLIENT_ERROR flush_all not allowed\r\n\
+         CLIENT_ERROR flush_all not allowed\r\n",
+    );
+    check("get a\r\n", "VALUE a 0 1\r\nx\r\nEND\r\n");
+    check(
+        "stats cachedump 1 1\r\nstats cachedump\r\n",
+        "CLIENT_ERROR stats cachedump not allowed\r\n\
+         CLIENT_ERROR stats cachedump not allowed\r\n",
+    );
+    check(
+        "lru_crawler metadump all\r\nlru_crawler metadump hash\r\n",
+        "ERROR metadump not allowed\r\nERROR metadump not allowed\r\n",
+    );
+    for port in &ports {
+        // `watch` ends what a connection can send, so on its own.
+        let got = send_in_one_write(*port, b"watch fetchers\r\n", b"\r\n");
+        assert_eq!(raw(&got), "CLIENT_ERROR watch commands not allowed\r\n");
+    }
+    for port in &ports {
+        // Binary flush and flushq: refused with an authentication error
+        // (flushq too: errors are never quiet), the value still there.
+        let replies = bin_exchange(
+            *port,
+            &[frame(0x08, &[], &[], &[], 7), frame(0x18, &[], &[], &[], 8)],
+        );
+        assert_eq!(
+            replies,
+            vec![
+                (0x08, 0x20, 7, b"Auth failure.".to_vec()),
+                (0x18, 0x20, 8, b"Auth failure.".to_vec()),
+            ],
+            "port {port}"
+        );
+        let mut c = Client::connect(*port);
+        assert_eq!(c.get("a").as_deref(), Some(&b"x"[..]), "port {port}");
+        // Each refused text flush is counted, as memcached counts it; the
+        // binary ones are not (memcached counts those only when it runs
+        // them).
+        assert_eq!(c.stat("cmd_flush"), 4, "port {port}");
+        assert_eq!(setting(*port, "flush_enabled"), "no");
+        assert_eq!(setting(*port, "dump_enabled"), "no");
+    }
+}
+
+#[test]
+fn flushing_and_dumping_stay_on_by_default() {
+    let both = Pair::start_alike(&[]);
+    let check = |req: &str, want: &str| both.check(req.as_bytes(), want, raw);
+    // A bad delay is an error, silenced by `noreply` as memcached
+    // silences every answer of a `noreply` command.
+    check(
+        "flush_all bogus\r\nflush_all bogus noreply\r\nflush_all\r\n",
+        "CLIENT_ERROR invalid exptime argument\r\nOK\r\n",
+    );
+    check("stats cachedump 1 1\r\n", "END\r\n");
+    assert_eq!(setting(both.server.port, "flush_enabled"), "yes");
+    assert_eq!(setting(both.server.port, "dump_enabled"), "yes");
+    assert_eq!(setting(both.server.port, "reqs_per_event"), "20");
+    assert_eq!(setting(both.server.port, "tcp_backlog"), "1024");
+}
+
+/// Sends `n` gets and a `mn` in one write (one read on the server's side)
+/// and waits for the `MN`; returns how much `conn_yields` grew.
+fn yields_for(port: u16, n: usize) -> u64 {
+    let before = Client::connect(port).stat("conn_yields");
+    let mut req: Vec<u8> = (0..n)
+        .flat_map(|i| format!("get k{i}\r\n").into_bytes())
+        .collect();
+    req.extend_from_slice(b"mn\r\n");
+    let got = send_in_one_write(port, &req, b"MN\r\n");
+    assert_eq!(got.len(), n * 5 + 4, "every get answered END");
+    Client::connect(port).stat("conn_yields") - before
+}
+
+#[test]
+fn a_connection_yields_after_its_requests_per_event() {
+    let both = Pair::start_alike(&["-R", "5"]);
+    let mut ports = vec![both.server.port];
+    ports.extend(both.memcached.as_ref().map(|m| m.1));
+    for port in ports {
+        assert_eq!(setting(port, "reqs_per_event"), "5");
+        // Requests in one read (the gets and the `mn`): a yield after
+        // every fifth with more waiting, none after the last.
+        for (requests, yields) in [(5, 0), (6, 1), (10, 1), (11, 2), (100, 19)] {
+            assert_eq!(
+                yields_for(port, requests - 1),
+                yields,
+                "{requests} requests in one read on port {port}"
+            );
+        }
+        // `stats reset` zeroes the count.
+        let mut c = Client::connect(port);
+        assert_eq!(c.cmd("stats reset"), "RESET");
+        assert_eq!(c.stat("conn_yields"), 0);
+    }
+}
+
+#[test]
+fn minus_r_zero_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_corewise-kv"))
+        .args(["-R", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        raw(&out.stderr).contains("requests per event must be greater than 0"),
+        "{}",
+        raw(&out.stderr)
+    );
+}
+
+/// The backlog of the socket listening on `port`, as `ss` shows it (its
+/// Send-Q column for a listening socket).
+fn backlog(port: u16) -> u64 {
+    let out = Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+        .expect("ss (iproute2; scripts/install-test-deps.sh installs it)");
+    let text = raw(&out.stdout);
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"LISTEN"), "{text}");
+    fields[2].parse().unwrap()
+}
+
+#[test]
+fn the_listen_backlog_is_minus_b() {
+    let somaxconn: u64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let small = Server::start(&["-b", "37"]);
+    assert_eq!(backlog(small.port), 37);
+    assert_eq!(setting(small.port, "tcp_backlog"), "37");
+    let default = Server::start(&[]);
+    assert_eq!(backlog(default.port), 1024.min(somaxconn));
+}
