@@ -24,7 +24,9 @@ pub enum SpawnError {
         limit: usize,
     },
     /// The core policy names no core for this thread class right now (for
-    /// example every core is already held by an exclusive thread).
+    /// example every core is already held by an exclusive thread). Not
+    /// returned when no core runs at all (the runtime between cores): the
+    /// thread then waits for the next core.
     #[error("the core policy has no core for a {0:?} thread")]
     NoCoreForClass(crate::policy::ThreadClass),
     /// The requested core does not exist or is not held by the runtime now.

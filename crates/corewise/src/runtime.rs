@@ -1360,3 +1360,27 @@ impl Drop for Runtime {
         crate::sched::park::drop_spares(shared, None);
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A spawn from outside the runtime at an instant when no core runs
+    /// (one given back and the next not running yet: a lost arbiter
+    /// daemon, a grant moving) waits for the next core instead of failing.
+    /// The instant is held open here by hiding the active cores from the
+    /// spawn; the core keeps running and takes the thread.
+    #[test]
+    fn a_spawn_while_no_core_runs_waits_for_one() {
+        let rt = Runtime::builder().max_cores(1).build().unwrap();
+        assert_eq!(rt.spawn(|| 1).unwrap().join().unwrap(), 1);
+        let hidden = rt.shared.active_mask.swap(0, Ordering::AcqRel);
+        assert_ne!(hidden, 0, "the runtime held a core");
+        let spawned = rt.spawn(|| 7);
+        rt.shared.active_mask.fetch_or(hidden, Ordering::AcqRel);
+        assert_eq!(
+            spawned.expect("spawn with no core running").join().unwrap(),
+            7
+        );
+    }
+}

@@ -126,6 +126,16 @@ fn choose(shared: &'static Shared, opts: &SpawnOptions) -> Result<Target, SpawnE
     let candidates = match opts.core {
         Some(c) if active.contains(c) => CoreMask::single(c),
         Some(c) => return Err(SpawnError::CoreUnavailable(c)),
+        None if active.is_empty() => {
+            // No core runs at this instant: the runtime is between cores
+            // (one given back and the next not running yet, as when the
+            // arbiter daemon is lost or a grant moves). The thread waits
+            // in the shared inbox, which the next core to run drains
+            // (`place_in` with no candidate); failing would make a spawn
+            // from outside the runtime succeed or not by its timing.
+            return crate::sched::park::take_spare(shared, None)
+                .map(|ctx| Target::Spare(ctx, CoreMask(0)));
+        }
         None => {
             let m = super::placement::class_cores(shared, opts.class, active);
             if m.is_empty() {
