@@ -269,3 +269,46 @@ fn meta_flags_conn_mode() {
 fn meta_flags_dispatch_mode() {
     run("dispatch");
 }
+
+/// The `l` value (seconds since last access) of `mg k l`'s reply.
+fn last_access(c: &mut common::Client) -> u64 {
+    let reply = c.cmd("mg k l");
+    reply
+        .strip_prefix("HD l")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("mg k l: {reply:?}"))
+}
+
+/// memcached moves an item's last access only from its second fetch on:
+/// after a `set`, a wait and one `get`, `mg`'s `l` still counts from the
+/// `set`. corewise-kv moves it on every later fetch; memcached does when
+/// the item is still in its hot LRU and leaves it to its LRU maintainer
+/// otherwise, so that part is checked on corewise-kv only.
+#[test]
+fn the_first_fetch_leaves_the_last_access_alone() {
+    let both = Pair::start(&[]);
+    let mut clients = vec![both.server.client()];
+    clients.extend(
+        both.memcached
+            .as_ref()
+            .map(|m| common::Client::connect(m.1)),
+    );
+    for c in &mut clients {
+        assert_eq!(c.set("k", b"v"), "STORED");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(c.get("k").as_deref(), Some(&b"v"[..]));
+        // Both clocks count whole seconds: 2.1 s reads as 1 to 3.
+        let after_one_get = last_access(c);
+        assert!(
+            after_one_get >= 1,
+            "server {i}: l{after_one_get} after one get"
+        );
+    }
+    let after_the_second = last_access(&mut clients[0]);
+    assert!(
+        after_the_second <= 1,
+        "l{after_the_second} after two fetches"
+    );
+}

@@ -578,8 +578,7 @@ impl Store {
                     fetched: it.fetched,
                     idle: now.saturating_sub(it.last_access),
                 };
-                it.fetched = true;
-                it.last_access = now;
+                it.note_fetch(now);
                 match touch {
                     Some(Deadline::Never) => it.exptime = 0,
                     Some(Deadline::At(t)) => it.exptime = t,
@@ -683,8 +682,7 @@ impl Store {
             idle: now.saturating_sub(it.last_access),
         };
         if bump_item {
-            it.fetched = true;
-            it.last_access = now;
+            it.note_fetch(now);
         }
         let view = MetaView {
             before,

@@ -72,7 +72,8 @@ pub struct Item {
     pub exptime: u32,
     /// The item's CAS value (unique per modification).
     pub cas: u64,
-    /// Server second of the last access.
+    /// Server second of the last access: when it was stored, or its last
+    /// fetch after the first (see [`Item::note_fetch`]).
     pub last_access: u32,
     /// Whether it has been read since it was stored.
     pub fetched: bool,
@@ -112,6 +113,28 @@ impl Item {
             prev: NIL,
             next: NIL,
         }
+    }
+
+    /// Records a fetch at server second `now` as memcached's segmented LRU
+    /// does: the first fetch only marks the item fetched, each later one
+    /// also moves its last access to `now` (memcached bumps an item's time
+    /// from its second fetch on). What `mg`'s `l` flag, `lru_crawler
+    /// metadump`'s `la` and `stats items`' age show follows from it.
+    ///
+    /// ```
+    /// use corewise_kv::store::Item;
+    /// let mut it = Item::new(b"k", b"v".to_vec(), 0, 0, 1, 10);
+    /// it.note_fetch(12);
+    /// assert!(it.fetched);
+    /// assert_eq!(it.last_access, 10); // the first fetch: stored at 10
+    /// it.note_fetch(13);
+    /// assert_eq!(it.last_access, 13);
+    /// ```
+    pub fn note_fetch(&mut self, now: u32) {
+        if self.fetched {
+            self.last_access = now;
+        }
+        self.fetched = true;
     }
 
     /// Bytes this item is charged.
