@@ -67,6 +67,7 @@ pub enum Io {
 /// assert_eq!(check(&["corewise-kv", "-m", "0"]), Some(ConfigError::Memory));
 /// assert_eq!(check(&["corewise-kv", "-U", "11211"]), Some(ConfigError::Udp));
 /// assert_eq!(check(&["corewise-kv", "-R", "0"]), Some(ConfigError::ReqsPerEvent));
+/// assert_eq!(check(&["corewise-kv", "-a", "9"]), Some(ConfigError::UnixMask("9".into())));
 /// assert_eq!(check(&["corewise-kv", "-m", "1", "-I", "2m"]), Some(ConfigError::ItemOverMemory { item: 2 << 20, memory_mb: 1 }));
 /// // One listening address: a list, host:port or -l twice is refused.
 /// assert!(matches!(check(&["corewise-kv", "-l", "127.0.0.1,::1"]), Some(ConfigError::Listen(_))));
@@ -103,6 +104,9 @@ pub enum ConfigError {
     /// `-U` other than 0.
     #[error("-U: UDP is not supported; only -U 0 is accepted")]
     Udp,
+    /// `-a` is not an octal mode.
+    #[error("-a: {0:?} is not a file mode in octal, like 700")]
+    UnixMask(String),
     /// `-R` is zero.
     #[error("-R: the number of requests per event must be greater than 0")]
     ReqsPerEvent,
@@ -130,6 +134,12 @@ pub enum ConfigError {
 ///     .unwrap();
 /// assert!(!c.flush_enabled && !c.dump_enabled && !c.watch_enabled);
 /// assert_eq!((c.reqs_per_event, c.backlog), (5, 64));
+/// // A unix socket instead of the network, and its permissions.
+/// let c = Args::try_parse_from(["corewise-kv", "-s", "/run/kv.sock", "-a", "770"])?
+///     .into_config()
+///     .unwrap();
+/// assert_eq!(c.unix_socket.as_deref(), Some(std::path::Path::new("/run/kv.sock")));
+/// assert_eq!(c.unix_mask, 0o770);
 /// assert!(Args::try_parse_from(["corewise-kv", "--no-such-flag"]).is_err());
 /// # Ok::<(), clap::Error>(())
 /// ```
@@ -244,6 +254,13 @@ pub struct Args {
     /// Refuse `watch` (memcached's `-W`).
     #[arg(short = 'W', long = "disable-watch")]
     pub disable_watch: bool,
+    /// Listen on this unix socket file instead of the network (memcached's
+    /// `-s`; a socket file left there is replaced).
+    #[arg(short = 's', long = "unix-socket")]
+    pub unix_socket: Option<PathBuf>,
+    /// Permissions of the unix socket file, in octal (memcached's `-a`).
+    #[arg(short = 'a', long = "unix-mask", default_value = "700")]
+    pub unix_mask: String,
 }
 
 /// Whether `-l`'s value names one address and no port: not a list
@@ -307,6 +324,10 @@ pub struct Config {
     pub dump_enabled: bool,
     /// `watch` allowed (no `-W`).
     pub watch_enabled: bool,
+    /// Unix socket file to listen on instead of TCP (`-s`).
+    pub unix_socket: Option<PathBuf>,
+    /// Permissions of the unix socket file (`-a`).
+    pub unix_mask: u32,
 }
 
 impl Default for Config {
@@ -334,6 +355,8 @@ impl Default for Config {
             flush_enabled: true,
             dump_enabled: true,
             watch_enabled: true,
+            unix_socket: None,
+            unix_mask: 0o700,
         }
     }
 }
@@ -405,6 +428,10 @@ impl Args {
         if self.reqs_per_event == 0 {
             return Err(ConfigError::ReqsPerEvent);
         }
+        let unix_mask = u32::from_str_radix(&self.unix_mask, 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| ConfigError::UnixMask(self.unix_mask.clone()))?;
         if item_max > self.memory_mb.saturating_mul(1024 * 1024) {
             return Err(ConfigError::ItemOverMemory {
                 item: item_max,
@@ -453,6 +480,8 @@ impl Args {
             flush_enabled: !self.disable_flush_all,
             dump_enabled: !self.disable_dumping,
             watch_enabled: !self.disable_watch,
+            unix_socket: self.unix_socket,
+            unix_mask,
         })
     }
 }

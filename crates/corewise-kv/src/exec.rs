@@ -103,15 +103,15 @@ pub struct ConnCounters {
 /// use corewise_kv::{config::Config, exec::Shared};
 /// use std::sync::atomic::Ordering::Relaxed;
 /// let shared = Shared::new(Config::default());
-/// let info = shared.conn_table.open(9, "127.0.0.1:40000".into(), shared.store.clock().now());
-/// assert_eq!(info.peer, "127.0.0.1:40000");
+/// let info = shared.conn_table.open(9, "tcp:127.0.0.1:40000".into(), shared.store.clock().now());
+/// assert_eq!(info.peer, "tcp:127.0.0.1:40000");
 /// assert!(run(&shared, b"stats conns\r\n").contains("STAT 9:state conn_new_cmd\r\n"));
 /// info.busy.store(true, Relaxed); // running its requests
 /// assert!(run(&shared, b"stats conns\r\n").contains("STAT 9:state conn_parse_cmd\r\n"));
 /// ```
 #[derive(Debug)]
 pub struct ConnInfo {
-    /// The client's address.
+    /// The client's address as `stats conns` shows it (`tcp:host:port`).
     pub peer: String,
     /// Server second of its last request (or of its accept).
     pub last_cmd: AtomicU32,
@@ -138,8 +138,8 @@ pub struct ConnInfo {
 /// use corewise_kv::{config::Config, exec::Shared};
 /// let shared = Shared::new(Config::default());
 /// let table = &shared.conn_table;
-/// table.set_listener(3, "127.0.0.1:11211".into());
-/// let _info = table.open(8, "127.0.0.1:50000".into(), shared.store.clock().now());
+/// table.set_listener(3, "tcp:127.0.0.1:11211".into());
+/// let _info = table.open(8, "tcp:127.0.0.1:50000".into(), shared.store.clock().now());
 /// let conns = run(&shared, b"stats conns\r\n");
 /// assert!(conns.contains("STAT 3:state conn_listening\r\n"));
 /// assert!(conns.contains("STAT 8:addr tcp:127.0.0.1:50000\r\n"));
@@ -160,7 +160,8 @@ impl Default for ConnTable {
 }
 
 impl ConnTable {
-    /// Records the listening socket.
+    /// Records the listening socket, with its address as `stats conns`
+    /// shows it (`tcp:host:port` or `unix:path`).
     ///
     /// ```
     /// # // Runs every request in `buf` against `shared`, returning the replies.
@@ -175,7 +176,7 @@ impl ConnTable {
     /// # }
     /// use corewise_kv::{config::Config, exec::Shared};
     /// let shared = Shared::new(Config::default());
-    /// shared.conn_table.set_listener(4, "0.0.0.0:11211".into());
+    /// shared.conn_table.set_listener(4, "tcp:0.0.0.0:11211".into());
     /// assert!(run(&shared, b"stats conns\r\n").contains("STAT 4:addr tcp:0.0.0.0:11211\r\n"));
     /// ```
     pub fn set_listener(&self, fd: i32, addr: String) {
@@ -199,7 +200,7 @@ impl ConnTable {
     /// use corewise_kv::{config::Config, exec::Shared};
     /// use std::sync::atomic::Ordering::Relaxed;
     /// let shared = Shared::new(Config::default());
-    /// let info = shared.conn_table.open(6, "127.0.0.1:1234".into(), shared.store.clock().now());
+    /// let info = shared.conn_table.open(6, "tcp:127.0.0.1:1234".into(), shared.store.clock().now());
     /// info.spoke.store(true, Relaxed);
     /// assert!(run(&shared, b"stats conns\r\n").contains("STAT 6:state conn_read\r\n"));
     /// ```
@@ -229,7 +230,7 @@ impl ConnTable {
     /// # }
     /// use corewise_kv::{config::Config, exec::Shared};
     /// let shared = Shared::new(Config::default());
-    /// let _info = shared.conn_table.open(6, "127.0.0.1:1234".into(), shared.store.clock().now());
+    /// let _info = shared.conn_table.open(6, "tcp:127.0.0.1:1234".into(), shared.store.clock().now());
     /// shared.conn_table.close(6);
     /// assert!(!run(&shared, b"stats conns\r\n").contains("STAT 6:"));
     /// ```
@@ -242,7 +243,7 @@ impl ConnTable {
     fn write(&self, now: u32, uptime: u64, out: &mut Vec<u8>) {
         let listen = self.listener.lock().clone();
         if let Some((fd, addr)) = &listen {
-            stat(out, &format!("{fd}:addr"), format!("tcp:{addr}"));
+            stat(out, &format!("{fd}:addr"), addr);
             stat(out, &format!("{fd}:state"), "conn_listening");
             stat(out, &format!("{fd}:secs_since_last_cmd"), uptime);
         }
@@ -253,9 +254,9 @@ impl ConnTable {
             .map(|(fd, c)| (*fd, Arc::clone(c)))
             .collect();
         for (fd, c) in conns {
-            stat(out, &format!("{fd}:addr"), format!("tcp:{}", c.peer));
+            stat(out, &format!("{fd}:addr"), &c.peer);
             if let Some((_, addr)) = &listen {
-                stat(out, &format!("{fd}:listen_addr"), format!("tcp:{addr}"));
+                stat(out, &format!("{fd}:listen_addr"), addr);
             }
             let state = if c.busy.load(Ordering::Relaxed) {
                 "conn_parse_cmd"
@@ -1367,7 +1368,11 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                 "evictions",
                 if store.evictions() { "on" } else { "off" },
             );
-            stat(out, "domain_socket", "NULL");
+            match &cfg.unix_socket {
+                Some(path) => stat(out, "domain_socket", path.display()),
+                None => stat(out, "domain_socket", "NULL"),
+            }
+            stat(out, "umask", format!("{:o}", cfg.unix_mask));
             stat(out, "shutdown_command", yes(cfg.enable_shutdown));
             stat(out, "growth_factor", "1.25");
             stat(out, "chunk_size", 48);

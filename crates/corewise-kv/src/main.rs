@@ -3,6 +3,7 @@
 use clap::Parser;
 use corewise_kv::config::{Args, Io, Mode};
 use corewise_kv::exec::Shared;
+use corewise_kv::listen::Listener;
 use corewise_kv::{process, server};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,17 +21,21 @@ fn main() -> ExitCode {
     // Listening first, as root if started so (a low port), and while the
     // terminal still shows an error; then memcached's process set-up,
     // which must come before the runtime starts any thread.
-    let listener = match server::bind(&config.listen, config.port) {
+    let bound = match &config.unix_socket {
+        Some(path) => Listener::unix(path, config.unix_mask)
+            .map_err(|e| format!("cannot listen on {}: {e}", path.display())),
+        None => server::bind(&config.listen, config.port)
+            .map(Listener::from)
+            .map_err(|e| format!("cannot listen on {}:{}: {e}", config.listen, config.port)),
+    };
+    let listener = match bound {
         Ok(l) => l,
         Err(e) => {
-            eprintln!(
-                "corewise-kv: cannot listen on {}:{}: {e}",
-                config.listen, config.port
-            );
+            eprintln!("corewise-kv: {e}");
             return ExitCode::FAILURE;
         }
     };
-    if let Err(e) = server::set_backlog(&listener, config.backlog) {
+    if let Err(e) = listener.set_backlog(config.backlog) {
         eprintln!("corewise-kv: -b {}: {e}", config.backlog);
         return ExitCode::FAILURE;
     }
@@ -92,9 +97,8 @@ fn main() -> ExitCode {
     }
     if config.verbose > 0 {
         eprintln!(
-            "corewise-kv: listening on {}:{} ({} mode, {} cores max, {} backend)",
-            config.listen,
-            config.port,
+            "corewise-kv: listening on {} ({} mode, {} cores max, {} backend)",
+            listener.address(),
             config.mode,
             config.threads,
             rt.io_backend()

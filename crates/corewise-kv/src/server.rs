@@ -59,13 +59,14 @@
 use crate::config::Mode;
 use crate::exec::{execute_conn, write_error, ConnInfo, Flow, Shared, SPILL_AT};
 use crate::exec_binary::{execute_binary, too_large, write_malformed};
+use crate::listen::{Listener, Stream};
 use crate::protocol::binary::{BinDecoded, BinaryDecoder, REQUEST_MAGIC};
 use crate::protocol::{Decoded, Decoder, Limits, GET_LINE_MAX, MAX_LINE};
 use crate::reply::{Reply, Sink};
-use corewise::net::{TcpListener, TcpStream};
+use corewise::net::TcpListener;
 use corewise::sync::SpinLock;
 use corewise::ThreadClass;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -176,7 +177,7 @@ pub const KEEP_BUF: usize = 64 * 1024;
 /// ```
 #[derive(Debug)]
 pub struct Connection {
-    stream: TcpStream,
+    stream: Stream,
     rbuf: Vec<u8>,
     pos: usize,
     filled: usize,
@@ -244,16 +245,15 @@ impl Connection {
     /// assert_eq!(shared.conns.curr_connections.load(Relaxed), 0); // dropped: closed
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn new(stream: TcpStream, shared: Arc<Shared>) -> Self {
-        let _ = stream.set_nodelay(true);
+    pub fn new(stream: impl Into<Stream>, shared: Arc<Shared>) -> Self {
+        let stream = stream.into();
+        stream.set_nodelay();
         let item_max = shared.config.item_max;
         shared
             .conns
             .curr_connections
             .fetch_add(1, Ordering::Relaxed);
-        let peer = stream
-            .peer_addr()
-            .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
+        let peer = stream.peer();
         let info = shared
             .conn_table
             .open(stream.as_raw_fd(), peer, shared.store.clock().now());
@@ -863,7 +863,7 @@ impl Connection {
 /// values), then through corewise's blocking write (the user thread waits,
 /// its core runs others). A write that stops in the middle of a segment
 /// resumes there ([`Reply::write_with`]).
-fn send_all(stream: &mut TcpStream, wbuf: &mut Reply, shared: &Shared) -> io::Result<()> {
+fn send_all(stream: &mut Stream, wbuf: &mut Reply, shared: &Shared) -> io::Result<()> {
     let total = wbuf.pending();
     let fd = stream.as_raw_fd();
     let mut blocked = false;
@@ -909,7 +909,7 @@ fn send_all(stream: &mut TcpStream, wbuf: &mut Reply, shared: &Shared) -> io::Re
 }
 
 /// Refuses a connection over the limit: the error line, then close.
-fn refuse(stream: TcpStream, shared: &Shared) {
+fn refuse(stream: Stream, shared: &Shared) {
     shared
         .conns
         .rejected_connections
@@ -926,7 +926,7 @@ fn refuse(stream: TcpStream, shared: &Shared) {
 }
 
 /// Accepts one connection within the limit, or refuses it.
-fn admit(stream: TcpStream, shared: &Arc<Shared>) -> Option<Connection> {
+fn admit(stream: Stream, shared: &Arc<Shared>) -> Option<Connection> {
     shared
         .conns
         .total_connections
@@ -964,12 +964,15 @@ fn admit(stream: TcpStream, shared: &Arc<Shared>) -> Option<Connection> {
 /// assert!(srv.join().unwrap().is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn serve(rt: &corewise::Runtime, listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
-    if let Ok(addr) = listener.local_addr() {
-        shared
-            .conn_table
-            .set_listener(listener.as_raw_fd(), addr.to_string());
-    }
+pub fn serve(
+    rt: &corewise::Runtime,
+    listener: impl Into<Listener>,
+    shared: Arc<Shared>,
+) -> io::Result<()> {
+    let listener = listener.into();
+    shared
+        .conn_table
+        .set_listener(listener.as_raw_fd(), listener.address());
     match shared.config.mode {
         Mode::Conn => {
             let h = rt
@@ -1003,9 +1006,9 @@ pub fn serve(rt: &corewise::Runtime, listener: TcpListener, shared: Arc<Shared>)
 }
 
 /// Conn mode: a user thread per connection.
-fn serve_conn(listener: TcpListener, shared: Arc<Shared>) -> io::Result<()> {
+fn serve_conn(listener: Listener, shared: Arc<Shared>) -> io::Result<()> {
     loop {
-        let (stream, _) = match listener.accept() {
+        let stream = match listener.accept() {
             Ok(a) => a,
             Err(e) if transient(&e) => {
                 corewise::sleep(Duration::from_millis(1));
@@ -1191,7 +1194,7 @@ struct Dispatch {
 }
 
 /// Dispatch mode: the Arachne way.
-fn serve_dispatch(listener: &TcpListener, shared: Arc<Shared>) -> io::Result<()> {
+fn serve_dispatch(listener: &Listener, shared: Arc<Shared>) -> io::Result<()> {
     let ep = Epoll::new()?;
     ep.ctl(
         libc::EPOLL_CTL_ADD,
@@ -1260,9 +1263,9 @@ fn serve_token(d: &Dispatch, token: usize) {
     }
 }
 
-fn accept_one(listener: &TcpListener, d: &Arc<Dispatch>) {
+fn accept_one(listener: &Listener, d: &Arc<Dispatch>) {
     let stream = match listener.accept() {
-        Ok((s, _)) => s,
+        Ok(s) => s,
         Err(e) => {
             if d.shared.config.verbose > 0 && !transient(&e) {
                 eprintln!("corewise-kv: accept: {e}");
@@ -1369,28 +1372,6 @@ pub fn raise_fd_limit() -> u64 {
 /// ```
 pub fn bind(listen: &str, port: u16) -> io::Result<TcpListener> {
     TcpListener::bind((listen, port))
-}
-
-/// Sets the listen backlog of a bound listener (memcached's `-b`): Linux
-/// takes `listen` on a socket that already listens as its new backlog
-/// (capped by the kernel at `net.core.somaxconn`).
-///
-/// ```
-/// use corewise_kv::server::{bind, set_backlog};
-/// let l = bind("127.0.0.1", 0)?;
-/// set_backlog(&l, 16)?;
-/// // Still listening: a client connects.
-/// std::net::TcpStream::connect(l.local_addr()?)?;
-/// # Ok::<(), std::io::Error>(())
-/// ```
-pub fn set_backlog(listener: &TcpListener, backlog: u32) -> io::Result<()> {
-    let backlog = i32::try_from(backlog).unwrap_or(i32::MAX);
-    // SAFETY: `listen` takes a descriptor the listener owns and an int.
-    if unsafe { libc::listen(listener.as_raw_fd(), backlog) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 #[allow(dead_code)]

@@ -22,6 +22,11 @@ fn send_in_one_write(port: u16, req: &[u8], end: &[u8]) -> Vec<u8> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s.write_all(req).unwrap();
+    read_until(&mut s, end)
+}
+
+/// Reads from `s` until what came ends with `end`.
+fn read_until(s: &mut impl Read, end: &[u8]) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = [0u8; 65536];
     while !got.ends_with(end) {
@@ -191,4 +196,158 @@ fn the_listen_backlog_is_minus_b() {
     assert_eq!(setting(small.port, "tcp_backlog"), "37");
     let default = Server::start(&[]);
     assert_eq!(backlog(default.port), 1024.min(somaxconn));
+}
+
+/// A server started with `args` that listens on the unix socket `path`
+/// (`-s`), killed on drop.
+struct UnixServer(std::process::Child);
+
+impl UnixServer {
+    /// Starts `program` with `args` and waits until `path` accepts.
+    fn start(program: &str, args: &[&str], path: &std::path::Path) -> UnixServer {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(path).is_err() {
+            assert!(child.try_wait().unwrap().is_none(), "{program} exited");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{program} never listened"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        UnixServer(child)
+    }
+}
+
+impl Drop for UnixServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends `req` on the unix socket `path` and reads until `end`.
+fn over_unix(path: &std::path::Path, req: &[u8], end: &[u8]) -> String {
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(req).unwrap();
+    raw(&read_until(&mut s, end))
+}
+
+/// The lines of `stats settings` and `stats conns` that `-s` and `-a`
+/// change, with `path` written as PATH and descriptors as FD, each once
+/// (a connection that has just closed may still be listed).
+fn unix_lines(path: &std::path::Path) -> Vec<String> {
+    let shown = path.display().to_string();
+    let replies = over_unix(path, b"stats settings\r\n", b"END\r\n")
+        + &over_unix(path, b"stats conns\r\n", b"END\r\n");
+    replies
+        .lines()
+        .filter(|l| {
+            ["domain_socket", "umask", ":addr", ":listen_addr"]
+                .iter()
+                .any(|k| l.contains(k))
+        })
+        .map(|l| {
+            let l = l.replace(&shown, "PATH");
+            match l.split_once(':') {
+                // `STAT 23:addr ...`: the descriptor differs.
+                Some((head, rest))
+                    if head.starts_with("STAT ") && head[5..].parse::<u32>().is_ok() =>
+                {
+                    format!("STAT FD:{rest}")
+                }
+                _ => l,
+            }
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+#[test]
+fn a_unix_socket_replaces_the_network() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("kv-unix");
+    let path = dir.0.join("kv.sock");
+    // A socket file left by a server that was killed: taken over. (A
+    // process that another test forks may hold the listener a moment, until
+    // it execs: the file is stale once a connect is refused.)
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    while std::os::unix::net::UnixStream::connect(&path).is_ok() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let kv = UnixServer::start(
+        env!("CARGO_BIN_EXE_corewise-kv"),
+        &["-s", path.to_str().unwrap(), "-a", "766"],
+        &path,
+    );
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o766);
+    assert_eq!(
+        over_unix(&path, b"set k 0 0 2\r\nhi\r\nget k\r\n", b"END\r\n"),
+        "STORED\r\nVALUE k 0 2\r\nhi\r\nEND\r\n"
+    );
+    // No TCP socket: the network is off.
+    let ss = Command::new("ss").args(["-Hltnp"]).output().unwrap();
+    let pid = format!("pid={},", kv.0.id());
+    assert!(!raw(&ss.stdout).contains(&pid), "{}", raw(&ss.stdout));
+    let lines = unix_lines(&path);
+    assert_eq!(
+        lines,
+        [
+            "STAT FD:addr ?:<AF 0>",
+            "STAT FD:addr unix:PATH",
+            "STAT FD:listen_addr unix:PATH",
+            "STAT domain_socket PATH",
+            "STAT umask 766",
+        ]
+    );
+    // memcached, given the same flags, shows the same.
+    if Command::new("memcached").arg("-V").output().is_ok() {
+        let mc_path = dir.0.join("mc.sock");
+        let _mc = UnixServer::start(
+            "memcached",
+            &["-u", "root", "-s", mc_path.to_str().unwrap(), "-a", "766"],
+            &mc_path,
+        );
+        assert_eq!(unix_lines(&mc_path), lines);
+    }
+    drop(kv);
+    // A file that is not a socket is in the way: a clear error, and the
+    // file is left as it was.
+    let file = dir.0.join("not-a-socket");
+    std::fs::write(&file, b"keep").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_corewise-kv"))
+        .args(["-s", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        raw(&out.stderr).contains("not a socket"),
+        "{}",
+        raw(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+}
+
+/// A directory of this test's own, removed on drop (a failed test too).
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
