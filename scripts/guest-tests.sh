@@ -52,17 +52,44 @@ done
 # arbiter's check that a registering process is still alive needs
 # SO_PEERPIDFD (Linux 6.5), which the guest's Debian 6.1 kernel lacks: that
 # test runs on the host only. The benchmark (first argument) runs last,
-# with few samples (about 10 s in the guest).
+# with few samples (about 10 s in the guest). Each binary gets at most
+# GUEST_BINARY_S seconds (150; the longest takes about 45): one that hangs
+# has its processes shown, each thread with its kernel stack, then is
+# killed, so that a hang is named and the rest still runs.
 script='
 failed=0
 bench=$1
 shift
+limit=${GUEST_BINARY_S:-150}
+bounded() {
+    "$@" &
+    local pid=$! rc=0
+    (
+        sleep "$limit"
+        kill -0 "$pid" 2>/dev/null || exit 0
+        echo "=== guest: still running after ${limit} s, its processes and their threads:"
+        ps -eo pid,ppid,stat,wchan:24,etime,args --forest
+        for p in $pid $(pgrep -P "$pid"); do
+            for t in /proc/$p/task/*; do
+                echo "--- task ${t##*/} of $p ($(cat "$t/comm" 2>/dev/null)), $(cut -d" " -f3 "$t/stat" 2>/dev/null):"
+                cat "$t/stack" 2>/dev/null
+            done
+        done
+        pkill -KILL -P "$pid"
+        kill -KILL "$pid"
+    ) &
+    local dog=$!
+    wait "$pid" || rc=$?
+    kill "$dog" 2>/dev/null
+    wait "$dog" 2>/dev/null
+    return $rc
+}
 for t in "$@"; do
     echo "=== guest: $t"
-    "${t%%:*}" --test-threads=2 ${t#*:} || failed=1
+    bounded "${t%%:*}" --test-threads=2 ${t#*:} || failed=1
 done
 echo "=== guest: $bench core-grant --samples 100"
-"$bench" core-grant --samples 100 || failed=1
+bounded "$bench" core-grant --samples 100 || failed=1
 exit $failed
 '
 # The systemd unit on a fresh machine: no /etc/default/corewise-arbiter,
@@ -109,7 +136,7 @@ status=0
 COREWISE_TEST_WAIT_S=${COREWISE_TEST_WAIT_S:-120} \
 COREWISE_TEST_RECLAIM_MS=${COREWISE_TEST_RECLAIM_MS:-2000} \
     scripts/guest.sh -c 8 -t 2:2:2 -T "${GUEST_TIMEOUT_S:-300}" \
-    -e COREWISE_TEST_WAIT_S -e COREWISE_TEST_RECLAIM_MS \
+    -e COREWISE_TEST_WAIT_S -e COREWISE_TEST_RECLAIM_MS -e GUEST_BINARY_S \
     -- bash -c "$script" guest-tests "$bench" "$arbiter:--skip a_socket_kept_after_its_process_exited" "$runtime:" "$budget:v2_" || status=$?
 # The rest of the bound goes to the unit's guest (about 30 s).
 left=$(( ${GUEST_TIMEOUT_S:-300} - ($(date +%s) - started) ))
