@@ -68,6 +68,8 @@ pub enum Io {
 /// assert_eq!(check(&["corewise-kv", "-U", "11211"]), Some(ConfigError::Udp));
 /// assert_eq!(check(&["corewise-kv", "-R", "0"]), Some(ConfigError::ReqsPerEvent));
 /// assert_eq!(check(&["corewise-kv", "-a", "9"]), Some(ConfigError::UnixMask("9".into())));
+/// assert_eq!(check(&["corewise-kv", "-o", "hashpower=20"]), Some(ConfigError::Extended("hashpower=20".into())));
+/// assert_eq!(check(&["corewise-kv", "-o", "idle_timeout=soon"]), Some(ConfigError::Extended("idle_timeout=soon".into())));
 /// assert_eq!(check(&["corewise-kv", "-m", "1", "-I", "2m"]), Some(ConfigError::ItemOverMemory { item: 2 << 20, memory_mb: 1 }));
 /// // One listening address: a list, host:port or -l twice is refused.
 /// assert!(matches!(check(&["corewise-kv", "-l", "127.0.0.1,::1"]), Some(ConfigError::Listen(_))));
@@ -104,6 +106,9 @@ pub enum ConfigError {
     /// `-U` other than 0.
     #[error("-U: UDP is not supported; only -U 0 is accepted")]
     Udp,
+    /// An `-o` option this server does not have, or a bad value.
+    #[error("-o {0}: not an option of this server, or a bad value (it takes idle_timeout=SECONDS, track_sizes, lru_crawler, no_lru_crawler, modern, maxconns_fast)")]
+    Extended(String),
     /// `-a` is not an octal mode.
     #[error("-a: {0:?} is not a file mode in octal, like 700")]
     UnixMask(String),
@@ -140,6 +145,11 @@ pub enum ConfigError {
 ///     .unwrap();
 /// assert_eq!(c.unix_socket.as_deref(), Some(std::path::Path::new("/run/kv.sock")));
 /// assert_eq!(c.unix_mask, 0o770);
+/// // Extended options, in one list or several.
+/// let c = Args::try_parse_from(["corewise-kv", "-o", "idle_timeout=600,track_sizes", "-o", "no_lru_crawler"])?
+///     .into_config()
+///     .unwrap();
+/// assert_eq!((c.idle_timeout, c.track_sizes, c.lru_crawler), (600, true, false));
 /// assert!(Args::try_parse_from(["corewise-kv", "--no-such-flag"]).is_err());
 /// # Ok::<(), clap::Error>(())
 /// ```
@@ -261,6 +271,13 @@ pub struct Args {
     /// Permissions of the unix socket file, in octal (memcached's `-a`).
     #[arg(short = 'a', long = "unix-mask", default_value = "700")]
     pub unix_mask: String,
+    /// memcached's extended options, comma-separated: `idle_timeout=N`
+    /// (close a connection idle for more than N seconds), `track_sizes`
+    /// (`stats sizes` on from the start), `no_lru_crawler` (the crawler off
+    /// until `lru_crawler enable`), and `lru_crawler`, `modern` and
+    /// `maxconns_fast`, which name what this server does anyway.
+    #[arg(short = 'o', long = "extended", action = clap::ArgAction::Append)]
+    pub extended: Vec<String>,
 }
 
 /// Whether `-l`'s value names one address and no port: not a list
@@ -328,6 +345,13 @@ pub struct Config {
     pub unix_socket: Option<PathBuf>,
     /// Permissions of the unix socket file (`-a`).
     pub unix_mask: u32,
+    /// Seconds after which an idle connection is closed, 0 for never
+    /// (`-o idle_timeout`).
+    pub idle_timeout: u32,
+    /// `stats sizes` on from the start (`-o track_sizes`).
+    pub track_sizes: bool,
+    /// The LRU crawler on at start (`-o no_lru_crawler` turns it off).
+    pub lru_crawler: bool,
 }
 
 impl Default for Config {
@@ -357,6 +381,9 @@ impl Default for Config {
             watch_enabled: true,
             unix_socket: None,
             unix_mask: 0o700,
+            idle_timeout: 0,
+            track_sizes: false,
+            lru_crawler: true,
         }
     }
 }
@@ -428,6 +455,24 @@ impl Args {
         if self.reqs_per_event == 0 {
             return Err(ConfigError::ReqsPerEvent);
         }
+        let (mut idle_timeout, mut track_sizes, mut lru_crawler) = (0, false, true);
+        for opt in self.extended.iter().flat_map(|o| o.split(',')) {
+            match opt.split_once('=') {
+                Some(("idle_timeout", n)) => {
+                    idle_timeout = n
+                        .parse()
+                        .map_err(|_| ConfigError::Extended(opt.to_string()))?;
+                }
+                None if opt == "track_sizes" => track_sizes = true,
+                None if opt == "lru_crawler" => lru_crawler = true,
+                None if opt == "no_lru_crawler" => lru_crawler = false,
+                // memcached 1.6.18's `modern` sets nothing, and
+                // `maxconns_fast` (refuse at once over `-c`) is its default
+                // and this server's only way.
+                None if matches!(opt, "modern" | "maxconns_fast" | "") => {}
+                _ => return Err(ConfigError::Extended(opt.to_string())),
+            }
+        }
         let unix_mask = u32::from_str_radix(&self.unix_mask, 8)
             .ok()
             .filter(|m| *m <= 0o777)
@@ -482,6 +527,9 @@ impl Args {
             watch_enabled: !self.disable_watch,
             unix_socket: self.unix_socket,
             unix_mask,
+            idle_timeout,
+            track_sizes,
+            lru_crawler,
         })
     }
 }

@@ -85,6 +85,9 @@ pub struct ConnCounters {
     /// Times a connection let the others run after `-R` requests from
     /// one read with more requests waiting (memcached's `conn_yields`).
     pub conn_yields: AtomicU64,
+    /// Connections closed for `-o idle_timeout` (memcached's
+    /// `idle_kicks`).
+    pub idle_kicks: AtomicU64,
 }
 
 /// What `stats conns` shows of one open connection.
@@ -119,6 +122,14 @@ pub struct ConnInfo {
     pub spoke: AtomicBool,
     /// It is running requests now.
     pub busy: AtomicBool,
+    /// It streams a `watch` log (never idle: `-o idle_timeout` spares it).
+    pub watching: AtomicBool,
+    /// Shut down for `-o idle_timeout`; its thread is closing it.
+    pub kicked: AtomicBool,
+    /// It has sent a request's head and the rest (a value) is on its way:
+    /// `-o idle_timeout` spares it, as memcached spares a connection
+    /// reading a value.
+    pub mid_request: AtomicBool,
 }
 
 /// The open connections by file descriptor, and the listener, for
@@ -210,6 +221,9 @@ impl ConnTable {
             last_cmd: AtomicU32::new(now),
             spoke: AtomicBool::new(false),
             busy: AtomicBool::new(false),
+            watching: AtomicBool::new(false),
+            kicked: AtomicBool::new(false),
+            mid_request: AtomicBool::new(false),
         });
         self.conns.lock().insert(fd, Arc::clone(&info));
         info
@@ -238,6 +252,52 @@ impl ConnTable {
         self.conns.lock().remove(&fd);
     }
 
+    /// Shuts down the connections idle for more than `timeout` seconds at
+    /// server second `now` (`-o idle_timeout`), as memcached closes them:
+    /// not one running requests or streaming a `watch` log. Each socket
+    /// is shut down under the table's lock while its connection still
+    /// owns the descriptor (a connection leaves the table before it closes
+    /// its socket), so a descriptor reused since cannot be hit; the
+    /// connection's thread then reads the end and closes. Returns how
+    /// many it shut down.
+    ///
+    /// ```
+    /// use corewise_kv::{config::Config, exec::Shared};
+    /// use std::sync::atomic::Ordering::Relaxed;
+    /// let shared = Shared::new(Config::default());
+    /// let (mut client, server) = std::os::unix::net::UnixStream::pair()?;
+    /// use std::os::fd::AsRawFd;
+    /// let info = shared.conn_table.open(server.as_raw_fd(), "tcp:127.0.0.1:1".into(), 100);
+    /// assert_eq!(shared.conn_table.kick_idle(102, 2), 0); // idle 2 s: not more than 2
+    /// assert_eq!(shared.conn_table.kick_idle(103, 2), 1);
+    /// assert!(info.kicked.load(Relaxed));
+    /// assert_eq!(shared.conn_table.kick_idle(110, 2), 0); // once
+    /// use std::io::Read;
+    /// assert_eq!(client.read(&mut [0u8; 8])?, 0); // the client sees the end
+    /// shared.conn_table.close(server.as_raw_fd());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn kick_idle(&self, now: u32, timeout: u32) -> u64 {
+        let conns = self.conns.lock();
+        let mut kicked = 0;
+        for (&fd, c) in conns.iter() {
+            let idle = now.saturating_sub(c.last_cmd.load(Ordering::Relaxed));
+            if idle <= timeout
+                || c.busy.load(Ordering::Relaxed)
+                || c.watching.load(Ordering::Relaxed)
+                || c.mid_request.load(Ordering::Relaxed)
+                || c.kicked.swap(true, Ordering::Relaxed)
+            {
+                continue;
+            }
+            // SAFETY: `fd` is open: its connection takes it out of this
+            // table, under the lock held here, before closing it.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            kicked += 1;
+        }
+        kicked
+    }
+
     /// `stats conns`: the listener, then every connection by descriptor,
     /// with memcached's fields and state names.
     fn write(&self, now: u32, uptime: u64, out: &mut Vec<u8>) {
@@ -258,7 +318,9 @@ impl ConnTable {
             if let Some((_, addr)) = &listen {
                 stat(out, &format!("{fd}:listen_addr"), addr);
             }
-            let state = if c.busy.load(Ordering::Relaxed) {
+            let state = if c.watching.load(Ordering::Relaxed) {
+                "conn_watch"
+            } else if c.busy.load(Ordering::Relaxed) {
                 "conn_parse_cmd"
             } else if c.spoke.load(Ordering::Relaxed) {
                 "conn_read"
@@ -332,15 +394,16 @@ impl Shared {
         store.set_item_max(config.item_max);
         store.set_evictions(!config.no_evictions);
         let verbose = u64::from(config.verbose);
+        let (crawler, sizes) = (config.lru_crawler, config.track_sizes);
         Self {
             store,
             config,
             conns: ConnCounters::default(),
             verbosity: AtomicU64::new(verbose),
-            crawler_enabled: AtomicBool::new(true),
+            crawler_enabled: AtomicBool::new(crawler),
             slab_automove: AtomicU64::new(1),
             detail: Detail::default(),
-            sizes_enabled: AtomicBool::new(false),
+            sizes_enabled: AtomicBool::new(sizes),
             conn_table: ConnTable::default(),
             started: Instant::now(),
         }
@@ -1344,6 +1407,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "limit_maxbytes", s.limit_maxbytes);
             stat(out, "threads", cfg.threads);
             stat(out, "conn_yields", ld(&c.conn_yields));
+            stat(out, "idle_kicks", ld(&c.idle_kicks));
             stat(out, "bytes", s.bytes);
             stat(out, "curr_items", s.curr_items);
             stat(out, "total_items", s.counters.total_items);
@@ -1397,6 +1461,12 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "dump_enabled", yes(cfg.dump_enabled));
             stat(out, "reqs_per_event", cfg.reqs_per_event);
             stat(out, "tcp_backlog", cfg.backlog);
+            stat(out, "idle_timeout", cfg.idle_timeout);
+            stat(
+                out,
+                "track_sizes",
+                yes(shared.sizes_enabled.load(Ordering::Relaxed)),
+            );
             stat(out, "corewise_mode", cfg.mode);
         }
         Some(b"items") => {
@@ -1506,6 +1576,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
                 &shared.conns.bytes_read,
                 &shared.conns.bytes_written,
                 &shared.conns.conn_yields,
+                &shared.conns.idle_kicks,
             ] {
                 c.store(0, Ordering::Relaxed);
             }

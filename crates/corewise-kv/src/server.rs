@@ -588,6 +588,15 @@ impl Connection {
         info.spoke.store(true, Ordering::Relaxed);
         info.busy.store(true, Ordering::Relaxed);
         let flow = self.process_buffered();
+        // What is left is the start of a request; past its head (a whole
+        // command line, or a binary header) the rest is a value on its way.
+        let left = &self.rbuf[self.pos..self.filled];
+        let head_in = if self.binary.is_some() {
+            left.len() >= 24
+        } else {
+            left.contains(&b'\n')
+        };
+        info.mid_request.store(head_in, Ordering::Relaxed);
         let now = self.shared.store.clock().now();
         // Whole server seconds: a difference of two is more than a second.
         self.quiet = now.saturating_sub(info.last_cmd.swap(now, Ordering::Relaxed)) >= 2;
@@ -834,6 +843,7 @@ impl Connection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn watch(&mut self, mask: u8) -> io::Result<()> {
+        self.info.watching.store(true, Ordering::Relaxed);
         let log = Arc::clone(&self.shared.store.watch);
         let me = log.subscribe(mask);
         let r = loop {
@@ -973,6 +983,7 @@ pub fn serve(
     shared
         .conn_table
         .set_listener(listener.as_raw_fd(), listener.address());
+    let _sweeper = IdleSweeper::start(rt, &shared)?;
     match shared.config.mode {
         Mode::Conn => {
             let h = rt
@@ -1001,6 +1012,39 @@ pub fn serve(
                     .map_err(io::Error::other)?,
             };
             h.join().map_err(|e| io::Error::other(e.to_string()))?
+        }
+    }
+}
+
+/// With `-o idle_timeout`, a user thread that closes idle connections
+/// once a second, as memcached's connection timeout thread does; it stops
+/// when the server does (this guard's drop).
+struct IdleSweeper(Option<Arc<std::sync::atomic::AtomicBool>>);
+
+impl IdleSweeper {
+    fn start(rt: &corewise::Runtime, shared: &Arc<Shared>) -> io::Result<IdleSweeper> {
+        let timeout = shared.config.idle_timeout;
+        if timeout == 0 {
+            return Ok(IdleSweeper(None));
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, quit) = (Arc::clone(shared), Arc::clone(&stop));
+        rt.spawn(move || {
+            while !quit.load(Ordering::Relaxed) {
+                corewise::sleep(Duration::from_secs(1));
+                let kicked = s.conn_table.kick_idle(s.store.clock().now(), timeout);
+                s.conns.idle_kicks.fetch_add(kicked, Ordering::Relaxed);
+            }
+        })
+        .map_err(io::Error::other)?;
+        Ok(IdleSweeper(Some(stop)))
+    }
+}
+
+impl Drop for IdleSweeper {
+    fn drop(&mut self) {
+        if let Some(stop) = &self.0 {
+            stop.store(true, Ordering::Relaxed);
         }
     }
 }

@@ -51,8 +51,7 @@ fn setting(port: u16, name: &str) -> String {
 fn commands_turned_off_are_refused_as_memcached_refuses_them() {
     let both = Pair::start_alike(&["-F", "-X", "-W"]);
     let check = |req: &str, want: &str| both.check(req.as_bytes(), want, raw);
-    let mut ports = vec![both.server.port];
-    ports.extend(both.memcached.as_ref().map(|m| m.1));
+    let ports = both.ports();
 
     check("set a 0 0 1\r\nx\r\n", "STORED\r\n");
     // Refused whatever the delay, a bad one included; `noreply` silences
@@ -137,9 +136,7 @@ fn yields_for(port: u16, n: usize) -> u64 {
 #[test]
 fn a_connection_yields_after_its_requests_per_event() {
     let both = Pair::start_alike(&["-R", "5"]);
-    let mut ports = vec![both.server.port];
-    ports.extend(both.memcached.as_ref().map(|m| m.1));
-    for port in ports {
+    for port in both.ports() {
         assert_eq!(setting(port, "reqs_per_event"), "5");
         // Requests in one read (the gets and the `mn`): a yield after
         // every fifth with more waiting, none after the last.
@@ -349,5 +346,56 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `-o idle_timeout=1`: a connection that sends nothing is closed within a
+/// few seconds and counted in `idle_kicks`; one that keeps sending and one
+/// that streams a `watch` log stay open.
+#[test]
+fn idle_connections_are_closed_after_idle_timeout() {
+    let both = Pair::start_alike(&["-o", "idle_timeout=1"]);
+    for port in both.ports() {
+        assert_eq!(setting(port, "idle_timeout"), "1");
+        let mut idle = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        idle.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut watch = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        watch
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        watch.write_all(b"watch\r\n").unwrap();
+        assert_eq!(raw(&read_until(&mut watch, b"OK\r\n")), "OK\r\n");
+        let mut busy = Client::connect(port);
+        let start = std::time::Instant::now();
+        // The busy client sends every 200 ms while the idle one waits.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let n = idle.read(&mut [0u8; 16]);
+            tx.send(()).unwrap();
+            n.map_err(|e| e.to_string())
+        });
+        while rx.try_recv().is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "port {port}: never closed"
+            );
+            assert_eq!(busy.cmd("mn"), "MN", "port {port}: the busy client kept");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(
+            waiter.join().unwrap(),
+            Ok(0),
+            "port {port}: closed without a word"
+        );
+        assert_eq!(busy.cmd("mn"), "MN", "port {port}: the busy client kept");
+        assert_eq!(busy.stat("idle_kicks"), 1, "port {port}");
+        // The watcher is still there: nothing to read, no end.
+        watch.set_nonblocking(true).unwrap();
+        let r = watch.read(&mut [0u8; 256]);
+        assert!(
+            matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "port {port}: the watcher got {r:?}"
+        );
     }
 }

@@ -382,6 +382,13 @@ impl Pair {
         }
     }
 
+    /// The ports: corewise-kv's, then memcached's when it runs.
+    pub fn ports(&self) -> Vec<u16> {
+        let mut ports = vec![self.server.port];
+        ports.extend(self.memcached.as_ref().map(|m| m.1));
+        ports
+    }
+
     /// [`check_both`] on this pair.
     pub fn check(&self, req: &[u8], want: &str, norm: impl Fn(&[u8]) -> String) {
         check_both(&self.server, &self.memcached, req, want, norm);
