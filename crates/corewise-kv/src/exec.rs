@@ -74,8 +74,15 @@ pub const VERSION: &str = concat!("1.6.0-corewise-kv-", env!("CARGO_PKG_VERSION"
 pub struct ConnCounters {
     /// Open connections.
     pub curr_connections: AtomicU64,
-    /// Connections accepted since start.
+    /// Connections since start, as memcached counts them: the listening
+    /// socket (counted when the server starts serving) and each accepted
+    /// connection within `-c` (not those refused).
     pub total_connections: AtomicU64,
+    /// The most client connections open at once since start (not reset by
+    /// `stats reset`): `connection_structures` is this plus the listener,
+    /// as memcached's count of the connection structures it has made
+    /// (one per descriptor ever used, the lowest reused first).
+    pub peak_connections: AtomicU64,
     /// Connections refused for `-c`.
     pub rejected_connections: AtomicU64,
     /// Bytes read from clients.
@@ -1371,7 +1378,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "curr_connections", ld(&c.curr_connections));
             stat(out, "total_connections", ld(&c.total_connections));
             stat(out, "rejected_connections", ld(&c.rejected_connections));
-            stat(out, "connection_structures", ld(&c.curr_connections));
+            stat(out, "connection_structures", ld(&c.peak_connections) + 1);
             for (name, v) in [
                 ("cmd_get", &o.cmd_get),
                 ("cmd_set", &o.cmd_set),

@@ -249,10 +249,15 @@ impl Connection {
         let stream = stream.into();
         stream.set_nodelay();
         let item_max = shared.config.item_max;
-        shared
+        let open = shared
             .conns
             .curr_connections
-            .fetch_add(1, Ordering::Relaxed);
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        shared
+            .conns
+            .peak_connections
+            .fetch_max(open, Ordering::Relaxed);
         let peer = stream.peer();
         let info = shared
             .conn_table
@@ -937,14 +942,14 @@ fn refuse(stream: Stream, shared: &Shared) {
 
 /// Accepts one connection within the limit, or refuses it.
 fn admit(stream: Stream, shared: &Arc<Shared>) -> Option<Connection> {
-    shared
-        .conns
-        .total_connections
-        .fetch_add(1, Ordering::Relaxed);
     if shared.conns.curr_connections.load(Ordering::Relaxed) as usize >= shared.config.max_conns {
         refuse(stream, shared);
         return None;
     }
+    shared
+        .conns
+        .total_connections
+        .fetch_add(1, Ordering::Relaxed);
     Some(Connection::new(stream, Arc::clone(shared)))
 }
 
@@ -983,6 +988,11 @@ pub fn serve(
     shared
         .conn_table
         .set_listener(listener.as_raw_fd(), listener.address());
+    // memcached counts its listening connection in total_connections.
+    shared
+        .conns
+        .total_connections
+        .fetch_add(1, Ordering::Relaxed);
     let _sweeper = IdleSweeper::start(rt, &shared)?;
     match shared.config.mode {
         Mode::Conn => {

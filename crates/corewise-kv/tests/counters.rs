@@ -376,6 +376,10 @@ fn counters_match_memcached() {
         for (name, n) in want {
             assert_eq!(got[name], f64::from(n), "{name} on port {port}");
         }
+        // The listener, the start-up probe, the exchange and this client:
+        // memcached counts its listening connection too.
+        assert_eq!(got["total_connections"], 4.0, "on port {port}");
+        assert!(got["connection_structures"] >= got["curr_connections"] + 1.0);
         // The same requests per slab class: every item here is in class 1.
         // memcached frees a deleted item's chunk only when the worker that
         // sent it drops its reference, which can come just after the reply
