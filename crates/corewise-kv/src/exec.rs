@@ -261,7 +261,8 @@ impl ConnTable {
 
     /// Shuts down the connections idle for more than `timeout` seconds at
     /// server second `now` (`-o idle_timeout`), as memcached closes them:
-    /// not one running requests or streaming a `watch` log. Each socket
+    /// not one running requests, streaming a `watch` log or midway through
+    /// a request (see [`ConnInfo::mid_request`]). Each socket
     /// is shut down under the table's lock while its connection still
     /// owns the descriptor (a connection leaves the table before it closes
     /// its socket), so a descriptor reused since cannot be hit; the

@@ -593,15 +593,18 @@ impl Connection {
         info.spoke.store(true, Ordering::Relaxed);
         info.busy.store(true, Ordering::Relaxed);
         let flow = self.process_buffered();
-        // What is left is the start of a request; past its head (a whole
-        // command line, or a binary header) the rest is a value on its way.
-        let left = &self.rbuf[self.pos..self.filled];
-        let head_in = if self.binary.is_some() {
-            left.len() >= 24
-        } else {
-            left.contains(&b'\n')
-        };
-        info.mid_request.store(head_in, Ordering::Relaxed);
+        if self.shared.config.idle_timeout > 0 {
+            // For the idle sweeper only: what is left is the start of a
+            // request; past its head (a whole command line, or a binary
+            // header) the rest is a value on its way.
+            let left = &self.rbuf[self.pos..self.filled];
+            let head_in = if self.binary.is_some() {
+                left.len() >= 24
+            } else {
+                left.contains(&b'\n')
+            };
+            info.mid_request.store(head_in, Ordering::Relaxed);
+        }
         let now = self.shared.store.clock().now();
         // Whole server seconds: a difference of two is more than a second.
         self.quiet = now.saturating_sub(info.last_cmd.swap(now, Ordering::Relaxed)) >= 2;
@@ -668,9 +671,6 @@ impl Connection {
 
     /// [`process`](Self::process) for a binary-protocol connection.
     fn process_binary(&mut self) -> Flow {
-        if self.binary.is_none() {
-            return Flow::Continue;
-        }
         let mut ran = 0;
         loop {
             let Some(dec) = self.binary.as_mut() else {
