@@ -29,6 +29,13 @@ pub struct Results {
     /// The round trip around each runtime's own run, ns: the figure its
     /// cross-core ratios use.
     pub round_trip_ns_by_runtime: BTreeMap<&'static str, f64>,
+    /// Median bare one-way wake with no runtime (a locked add on one CPU
+    /// seen by a thread polling on the other, timed like the cross-core
+    /// ops), ns: the single cross-core event the ops time, by the simplest
+    /// code.
+    pub bare_wake_ns: f64,
+    /// The bare wake around each runtime's own run (median and p99), ns.
+    pub bare_wake_ns_by_runtime: BTreeMap<&'static str, (f64, f64)>,
     /// One entry per (op, runtime) that has samples.
     pub results: Vec<Row>,
     /// Children created per second, per runtime.
@@ -39,7 +46,7 @@ pub struct Results {
 
 impl Results {
     /// Summarises the runners' reports.
-    pub fn new(round_trip_ns: f64, reports: &[RuntimeReport]) -> Self {
+    pub fn new(round_trip_ns: f64, bare_wake_ns: f64, reports: &[RuntimeReport]) -> Self {
         let mut results = Vec::new();
         for op in Op::ALL {
             for r in reports {
@@ -67,6 +74,14 @@ impl Results {
         Results {
             round_trip_ns: round1(round_trip_ns),
             round_trip_ns_by_runtime: pick(|r| r.round_trip_ns),
+            bare_wake_ns: round1(bare_wake_ns),
+            bare_wake_ns_by_runtime: reports
+                .iter()
+                .filter_map(|r| {
+                    r.bare_wake_ns
+                        .map(|(m, p)| (r.runtime, (round1(m), round1(p))))
+                })
+                .collect(),
             results,
             creation_throughput_per_s: pick(|r| r.creation_throughput_per_s),
             idle_cpu_percent: pick(|r| r.idle_cpu_percent),
@@ -132,6 +147,16 @@ pub fn markdown(res: &Results, reports: &[RuntimeReport]) -> String {
          each column's RT ratios use the round trip around that runtime's run\n",
         fmt_ns(rt)
     );
+    if res.bare_wake_ns.is_finite() {
+        let _ = writeln!(
+            s,
+            "bare one-way wake, no runtime (a locked add on one cpu seen by a thread \
+             polling on the other, timed like the cross-core ops): {} ns ({:.1} RT); \
+             the round trip is streamed (64 back to back), a wake is alone\n",
+            fmt_ns(res.bare_wake_ns),
+            res.bare_wake_ns / rt
+        );
+    }
     let _ = write!(s, "| op |");
     for n in &names {
         let _ = write!(s, " {n} |");
@@ -144,6 +169,23 @@ pub fn markdown(res: &Results, reports: &[RuntimeReport]) -> String {
     per_runtime_row(&mut s, "RT around the run (ns)", &names, |n| {
         res.round_trip_ns_by_runtime.get(n).map(|v| fmt_ns(*v))
     });
+    per_runtime_row(
+        &mut s,
+        "bare wake around the run (median / p99 ns)",
+        &names,
+        |n| {
+            let rt = res.round_trip_ns_by_runtime.get(n).copied().unwrap_or(rt);
+            res.bare_wake_ns_by_runtime.get(n).map(|&(m, p)| {
+                format!(
+                    "{} / {} ({:.1} / {:.1} RT)",
+                    fmt_ns(m),
+                    fmt_ns(p),
+                    m / rt,
+                    p / rt
+                )
+            })
+        },
+    );
     for op in Op::ALL {
         let _ = write!(s, "| {} (median / p99 ns) |", op.name());
         for n in &names {

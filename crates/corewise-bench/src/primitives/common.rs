@@ -271,6 +271,88 @@ pub fn cache_line_round_trip(ctx: &Ctx) -> Result<f64, BenchError> {
     })
 }
 
+/// One-way wakes (ns) with no runtime at all: a thread pinned to `cpu_b`
+/// polls a line, as an idle dispatcher polls its slots (a load, then a few
+/// ns of arithmetic), and takes the time when it sees the line change; a
+/// thread on `cpu_a` takes the time and changes the line with a locked add,
+/// as a signal does. The same clock reads, settle pause and sample counts
+/// as the runners' cross-core ops.
+///
+/// It is the event `signal`, `notify` and `create` each time once (one
+/// write's transfer to a core that polls for it, and two clock reads) done
+/// by the simplest code, so a runtime's figure reads against it. The
+/// streamed round trip of [`cache_line_round_trip`] is a throughput figure
+/// (64 round trips back to back, the clock read once around them), and on
+/// some hosts a lone wake costs far more than a streamed round trip: on an
+/// Intel Xeon (Emerald Rapids) guest, 307-334 ns against 166, while
+/// corewise's signal took 279-294 ns in the same runs (its dispatcher
+/// polls less densely: see `poll_delay` in the runtime's dispatcher).
+pub fn bare_wake(ctx: &Ctx) -> Result<Vec<f64>, BenchError> {
+    #[repr(C, align(128))]
+    struct Line(AtomicU64);
+    let (flag, ready) = (Line(AtomicU64::new(0)), Line(AtomicU64::new(0)));
+    let stamp = Stamp::new();
+    let stop = AtomicBool::new(false);
+    let (clock, to, settle) = (ctx.clock, ctx.wait_timeout, ctx.settle);
+    let (n, warm) = (
+        ctx.samples(super::Cost::CrossCore),
+        ctx.warmup(super::Cost::CrossCore),
+    );
+    std::thread::scope(|s| {
+        let poller = s.spawn(|| -> Result<(), BenchError> {
+            affinity::pin_current(ctx.cpu_b)?;
+            let start = Instant::now();
+            let mut round = 0u64;
+            let mut spins: u64 = 0;
+            loop {
+                round += 1;
+                ready.0.store(round, Ordering::Release);
+                loop {
+                    if flag.0.load(Ordering::Acquire) >= round {
+                        break;
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    spins += 1;
+                    if spins.is_multiple_of(1 << 24) && start.elapsed() > to * 8 {
+                        return Err(BenchError::Timeout("bare wake"));
+                    }
+                    std::hint::black_box(std::hint::black_box(1u64).wrapping_mul(3));
+                }
+                stamp.record(clock.now());
+            }
+        });
+        let lead = s.spawn(|| -> Result<Vec<f64>, BenchError> {
+            affinity::pin_current(ctx.cpu_a)?;
+            let mut v = Vec::with_capacity(n);
+            for round in 1..=(n + warm) as u64 {
+                spin_until("bare wake ready", to, || {
+                    ready.0.load(Ordering::Acquire) >= round
+                })?;
+                busy_wait(settle);
+                stamp.clear();
+                let t0 = clock.start();
+                flag.0.fetch_add(1, Ordering::AcqRel);
+                let (t1, _) = stamp.wait("bare wake", to)?;
+                if round > warm as u64 {
+                    v.push(clock.delta_ns(t0, t1));
+                }
+            }
+            Ok(v)
+        });
+        let lead = lead.join();
+        stop.store(true, Ordering::Relaxed);
+        let lead = lead.map_err(|_| BenchError::Thread("bare-wake thread panicked".into()))?;
+        let polled = poller
+            .join()
+            .map_err(|_| BenchError::Thread("bare-wake thread panicked".into()))?;
+        let v = lead?;
+        polled?;
+        Ok(v)
+    })
+}
+
 /// Measures one-way yield hand-offs between a leader and a follower that
 /// share one core. Both call `yield_fn` in a loop; a shared counter tells
 /// whose turn it is, and each turn taken increments it. The leader times

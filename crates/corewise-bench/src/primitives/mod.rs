@@ -204,6 +204,10 @@ pub struct RuntimeReport {
     /// The cache-line round trip around this runtime's run (the mean of the
     /// measurements just before and just after it), ns; set by the driver.
     pub round_trip_ns: Option<f64>,
+    /// A bare one-way wake (no runtime) around this runtime's run
+    /// (median and p99, each the mean of the measurements just before and
+    /// just after it; see [`common::bare_wake`]), ns; set by the driver.
+    pub bare_wake_ns: Option<(f64, f64)>,
 }
 
 impl RuntimeReport {
@@ -216,6 +220,7 @@ impl RuntimeReport {
             idle_cpu_percent: None,
             notes: Vec::new(),
             round_trip_ns: None,
+            bare_wake_ns: None,
         }
     }
 
@@ -228,6 +233,17 @@ impl RuntimeReport {
     pub fn note(&mut self, s: impl Into<String>) {
         self.notes.push(s.into());
     }
+}
+
+/// A bare one-way wake's median and p99 (ns), printed as it is measured.
+fn bare_wake(ctx: &Ctx) -> Result<(f64, f64), BenchError> {
+    let v = common::bare_wake(ctx)?;
+    let s = crate::stats::Summary::of(&v).ok_or(BenchError::Timeout("bare wake"))?;
+    eprintln!(
+        "bare one-way wake (no runtime): {:.1} / {:.1} ns (median / p99)",
+        s.median, s.p99
+    );
+    Ok((s.median, s.p99))
 }
 
 /// The shape every runner has.
@@ -305,8 +321,11 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     // figures are divided by the round trip around its own run (the mean of
     // the measurements just before and after it); the JSON's
     // `round_trip_ns` is the median of all of them.
+    // A bare one-way wake (no runtime) is measured at the same points: the
+    // single cross-core event the ops time, done by the simplest code.
     let mut round_trips = vec![common::cache_line_round_trip(&ctx)?];
     eprintln!("cache-line round trip: {:.1} ns", round_trips[0]);
+    let mut wakes = vec![bare_wake(&ctx)?];
 
     let mut reports = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
@@ -321,6 +340,7 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             let rt = common::cache_line_round_trip(&ctx)?;
             eprintln!("cache-line round trip: {rt:.1} ns");
             round_trips.push(rt);
+            wakes.push(bare_wake(&ctx)?);
         }
         eprintln!("running {name} ...");
         let started = std::time::Instant::now();
@@ -339,11 +359,14 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
     let rt_after = common::cache_line_round_trip(&ctx)?;
     eprintln!("cache-line round trip after the runs: {rt_after:.1} ns");
     round_trips.push(rt_after);
+    wakes.push(bare_wake(&ctx)?);
     let reports: Vec<RuntimeReport> = reports
         .into_iter()
         .map(|(mut r, i)| {
             let (before, after) = (round_trips[i], round_trips[i + 1]);
             r.round_trip_ns = Some((before + after) / 2.0);
+            let (wb, wa) = (wakes[i], wakes[i + 1]);
+            r.bare_wake_ns = Some(((wb.0 + wa.0) / 2.0, (wb.1 + wa.1) / 2.0));
             if before.max(after) > 1.5 * before.min(after) {
                 r.note(format!(
                     "{}: the round trip moved from {before:.0} to {after:.0} ns across its run (the host moved the vCPUs): its RT ratios are uncertain",
@@ -360,7 +383,10 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
         "round trips measured: {:?} ns; median {rt:.1} ns",
         round_trips.iter().map(|r| r.round()).collect::<Vec<_>>()
     );
-    let results = output::Results::new(rt, &reports);
+    let wake = crate::stats::Summary::of(&wakes.iter().map(|w| w.0).collect::<Vec<_>>())
+        .map(|s| s.median)
+        .unwrap_or(f64::NAN);
+    let results = output::Results::new(rt, wake, &reports);
     print!("{}", output::markdown(&results, &reports));
     for s in &skipped {
         println!("- {s}");
