@@ -423,7 +423,7 @@ fn metadump(shared: &Shared, ids: Option<&[usize]>, out: &mut Vec<u8>) {
             out,
             " exp={exp} la={} cas={} fetch={} cls={cls} size={}",
             unix(it.last_access),
-            it.cas,
+            store.shown_cas(it.cas),
             if it.fetched { "yes" } else { "no" },
             it.ntotal()
         );

@@ -134,10 +134,10 @@ pub enum ConfigError {
 /// let a = Args::try_parse_from(["corewise-kv", "-d", "-u", "memcache", "-P", "/run/kv.pid"])?;
 /// assert!(a.daemon && a.user.as_deref() == Some("memcache"));
 /// // Commands turned off, and connection fairness and backlog.
-/// let c = Args::try_parse_from(["corewise-kv", "-F", "-X", "-W", "-R", "5", "-b", "64"])?
+/// let c = Args::try_parse_from(["corewise-kv", "-F", "-X", "-W", "-C", "-R", "5", "-b", "64"])?
 ///     .into_config()
 ///     .unwrap();
-/// assert!(!c.flush_enabled && !c.dump_enabled && !c.watch_enabled);
+/// assert!(!c.flush_enabled && !c.dump_enabled && !c.watch_enabled && !c.cas_enabled);
 /// assert_eq!((c.reqs_per_event, c.backlog), (5, 64));
 /// // A unix socket instead of the network, and its permissions.
 /// let c = Args::try_parse_from(["corewise-kv", "-s", "/run/kv.sock", "-a", "770"])?
@@ -257,6 +257,10 @@ pub struct Args {
     /// Refuse `flush_all` (memcached's `-F`).
     #[arg(short = 'F', long = "disable-flush-all")]
     pub disable_flush_all: bool,
+    /// Turn CAS values off (memcached's `-C`): every item shows CAS 0 and
+    /// a `cas` never matches.
+    #[arg(short = 'C', long = "disable-cas")]
+    pub disable_cas: bool,
     /// Refuse `stats cachedump` and `lru_crawler metadump` (memcached's
     /// `-X`).
     #[arg(short = 'X', long = "disable-dumping")]
@@ -337,6 +341,8 @@ pub struct Config {
     pub backlog: u32,
     /// `flush_all` allowed (no `-F`).
     pub flush_enabled: bool,
+    /// Items carry CAS values (no `-C`).
+    pub cas_enabled: bool,
     /// `stats cachedump` and `lru_crawler metadump` allowed (no `-X`).
     pub dump_enabled: bool,
     /// `watch` allowed (no `-W`).
@@ -377,6 +383,7 @@ impl Default for Config {
             reqs_per_event: 20,
             backlog: 1024,
             flush_enabled: true,
+            cas_enabled: true,
             dump_enabled: true,
             watch_enabled: true,
             unix_socket: None,
@@ -523,6 +530,7 @@ impl Args {
             reqs_per_event: self.reqs_per_event,
             backlog: self.backlog,
             flush_enabled: !self.disable_flush_all,
+            cas_enabled: !self.disable_cas,
             dump_enabled: !self.disable_dumping,
             watch_enabled: !self.disable_watch,
             unix_socket: self.unix_socket,

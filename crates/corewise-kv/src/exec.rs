@@ -401,6 +401,7 @@ impl Shared {
         let store = Store::new(limit, Store::shards_for(limit, config.item_max));
         store.set_item_max(config.item_max);
         store.set_evictions(!config.no_evictions);
+        store.set_cas_enabled(config.cas_enabled);
         let verbose = u64::from(config.verbose);
         let (crawler, sizes) = (config.lru_crawler, config.track_sizes);
         Self {
@@ -609,7 +610,7 @@ pub fn execute_conn<O: Sink>(
                     num(head, it.value.len() as u64);
                     if with_cas {
                         head.push(b' ');
-                        num(head, it.cas);
+                        num(head, store.shown_cas(it.cas));
                     }
                     head.extend_from_slice(b"\r\n");
                     out.value(&it.value);
@@ -1011,7 +1012,7 @@ fn meta_get(
                 }
                 b'c' => {
                     head.extend_from_slice(b" c");
-                    num(head, it.cas);
+                    num(head, store.shown_cas(it.cas));
                 }
                 b'f' => {
                     head.extend_from_slice(b" f");
@@ -1093,7 +1094,9 @@ fn log_store(
             Deadline::At(t) => i64::from(t) - i64::from(store.clock().now()),
             _ => 0,
         };
-        let cls = slabs::class_of(crate::store::item_size(key.len(), item.0, item.1));
+        let size =
+            crate::store::item_size_for(shared.store.cas_enabled(), key.len(), item.0, item.1);
+        let cls = slabs::class_of(size);
         let _ = write!(
             l,
             " status={status} cmd={cmd} ttl={ttl} clsid={cls} cfd={cfd} size={}",
@@ -1451,7 +1454,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "num_threads", cfg.threads);
             stat(out, "stat_key_prefix", ":");
             stat(out, "detail_enabled", yes(shared.detail.enabled()));
-            stat(out, "cas_enabled", "yes");
+            stat(out, "cas_enabled", yes(cfg.cas_enabled));
             stat(out, "binding_protocol", "auto-negotiate");
             stat(out, "item_size_max", cfg.item_max);
             stat(out, "slab_chunk_max", slabs::CHUNK_MAX);

@@ -292,7 +292,15 @@ fn retrieve<O: Sink>(shared: &Shared, f: &Frame<'_>, out: &mut O) -> Flow {
     let hit = store.get(f.key, touch, |it, _| {
         let len = if with_value { it.value.len() } else { 0 };
         let flags = it.flags.to_be_bytes();
-        respond_head(out.bytes(), h, status::OK, it.cas, &flags, key, len);
+        respond_head(
+            out.bytes(),
+            h,
+            status::OK,
+            store.shown_cas(it.cas),
+            &flags,
+            key,
+            len,
+        );
         if with_value {
             out.value(&it.value);
         }
@@ -469,11 +477,21 @@ fn store_value(
 ) {
     let h = &f.header;
     shared.detail.record(f.key, DetailOp::Set);
-    if crate::store::item_size(f.key.len(), flags, f.value.len()) > shared.config.item_max {
+    let cas = shared.store.cas_enabled();
+    if crate::store::item_size_for(cas, f.key.len(), flags, f.value.len()) > shared.config.item_max
+    {
         too_large(shared, h, f.key, out);
         return;
     }
-    let compare = (h.cas != 0).then_some(h.cas);
+    // memcached turns an add, set or replace that carries a CAS into a
+    // `cas`; with CAS off (`-C`) the item cannot hold the value, so the
+    // request stays what it was.
+    let compare = (h.cas != 0 && shared.store.cas_enabled()).then_some(h.cas);
+    let mode = if compare.is_some() && mode == SetMode::Add {
+        SetMode::Set
+    } else {
+        mode
+    };
     let appending = matches!(mode, SetMode::Append | SetMode::Prepend);
     let r = shared
         .store
@@ -617,6 +635,7 @@ mod tests {
     fn run(shared: &Shared, bytes: &[u8]) -> (Vec<Resp>, Flow) {
         let mut dec = BinaryDecoder::new(Limits {
             item_max: shared.config.item_max,
+            cas: shared.config.cas_enabled,
         });
         let mut out = Vec::new();
         let mut pos = 0;

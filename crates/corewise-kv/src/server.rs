@@ -274,7 +274,10 @@ impl Connection {
             max_buf: item_max.max(GET_LINE_MAX) + MAX_LINE + 1024,
             wbuf: Reply::new(),
             scratch: Vec::new(),
-            decoder: Decoder::new(Limits { item_max }),
+            decoder: Decoder::new(Limits {
+                item_max,
+                cas: shared.config.cas_enabled,
+            }),
             binary: None,
             negotiated: false,
             info,
@@ -619,8 +622,10 @@ impl Connection {
             };
             self.negotiated = true;
             if first == REQUEST_MAGIC {
-                let item_max = self.shared.config.item_max;
-                self.binary = Some(BinaryDecoder::new(Limits { item_max }));
+                self.binary = Some(BinaryDecoder::new(Limits {
+                    item_max: self.shared.config.item_max,
+                    cas: self.shared.config.cas_enabled,
+                }));
             }
         }
         if self.binary.is_some() {

@@ -54,7 +54,7 @@ proptest! {
     fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..2048),
                                    cuts in proptest::collection::vec(any::<usize>(), 0..4)) {
         let chunks = split(&data, &cuts);
-        feed(&chunks, Limits { item_max: 64 });
+        feed(&chunks, Limits { item_max: 64, ..Limits::default() });
     }
 
     #[test]
@@ -68,7 +68,7 @@ proptest! {
         cuts in proptest::collection::vec(any::<usize>(), 0..4)) {
         let data = words.join(" ").into_bytes();
         let chunks = split(&data, &cuts);
-        feed(&chunks, Limits { item_max: 16 });
+        feed(&chunks, Limits { item_max: 16, ..Limits::default() });
     }
 
     #[test]

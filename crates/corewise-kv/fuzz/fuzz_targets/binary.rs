@@ -11,7 +11,7 @@ use corewise_kv::protocol::Limits;
 use libfuzzer_sys::fuzz_target;
 
 fn run(shared: &Shared, chunks: &[&[u8]]) -> Vec<u8> {
-    let mut dec = BinaryDecoder::new(Limits { item_max: 4096 });
+    let mut dec = BinaryDecoder::new(Limits { item_max: 4096, ..Limits::default() });
     let mut buf: Vec<u8> = Vec::new();
     let mut out = Vec::new();
     'outer: for c in chunks {

@@ -139,7 +139,7 @@ pub struct Frame<'a> {
 ///
 /// ```
 /// use corewise_kv::protocol::{binary::{BinDecoded, BinaryDecoder}, Limits};
-/// let mut d = BinaryDecoder::new(Limits { item_max: 10 });
+/// let mut d = BinaryDecoder::new(Limits { item_max: 10, ..Limits::default() });
 /// // A set whose value (1000 bytes) is far over the limit.
 /// let mut req = vec![0x80, 0x01, 0, 1, 8, 0, 0, 0];
 /// req.extend_from_slice(&(8 + 1 + 1000u32).to_be_bytes());
@@ -314,7 +314,10 @@ mod tests {
 
     #[test]
     fn skips_a_body_over_the_limit_and_goes_on() {
-        let mut d = BinaryDecoder::new(Limits { item_max: 100 });
+        let mut d = BinaryDecoder::new(Limits {
+            item_max: 100,
+            ..Limits::default()
+        });
         let big = req(0x01, &[0; 8], b"k", &[7; 1000], 1);
         let noop = req(0x0a, &[], &[], &[], 2);
         let mut stream = big.clone();

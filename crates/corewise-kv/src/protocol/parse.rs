@@ -42,7 +42,7 @@ pub const MAX_LINE: usize = 64 * 1024;
 ///
 /// ```
 /// use corewise_kv::protocol::{Decoded, Decoder, Limits, ProtoError, GET_LINE_MAX};
-/// let mut d = Decoder::new(Limits { item_max: 1024 });
+/// let mut d = Decoder::new(Limits { item_max: 1024, ..Limits::default() });
 /// // Three megabytes of keys: one request.
 /// let mut line = b"get".to_vec();
 /// for i in 0..300_000 {
@@ -76,7 +76,7 @@ pub const PARTIAL_LINE_MAX: usize = 2048;
 ///
 /// ```
 /// use corewise_kv::protocol::{Decoded, Decoder, Limits, Request};
-/// let mut d = Decoder::new(Limits { item_max: 4 });
+/// let mut d = Decoder::new(Limits { item_max: 4, ..Limits::default() });
 /// let (n, r) = d.decode(b"set k 0 0 5\r\nhello\r\n");
 /// assert_eq!(
 ///     r,
@@ -88,12 +88,17 @@ pub const PARTIAL_LINE_MAX: usize = 2048;
 pub struct Limits {
     /// Largest value accepted (memcached's `-I`).
     pub item_max: usize,
+    /// Whether items carry CAS values (memcached's `-C` turns them off);
+    /// without, a meta request that sets one (`E`) is refused, as
+    /// memcached refuses it.
+    pub cas: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             item_max: 1024 * 1024,
+            cas: true,
         }
     }
 }
@@ -257,7 +262,7 @@ impl Decoder {
     ///
     /// ```
     /// use corewise_kv::protocol::{Decoder, Limits};
-    /// let d = Decoder::new(Limits { item_max: 2048 });
+    /// let d = Decoder::new(Limits { item_max: 2048, ..Limits::default() });
     /// assert_eq!(d.limits().item_max, 2048);
     /// ```
     pub fn new(limits: Limits) -> Self {
@@ -272,7 +277,7 @@ impl Decoder {
     ///
     /// ```
     /// use corewise_kv::protocol::{Decoder, Limits};
-    /// assert_eq!(Decoder::new(Limits::default()).limits(), Limits { item_max: 1 << 20 });
+    /// assert_eq!(Decoder::new(Limits::default()).limits(), Limits { item_max: 1 << 20, cas: true });
     /// ```
     pub fn limits(&self) -> Limits {
         self.limits
@@ -472,7 +477,7 @@ impl Decoder {
                 }
             }
             b"mn" => Ok(Request::MetaNoop),
-            b"mg" | b"md" | b"ma" => meta(cmd, toks),
+            b"mg" | b"md" | b"ma" => meta(cmd, toks, self.limits.cas),
             b"me" => meta_debug(toks),
             // An HTTP request line (`GET / HTTP/1.0`): memcached closes the
             // connection rather than answer a client that cannot follow.
@@ -582,7 +587,9 @@ impl Decoder {
         let Some((key, flags, exptime, len, cas)) = parsed else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
-        if crate::store::item_size(key.len(), flags, len) > self.limits.item_max {
+        if crate::store::item_size_for(self.limits.cas, key.len(), flags, len)
+            > self.limits.item_max
+        {
             // Skip the data block (and its CRLF), whenever it arrives.
             self.skip = Skip::Bytes(len.saturating_add(2));
             return (
@@ -629,7 +636,9 @@ impl Decoder {
         else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
-        let flags = match MetaFlags::parse_for(MetaCmd::Set, toks.rest()) {
+        let parsed = MetaFlags::parse_for(MetaCmd::Set, toks.rest())
+            .and_then(|f| refuse_new_cas(MetaCmd::Set, f, self.limits.cas));
+        let flags = match parsed {
             Ok(f) => f,
             // memcached refuses too many flags before it knows to skip
             // the data block: the block is read as commands.
@@ -657,7 +666,9 @@ impl Decoder {
             key.len()
         };
         let client_flags = flags.client_flags.unwrap_or(0);
-        if crate::store::item_size(nkey, client_flags, len) > self.limits.item_max {
+        if crate::store::item_size_for(self.limits.cas, nkey, client_flags, len)
+            > self.limits.item_max
+        {
             self.skip = Skip::Bytes(len.saturating_add(2));
             return (
                 0,
@@ -704,14 +715,27 @@ fn meta_debug<'a>(mut toks: Tokens<'a>) -> Result<Request<'a>, ProtoError> {
     Ok(Request::MetaDebug { key, flags })
 }
 
-fn meta<'a>(cmd: &[u8], mut toks: Tokens<'a>) -> Result<Request<'a>, ProtoError> {
+/// A meta request's flags, refused when they set a CAS (`E`) and items
+/// carry none (`-C`): memcached 1.6.18 answers `invalid flag` to `mg` and
+/// `ms`, `invalid or duplicate flag` to `md` and `ma`.
+fn refuse_new_cas(cmd: MetaCmd, f: MetaFlags<'_>, cas: bool) -> Result<MetaFlags<'_>, ProtoError> {
+    if cas || f.new_cas.is_none() {
+        return Ok(f);
+    }
+    Err(match cmd {
+        MetaCmd::Delete | MetaCmd::Arith => ProtoError::InvalidOrDuplicateFlag,
+        _ => ProtoError::BadFlag,
+    })
+}
+
+fn meta<'a>(cmd: &[u8], mut toks: Tokens<'a>, cas: bool) -> Result<Request<'a>, ProtoError> {
     let key = toks.next_token().ok_or(ProtoError::Unknown)?;
     let which = match cmd {
         b"md" => MetaCmd::Delete,
         b"ma" => MetaCmd::Arith,
         _ => MetaCmd::Get,
     };
-    let flags = MetaFlags::parse_for(which, toks.rest())?;
+    let flags = refuse_new_cas(which, MetaFlags::parse_for(which, toks.rest())?, cas)?;
     if !meta_key_ok(key, flags.base64) {
         return Err(ProtoError::BadFormat);
     }
@@ -936,7 +960,10 @@ mod tests {
 
     #[test]
     fn too_large_is_skipped() {
-        let mut d = Decoder::new(Limits { item_max: 4 });
+        let mut d = Decoder::new(Limits {
+            item_max: 4,
+            ..Limits::default()
+        });
         let buf = b"set k 0 0 10\r\n0123456789\r\nget k\r\n";
         let (n, r) = d.decode(buf);
         assert_eq!(
@@ -955,7 +982,10 @@ mod tests {
 
     #[test]
     fn long_retrieval_line_is_skipped_in_pieces() {
-        let mut d = Decoder::new(Limits { item_max: 1024 });
+        let mut d = Decoder::new(Limits {
+            item_max: 1024,
+            ..Limits::default()
+        });
         let mut big = b"get ".to_vec();
         big.resize(GET_LINE_MAX + 10, b'x');
         let (n, r) = d.decode(&big);

@@ -29,7 +29,7 @@ pub use shard::{Item, Miss, Shard, ShardCounters, Value, ITEM_OVERHEAD};
 
 use crate::watch::Watch;
 use corewise::sync::SpinLock;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// How a storage request treats an existing item.
@@ -377,6 +377,8 @@ pub struct Store {
     clock: Clock,
     next_cas: AtomicU64,
     cas_floor: AtomicU64,
+    /// Whether clients see CAS values (memcached's `-C` turns them off).
+    cas_enabled: AtomicBool,
     flush_at: AtomicU64,
     limit: AtomicU64,
     /// The item size limit (`-I`), as [`item_size`] counts an item.
@@ -398,8 +400,22 @@ pub struct Store {
 /// assert_eq!(corewise_kv::store::item_size(1, 0, 1_048_516), 1 << 20);
 /// ```
 pub fn item_size(nkey: usize, flags: u32, nvalue: usize) -> usize {
+    item_size_for(true, nkey, flags, nvalue)
+}
+
+/// [`item_size`] in a server with CAS values (`cas`) or without (`-C`,
+/// where memcached's items lack the 8-byte CAS: with `-I 1m` the largest
+/// value under key `k` and flags 0 is then 1 048 524 bytes).
+///
+/// ```
+/// use corewise_kv::store::item_size_for;
+/// assert_eq!(item_size_for(false, 1, 0, 1_048_524), 1 << 20);
+/// assert_eq!(item_size_for(true, 1, 0, 1_048_516), 1 << 20);
+/// ```
+pub fn item_size_for(cas: bool, nkey: usize, flags: u32, nvalue: usize) -> usize {
     let suffix = if flags == 0 { 0 } else { 4 };
-    (48 + 8 + nkey + 1 + suffix + 2).saturating_add(nvalue)
+    let cas = if cas { 8 } else { 0 };
+    (48 + cas + nkey + 1 + suffix + 2).saturating_add(nvalue)
 }
 
 impl Store {
@@ -424,6 +440,7 @@ impl Store {
             clock: Clock::new(),
             next_cas: AtomicU64::new(1),
             cas_floor: AtomicU64::new(0),
+            cas_enabled: AtomicBool::new(true),
             flush_at: AtomicU64::new(0),
             limit: AtomicU64::new(limit as u64),
             item_max: AtomicU64::new(u64::MAX),
@@ -524,6 +541,82 @@ impl Store {
 
     fn new_cas(&self) -> u64 {
         self.next_cas.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Turns CAS values off for clients, as memcached's `-C` does: every
+    /// item shows CAS 0 (`gets`, `mg c`, the binary header), a `cas` (or
+    /// `ms C` in set or replace mode) finds no match (`EXISTS` on an
+    /// existing item, `NOT_FOUND` otherwise), an append's compare value is
+    /// ignored, and the compare values of `ma`, `md` and the binary
+    /// delete and counters match 0. Items still carry a sequence number
+    /// inside the store, which `flush_all` uses to tell the items stored
+    /// before it from those stored after (memcached without CAS goes by
+    /// the second, and so also drops what is stored in the flush's
+    /// second after it).
+    ///
+    /// ```
+    /// use corewise_kv::store::{Deadline, DeleteOutcome, SetMode, Store, StoreOutcome};
+    /// let s = Store::new(1 << 20, 1);
+    /// s.set_cas_enabled(false);
+    /// assert!(!s.cas_enabled());
+    /// assert_eq!(s.store(SetMode::Set, b"k", 0, Deadline::Never, b"v", None), StoreOutcome::Stored(0));
+    /// assert_eq!(s.store(SetMode::Set, b"k", 0, Deadline::Never, b"w", Some(0)), StoreOutcome::Exists);
+    /// assert_eq!(s.store(SetMode::Set, b"gone", 0, Deadline::Never, b"w", Some(0)), StoreOutcome::NotFound);
+    /// assert_eq!(s.delete(b"k", Some(0)), DeleteOutcome::Deleted);
+    /// ```
+    pub fn set_cas_enabled(&self, on: bool) {
+        self.cas_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether clients see CAS values (see
+    /// [`set_cas_enabled`](Self::set_cas_enabled)).
+    ///
+    /// ```
+    /// assert!(corewise_kv::store::Store::new(1 << 20, 1).cas_enabled());
+    /// ```
+    pub fn cas_enabled(&self) -> bool {
+        self.cas_enabled.load(Ordering::Relaxed)
+    }
+
+    /// The CAS value a client sees for an item whose sequence number is
+    /// `cas`: itself, or 0 when CAS is off.
+    ///
+    /// ```
+    /// let s = corewise_kv::store::Store::new(1 << 20, 1);
+    /// assert_eq!(s.shown_cas(7), 7);
+    /// s.set_cas_enabled(false);
+    /// assert_eq!(s.shown_cas(7), 0);
+    /// ```
+    #[inline]
+    pub fn shown_cas(&self, cas: u64) -> u64 {
+        if self.cas_enabled() {
+            cas
+        } else {
+            0
+        }
+    }
+
+    /// A new item, counted as this server's items are (with or without
+    /// the CAS bytes).
+    fn item(
+        &self,
+        key: &[u8],
+        value: Vec<u8>,
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+        now: u32,
+    ) -> Item {
+        let mut it = Item::new(key, value, flags, exptime, cas, now);
+        it.set_has_cas(self.cas_enabled());
+        it
+    }
+
+    /// Whether a request's compare value (if any) matches an item whose
+    /// sequence number is `cas`, as the client sees it.
+    #[inline]
+    fn matches(&self, compare: Option<u64>, cas: u64) -> bool {
+        compare.is_none_or(|c| c == self.shown_cas(cas))
     }
 
     /// (now, cas floor), applying a pending flush whose cut-off second has
@@ -656,7 +749,7 @@ impl Store {
         let found = match found {
             Some(it) => Some(it),
             None if vivify => {
-                let item = Item::new(key, Vec::new(), 0, 0, self.new_cas(), now);
+                let item = self.item(key, Vec::new(), 0, 0, self.new_cas(), now);
                 created = shard.insert(item, now);
                 if created {
                     shard.lookup(key, now, floor, bump_item).ok()
@@ -731,7 +824,7 @@ impl Store {
             bump(&self.ops.delete_misses);
             return DeleteOutcome::NotFound;
         };
-        if compare.is_some_and(|c| c != it.cas) {
+        if !self.matches(compare, it.cas) {
             drop(shard);
             bump(&self.ops.delete_misses);
             return DeleteOutcome::Exists;
@@ -781,7 +874,7 @@ impl Store {
         let mut shard = self.shard(key).lock();
         let found = shard.lookup(key, now, floor, false).map(|it| it.cas);
         let old_cas = match found {
-            Ok(cas) if compare.is_none_or(|c| c == cas) => cas,
+            Ok(cas) if self.matches(compare, cas) => cas,
             _ => {
                 drop(shard);
                 bump(&self.ops.delete_misses);
@@ -792,11 +885,12 @@ impl Store {
                 };
             }
         };
-        let cas = meta.new_cas.unwrap_or(old_cas);
-        let mut item = Item::new(key, Vec::new(), flags, exptime_at(deadline, now), cas, now);
+        let new_cas = meta.new_cas.filter(|_| self.cas_enabled());
+        let cas = new_cas.unwrap_or(old_cas);
+        let mut item = self.item(key, Vec::new(), flags, exptime_at(deadline, now), cas, now);
         if meta.invalidate {
             item.stale = true;
-            item.cas = meta.new_cas.unwrap_or_else(|| self.new_cas());
+            item.cas = new_cas.unwrap_or_else(|| self.new_cas());
         }
         let cls = item.class();
         // Only an empty item too large for an empty shard fails to fit
@@ -907,40 +1001,54 @@ impl Store {
         compare: Option<u64>,
         meta: MetaStore,
     ) -> StoreOutcome {
-        let new_cas = meta.new_cas;
+        let new_cas = meta.new_cas.filter(|_| self.cas_enabled());
+        // As memcached's `do_store_item` reads a compare value: in set and
+        // replace mode it makes the request a `cas` (which never matches
+        // with CAS off); an append or prepend must match it (unless CAS is
+        // off, or it is 0); an add ignores it.
+        let cas_request = compare.filter(|_| matches!(mode, SetMode::Set | SetMode::Replace));
+        let append_compare = compare.filter(|&c| {
+            c != 0 && self.cas_enabled() && matches!(mode, SetMode::Append | SetMode::Prepend)
+        });
         let (now, floor) = self.now_floor();
         bump(&self.ops.cmd_set);
         self.sweep_tails(now);
         let mut shard = self.shard(key).lock();
         shard.class_op(
-            slabs::class_of(item_size(key.len(), flags, data.len())),
+            slabs::class_of(item_size_for(
+                self.cas_enabled(),
+                key.len(),
+                flags,
+                data.len(),
+            )),
             |c| &mut c.cmd_set,
         );
         let existing = shard.lookup(key, now, floor, false).ok();
         let old_cls = existing.as_ref().map_or(0, |it| it.class());
         // `ms ... I C<older>`: stored, but stale, keeping expiry and token.
         let mut keep = None;
-        if let Some(c) = compare {
+        if let Some(c) = cas_request {
             match &existing {
                 None => {
                     drop(shard);
                     bump(&self.ops.cas_misses);
                     return StoreOutcome::NotFound;
                 }
-                Some(it)
-                    if meta.invalidate
-                        && c < it.cas
-                        && matches!(mode, SetMode::Set | SetMode::Replace) =>
-                {
+                Some(it) if self.cas_enabled() && meta.invalidate && c != 0 && c < it.cas => {
                     keep = Some((it.exptime, it.token_sent));
                 }
-                Some(it) if it.cas != c => {
+                Some(it) if !self.cas_enabled() || it.cas != c => {
                     shard.class_op(old_cls, |c| &mut c.cas_badval);
                     drop(shard);
                     bump(&self.ops.cas_badval);
                     return StoreOutcome::Exists;
                 }
                 Some(_) => {}
+            }
+        }
+        if let (Some(c), Some(it)) = (append_compare, &existing) {
+            if it.cas != c {
+                return StoreOutcome::Exists;
             }
         }
         let present = existing.is_some();
@@ -955,7 +1063,12 @@ impl Store {
         let cas = new_cas.unwrap_or_else(|| self.new_cas());
         let item = match (mode, existing) {
             (SetMode::Append | SetMode::Prepend, Some(old)) => {
-                let size = item_size(key.len(), old.flags, old.value.len() + data.len());
+                let size = item_size_for(
+                    self.cas_enabled(),
+                    key.len(),
+                    old.flags,
+                    old.value.len() + data.len(),
+                );
                 if size as u64 > self.item_max.load(Ordering::Relaxed) {
                     return StoreOutcome::NotStored;
                 }
@@ -967,7 +1080,7 @@ impl Store {
                     v.extend_from_slice(data);
                     v.extend_from_slice(&old.value);
                 }
-                Item::new(key, v, old.flags, old.exptime, cas, now)
+                self.item(key, v, old.flags, old.exptime, cas, now)
             }
             _ => {
                 let exptime = match deadline {
@@ -975,17 +1088,17 @@ impl Store {
                     Deadline::At(t) => t,
                     Deadline::Past => {
                         shard.remove(key);
-                        if compare.is_some() {
+                        if cas_request.is_some() {
                             shard.class_op(old_cls, |c| &mut c.cas_hits);
                         }
                         drop(shard);
-                        if compare.is_some() {
+                        if cas_request.is_some() {
                             bump(&self.ops.cas_hits);
                         }
-                        return StoreOutcome::Stored(cas);
+                        return StoreOutcome::Stored(self.shown_cas(cas));
                     }
                 };
-                let mut it = Item::new(key, data.to_vec(), flags, exptime, cas, now);
+                let mut it = self.item(key, data.to_vec(), flags, exptime, cas, now);
                 if let Some((exptime, token_sent)) = keep {
                     it.exptime = exptime;
                     it.stale = true;
@@ -1010,14 +1123,14 @@ impl Store {
             bump(&self.ops.store_no_memory);
             return StoreOutcome::NoMemory;
         }
-        if compare.is_some() {
+        if cas_request.is_some() {
             shard.class_op(old_cls, |c| &mut c.cas_hits);
         }
         drop(shard);
-        if compare.is_some() {
+        if cas_request.is_some() {
             bump(&self.ops.cas_hits);
         }
-        StoreOutcome::Stored(cas)
+        StoreOutcome::Stored(self.shown_cas(cas))
     }
 
     /// incr (`incr` true) or decr by `delta`. Increments wrap at 2^64,
@@ -1079,7 +1192,8 @@ impl Store {
         let mut shard = self.shard(key).lock();
         match shard.lookup(key, now, floor, true) {
             Ok(it) => {
-                if compare.is_some_and(|c| c != it.cas) {
+                // A compare value of 0 is none (memcached's `do_add_delta`).
+                if !self.matches(compare.filter(|&c| c != 0), it.cas) {
                     return (ArithOutcome::Exists, None);
                 }
                 let Some(v) = parse_counter(&it.value) else {
@@ -1107,7 +1221,7 @@ impl Store {
                 }
                 drop(shard);
                 bump(hits);
-                (ArithOutcome::Value(v, cas), Some(facts))
+                (ArithOutcome::Value(v, self.shown_cas(cas)), Some(facts))
             }
             Err(_) => {
                 // A miss that creates the counter is not counted (memcached).
@@ -1121,13 +1235,16 @@ impl Store {
                     Deadline::Past => now,
                 };
                 let cas = self.new_cas();
-                let item = Item::new(key, initial.to_string().into_bytes(), 0, exptime, cas, now);
+                let item = self.item(key, initial.to_string().into_bytes(), 0, exptime, cas, now);
                 if shard.insert(item, now) {
                     let facts = CounterFacts {
                         exptime,
                         created: true,
                     };
-                    (ArithOutcome::Value(initial, cas), Some(facts))
+                    (
+                        ArithOutcome::Value(initial, self.shown_cas(cas)),
+                        Some(facts),
+                    )
                 } else {
                     (ArithOutcome::NotFound, None)
                 }
@@ -1171,7 +1288,7 @@ impl Store {
                 return DeleteOutcome::NotFound;
             }
         };
-        if compare.is_some_and(|c| c != cas) {
+        if !self.matches(compare, cas) {
             return DeleteOutcome::Exists;
         }
         shard.remove(key);
@@ -1468,9 +1585,9 @@ impl Store {
         Some((
             self.clock.ttl_left(it.exptime),
             now.saturating_sub(it.last_access),
-            it.cas,
+            self.shown_cas(it.cas),
             it.fetched,
-            item_size(key.len(), it.flags, it.value.len()),
+            it.ntotal(),
         ))
     }
 }

@@ -83,8 +83,9 @@ pub struct Item {
     /// A meta get has been handed the win token (`W`) for it; later ones
     /// see `Z` until it is stored again or invalidated.
     pub token_sent: bool,
-    /// Read since it last reached the LRU tail (its second chance).
-    active: bool,
+    /// [`ACTIVE`] and [`NO_CAS`], in one byte so that the item stays 56
+    /// bytes.
+    bits: u8,
     prev: u32,
     next: u32,
 }
@@ -109,7 +110,7 @@ impl Item {
             fetched: false,
             stale: false,
             token_sent: false,
-            active: false,
+            bits: 0,
             prev: NIL,
             next: NIL,
         }
@@ -159,7 +160,7 @@ impl Item {
     /// assert_eq!(it.ntotal(), item_size(3, 7, 10));
     /// ```
     pub fn ntotal(&self) -> usize {
-        super::item_size(self.key.len(), self.flags, self.value.len())
+        super::item_size_for(self.has_cas(), self.key.len(), self.flags, self.value.len())
     }
 
     /// Its slab class.
@@ -185,9 +186,39 @@ impl Item {
     /// assert!(sh.lookup(b"k", 1, 0, false).unwrap().is_active());
     /// ```
     pub fn is_active(&self) -> bool {
-        self.active
+        self.bits & ACTIVE != 0
+    }
+
+    /// Whether it is counted with memcached's 8 CAS bytes: yes, unless
+    /// stored by a server run with `-C` (see [`super::item_size_for`]).
+    ///
+    /// ```
+    /// use corewise_kv::store::Item;
+    /// let mut it = Item::new(b"k", b"v".to_vec(), 0, 0, 1, 1);
+    /// assert!(it.has_cas());
+    /// let with = it.ntotal();
+    /// it.set_has_cas(false);
+    /// assert_eq!(it.ntotal(), with - 8);
+    /// ```
+    pub fn has_cas(&self) -> bool {
+        self.bits & NO_CAS == 0
+    }
+
+    /// Sets [`has_cas`](Self::has_cas).
+    pub fn set_has_cas(&mut self, on: bool) {
+        if on {
+            self.bits &= !NO_CAS;
+        } else {
+            self.bits |= NO_CAS;
+        }
     }
 }
+
+/// [`Item`]'s bit: read since it last reached the LRU tail (its second
+/// chance).
+const ACTIVE: u8 = 1;
+/// [`Item`]'s bit: counted without the CAS bytes (`-C`).
+const NO_CAS: u8 = 2;
 
 /// Per-shard counters (summed by [`super::Store::stats`]).
 ///
@@ -438,7 +469,7 @@ impl Shard {
             .and_then(Option::as_mut)
             .ok_or(Miss::Absent)?;
         if bump {
-            it.active = true;
+            it.bits |= ACTIVE;
         }
         Ok(it)
     }
@@ -659,8 +690,8 @@ impl Shard {
         for _ in 0..self.map.len() {
             let t = self.tail;
             match self.links(t) {
-                Some(it) if it.active && (it.exptime == 0 || it.exptime > now) => {
-                    it.active = false;
+                Some(it) if it.is_active() && (it.exptime == 0 || it.exptime > now) => {
+                    it.bits &= !ACTIVE;
                     self.detach(t);
                     self.push_head(t);
                 }
@@ -815,7 +846,7 @@ impl Shard {
             let n = it.ntotal();
             if let Some(s) = stats.get_mut(class_of(n)) {
                 s.number += 1;
-                s.active += u64::from(it.active);
+                s.active += u64::from(it.is_active());
                 s.age = s.age.max(now.saturating_sub(it.last_access));
                 s.mem_requested += n as u64;
                 s.used_chunks += chunks_for(n) as u64;
