@@ -58,6 +58,39 @@ pub enum Io {
     Uring,
 }
 
+/// The protocols a connection may speak (memcached's `-B`).
+///
+/// ```
+/// use clap::Parser;
+/// use corewise_kv::config::{Args, Protocol};
+/// assert_eq!(Args::try_parse_from(["corewise-kv"])?.protocol, Protocol::Auto);
+/// assert_eq!(Args::try_parse_from(["corewise-kv", "-B", "ascii"])?.protocol, Protocol::Ascii);
+/// assert_eq!(Protocol::Auto.to_string(), "auto-negotiate"); // as `stats settings` says
+/// assert!(Args::try_parse_from(["corewise-kv", "-B", "udp"]).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    /// Each connection's first byte decides: the binary protocol's magic
+    /// byte, or text.
+    Auto,
+    /// Text only: binary requests are read as text lines.
+    Ascii,
+    /// Binary only: a request without the binary magic byte closes the
+    /// connection.
+    Binary,
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protocol::Auto => "auto-negotiate",
+            Protocol::Ascii => "ascii",
+            Protocol::Binary => "binary",
+        })
+    }
+}
+
 /// A bad flag value.
 ///
 /// ```
@@ -261,6 +294,10 @@ pub struct Args {
     /// a `cas` never matches.
     #[arg(short = 'C', long = "disable-cas")]
     pub disable_cas: bool,
+    /// The protocols connections may speak (memcached's `-B`): `auto`
+    /// (each connection's first byte decides), `ascii` or `binary`.
+    #[arg(short = 'B', long = "protocol", value_enum, default_value_t = Protocol::Auto)]
+    pub protocol: Protocol,
     /// Refuse `stats cachedump` and `lru_crawler metadump` (memcached's
     /// `-X`).
     #[arg(short = 'X', long = "disable-dumping")]
@@ -343,6 +380,8 @@ pub struct Config {
     pub flush_enabled: bool,
     /// Items carry CAS values (no `-C`).
     pub cas_enabled: bool,
+    /// The protocols connections may speak (`-B`).
+    pub protocol: Protocol,
     /// `stats cachedump` and `lru_crawler metadump` allowed (no `-X`).
     pub dump_enabled: bool,
     /// `watch` allowed (no `-W`).
@@ -384,6 +423,7 @@ impl Default for Config {
             backlog: 1024,
             flush_enabled: true,
             cas_enabled: true,
+            protocol: Protocol::Auto,
             dump_enabled: true,
             watch_enabled: true,
             unix_socket: None,
@@ -531,6 +571,7 @@ impl Args {
             backlog: self.backlog,
             flush_enabled: !self.disable_flush_all,
             cas_enabled: !self.disable_cas,
+            protocol: self.protocol,
             dump_enabled: !self.disable_dumping,
             watch_enabled: !self.disable_watch,
             unix_socket: self.unix_socket,

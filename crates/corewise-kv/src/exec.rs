@@ -1455,7 +1455,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "stat_key_prefix", ":");
             stat(out, "detail_enabled", yes(shared.detail.enabled()));
             stat(out, "cas_enabled", yes(cfg.cas_enabled));
-            stat(out, "binding_protocol", "auto-negotiate");
+            stat(out, "binding_protocol", cfg.protocol);
             stat(out, "item_size_max", cfg.item_max);
             stat(out, "slab_chunk_max", slabs::CHUNK_MAX);
             stat(

@@ -56,7 +56,7 @@
 //! connection for its lifetime (memcached, whose buffers belong to its
 //! worker threads: 17 KiB), and every connection started with 16 KiB.
 
-use crate::config::Mode;
+use crate::config::{Mode, Protocol};
 use crate::exec::{execute_conn, write_error, ConnInfo, Flow, Shared, SPILL_AT};
 use crate::exec_binary::{execute_binary, too_large, write_malformed};
 use crate::listen::{Listener, Stream};
@@ -621,7 +621,12 @@ impl Connection {
                 return Flow::Continue;
             };
             self.negotiated = true;
-            if first == REQUEST_MAGIC {
+            let binary = match self.shared.config.protocol {
+                Protocol::Auto => first == REQUEST_MAGIC,
+                Protocol::Ascii => false,
+                Protocol::Binary => true,
+            };
+            if binary {
                 self.binary = Some(BinaryDecoder::new(Limits {
                     item_max: self.shared.config.item_max,
                     cas: self.shared.config.cas_enabled,

@@ -399,3 +399,53 @@ fn idle_connections_are_closed_after_idle_timeout() {
         );
     }
 }
+
+#[test]
+fn a_binding_protocol_reads_every_connection_in_its_protocol() {
+    // `-B ascii`: a binary request is a text line like any other.
+    let ascii = Pair::start_alike(&["-B", "ascii"]);
+    let version = frame(0x0b, &[], &[], &[], 1);
+    for port in ascii.ports() {
+        let mut req = version.clone();
+        req.extend_from_slice(b"\r\n");
+        assert_eq!(
+            raw(&send_in_one_write(port, &req, b"\r\n")),
+            "ERROR\r\n",
+            "port {port}"
+        );
+        assert_eq!(setting(port, "binding_protocol"), "ascii", "port {port}");
+    }
+    // `-B binary`: binary requests are served; text closes the connection
+    // once a whole header's worth of it shows it is no request (a shorter
+    // tail waits for more, as in memcached).
+    let binary = Pair::start_alike(&["-B", "binary"]);
+    for port in binary.ports() {
+        let got = bin_exchange(port, std::slice::from_ref(&version));
+        assert_eq!(got.len(), 1, "port {port}: {got:?}");
+        assert_eq!((got[0].0, got[0].1), (0x0b, 0), "port {port}");
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        s.write_all(b"version\r\n").unwrap();
+        let r = s.read(&mut [0u8; 64]);
+        assert!(
+            matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "port {port}: a short text tail got {r:?}"
+        );
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(b"version\r\nversion\r\nversion\r\n").unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "port {port}: {:?}", raw(&rest));
+    }
+    // The default reads each connection's first byte.
+    let auto = Pair::start_alike(&[]);
+    for port in auto.ports() {
+        assert_eq!(
+            setting(port, "binding_protocol"),
+            "auto-negotiate",
+            "port {port}"
+        );
+        assert_eq!(bin_exchange(port, std::slice::from_ref(&version))[0].1, 0);
+    }
+}

@@ -56,8 +56,11 @@ fn raise_fd_limit() {
 }
 
 /// The pid in the `stats` of the server at the other end of `c`.
-fn server_pid(mut c: TcpStream) -> Option<u32> {
+fn server_pid(mut c: TcpStream, binary: bool) -> Option<u32> {
     c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    if binary {
+        return binary_server_pid(c);
+    }
     c.write_all(b"stats\r\n").ok()?;
     let mut lines = BufReader::new(c).lines();
     while let Some(Ok(line)) = lines.next() {
@@ -71,12 +74,45 @@ fn server_pid(mut c: TcpStream) -> Option<u32> {
     None
 }
 
+/// [`server_pid`] for a server that speaks only the binary protocol
+/// (`-B binary`): a STAT request, one response per statistic (key, value),
+/// the last with an empty key.
+fn binary_server_pid(mut c: TcpStream) -> Option<u32> {
+    c.write_all(&frame(0x10, &[], &[], &[], 0)).ok()?;
+    let mut pid = None;
+    loop {
+        let mut h = [0u8; 24];
+        c.read_exact(&mut h).ok()?;
+        let key = usize::from(u16::from_be_bytes([h[2], h[3]]));
+        let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
+        let mut b = vec![0; body];
+        c.read_exact(&mut b).ok()?;
+        let extras = usize::from(h[4]);
+        let (k, v) = b.get(extras..)?.split_at_checked(key)?;
+        if k.is_empty() {
+            return pid;
+        }
+        if k == b"pid" {
+            pid = std::str::from_utf8(v).ok()?.parse().ok();
+        }
+    }
+}
+
+/// Whether `flags` make a server speak only the binary protocol.
+fn binary_only(flags: &[&str]) -> bool {
+    flags.windows(2).any(|w| w == ["-B", "binary"])
+}
+
 /// Starts `command(port)` on a free port and waits until it accepts;
 /// `None` when the command cannot be run at all. Another test may be handed
 /// the same free port and start its server there first (ours then fails to
 /// bind and exits, or the probe reaches theirs): only a server whose `stats`
 /// report our child's pid is ours, otherwise the next free port is tried.
-fn spawn_on_free_port(command: impl Fn(u16) -> Command, what: &str) -> Option<(Child, u16)> {
+fn spawn_on_free_port(
+    command: impl Fn(u16) -> Command,
+    what: &str,
+    binary: bool,
+) -> Option<(Child, u16)> {
     for _ in 0..5 {
         let port = free_port();
         let mut child = command(port).spawn().ok()?;
@@ -86,7 +122,7 @@ fn spawn_on_free_port(command: impl Fn(u16) -> Command, what: &str) -> Option<(C
                 break;
             }
             if let Ok(probe) = TcpStream::connect(("127.0.0.1", port)) {
-                if server_pid(probe) == Some(child.id()) {
+                if server_pid(probe, binary) == Some(child.id()) {
                     return Some((child, port));
                 }
                 break;
@@ -114,6 +150,7 @@ impl Server {
                 c
             },
             "corewise-kv",
+            binary_only(extra),
         )
         .expect("cannot start corewise-kv");
         Server { child, port }
@@ -325,6 +362,7 @@ impl Memcached {
                 c
             },
             "memcached",
+            binary_only(extra),
         )?;
         Some(Memcached(child, port))
     }
