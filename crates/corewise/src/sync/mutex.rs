@@ -134,16 +134,21 @@ impl<T> Mutex<T> {
             self.notify_hint.take_and_prefetch();
             return Some(g);
         }
+        // Every way in takes the hint: the next locker after a wait is the
+        // likely notifier whether or not it had to wait for the lock (the
+        // waiter itself holds it until its link is queued).
         for _ in 0..SPINS {
             spin_loop();
             if self.state.load(Ordering::Relaxed) == UNLOCKED {
                 if let Some(g) = self.try_lock() {
+                    self.notify_hint.take_and_prefetch();
                     return Some(g);
                 }
             }
         }
         loop {
             if self.state.swap(CONTENDED, Ordering::Acquire) == UNLOCKED {
+                self.notify_hint.take_and_prefetch();
                 return Some(self.guard());
             }
             let outcome = self.waiters.wait(
