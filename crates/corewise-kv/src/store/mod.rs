@@ -549,10 +549,9 @@ impl Store {
     /// existing item, `NOT_FOUND` otherwise), an append's compare value is
     /// ignored, and the compare values of `ma`, `md` and the binary
     /// delete and counters match 0. Items still carry a sequence number
-    /// inside the store, which `flush_all` uses to tell the items stored
-    /// before it from those stored after (memcached without CAS goes by
-    /// the second, and so also drops what is stored in the flush's
-    /// second after it).
+    /// inside the store. A `flush_all` then drops what is stored in the
+    /// rest of its second too (its cut-off is that second, where with CAS
+    /// values it is the second before), as memcached's does without CAS.
     ///
     /// ```
     /// use corewise_kv::store::{Deadline, DeleteOutcome, SetMode, Store, StoreOutcome};
@@ -1359,7 +1358,17 @@ impl Store {
     pub fn flush(&self, exptime: i64) {
         bump(&self.ops.cmd_flush);
         let now = self.clock.now();
-        match self.clock.flush_cutoff(exptime) {
+        // Without CAS values memcached takes the flush's own second as the
+        // cut-off (`realtime(exptime)`, not one second less): what is
+        // stored later in that second goes too.
+        let cutoff = self.clock.flush_cutoff(exptime).map(|c| {
+            if self.cas_enabled() {
+                c
+            } else {
+                c.saturating_add(1)
+            }
+        });
+        match cutoff {
             Some(cutoff) if cutoff > now => {
                 self.flush_at.store(u64::from(cutoff), Ordering::Release);
             }
