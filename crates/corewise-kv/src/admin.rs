@@ -360,11 +360,19 @@ fn lru_crawler(shared: &Shared, t: &[&[u8]], out: &mut Vec<u8>) -> Flow {
         }
         [b"sleep", n] => match parse::<u32>(n) {
             Some(us) if us > 1_000_000 => b"CLIENT_ERROR sleep must be one second or less",
-            Some(_) => b"OK",
+            Some(us) => {
+                shared.crawler_sleep.store(u64::from(us), Ordering::Relaxed);
+                b"OK"
+            }
             None => b"CLIENT_ERROR bad command line format",
         },
         [b"tocrawl", n] => match parse::<u32>(n) {
-            Some(_) => b"OK",
+            Some(n) => {
+                shared
+                    .crawler_tocrawl
+                    .store(u64::from(n), Ordering::Relaxed);
+                b"OK"
+            }
             None => b"CLIENT_ERROR bad command line format",
         },
         [b"crawl" | b"metadump", _] if !on => b"CLIENT_ERROR lru crawler disabled",

@@ -377,6 +377,12 @@ pub struct Shared {
     /// The level `slabs automove` last set (memcached's default is 1;
     /// reported in `stats settings`, nothing here moves pages).
     pub slab_automove: AtomicU64,
+    /// The LRU crawler's pause between items (µs) and items per class per
+    /// crawl, as `lru_crawler sleep|tocrawl` last set them (reported in
+    /// `stats settings`; a crawl here is one pass under each shard's lock).
+    pub crawler_sleep: AtomicU64,
+    /// See [`crawler_sleep`](Self::crawler_sleep).
+    pub crawler_tocrawl: AtomicU64,
     /// `stats detail` prefix statistics.
     pub detail: Detail,
     /// `stats sizes` lists the item size histogram (`stats sizes_enable`;
@@ -411,6 +417,8 @@ impl Shared {
             verbosity: AtomicU64::new(verbose),
             crawler_enabled: AtomicBool::new(crawler),
             slab_automove: AtomicU64::new(1),
+            crawler_sleep: AtomicU64::new(100),
+            crawler_tocrawl: AtomicU64::new(0),
             detail: Detail::default(),
             sizes_enabled: AtomicBool::new(sizes),
             conn_table: ConnTable::default(),
@@ -1431,6 +1439,9 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             crate::runtime_stats::write(out);
         }
         Some(b"settings") => {
+            // memcached 1.6.18's order; of its settings, those this server
+            // has (no UDP, SASL, TLS, extstore, slab rebalancer or LRU
+            // maintainer: those lines are left out, not made up).
             let yes = |b: bool| if b { "yes" } else { "no" };
             stat(out, "maxbytes", store.limit());
             stat(out, "maxconns", cfg.max_conns);
@@ -1438,6 +1449,14 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "udpport", 0);
             stat(out, "inter", &cfg.listen);
             stat(out, "verbosity", ld(&shared.verbosity));
+            // In memcached's time base, as it prints it.
+            stat(
+                out,
+                "oldest",
+                store
+                    .oldest_live()
+                    .map_or(0, |c| store.clock().memcached_time(c)),
+            );
             stat(
                 out,
                 "evictions",
@@ -1452,32 +1471,50 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "growth_factor", "1.25");
             stat(out, "chunk_size", 48);
             stat(out, "num_threads", cfg.threads);
+            // memcached prints its worker count here whether or not UDP
+            // is on.
+            stat(out, "num_threads_per_udp", cfg.threads);
             stat(out, "stat_key_prefix", ":");
             stat(out, "detail_enabled", yes(shared.detail.enabled()));
+            stat(out, "reqs_per_event", cfg.reqs_per_event);
             stat(out, "cas_enabled", yes(cfg.cas_enabled));
+            stat(out, "tcp_backlog", cfg.backlog);
             stat(out, "binding_protocol", cfg.protocol);
+            stat(out, "auth_enabled_sasl", "no");
+            stat(out, "auth_enabled_ascii", "no");
             stat(out, "item_size_max", cfg.item_max);
-            stat(out, "slab_chunk_max", slabs::CHUNK_MAX);
+            // A connection over -c is refused at once, as maxconns_fast.
+            stat(out, "maxconns_fast", "yes");
             stat(
                 out,
                 "slab_automove",
                 shared.slab_automove.load(Ordering::Relaxed),
             );
+            stat(out, "slab_chunk_max", slabs::CHUNK_MAX);
             stat(
                 out,
                 "lru_crawler",
                 yes(shared.crawler_enabled.load(Ordering::Relaxed)),
             );
+            stat(
+                out,
+                "lru_crawler_sleep",
+                shared.crawler_sleep.load(Ordering::Relaxed),
+            );
+            stat(
+                out,
+                "lru_crawler_tocrawl",
+                shared.crawler_tocrawl.load(Ordering::Relaxed),
+            );
             stat(out, "flush_enabled", yes(cfg.flush_enabled));
             stat(out, "dump_enabled", yes(cfg.dump_enabled));
-            stat(out, "reqs_per_event", cfg.reqs_per_event);
-            stat(out, "tcp_backlog", cfg.backlog);
             stat(out, "idle_timeout", cfg.idle_timeout);
             stat(
                 out,
                 "track_sizes",
                 yes(shared.sizes_enabled.load(Ordering::Relaxed)),
             );
+            stat(out, "ssl_enabled", "no");
             stat(out, "corewise_mode", cfg.mode);
         }
         Some(b"items") => {

@@ -346,14 +346,36 @@ fn stats_conns_dispatch_mode() {
 }
 
 /// `stats settings`: the settings corewise-kv shares with memcached have
-/// memcached's names and values, and follow the commands that change them.
+/// memcached's names, order and values, and follow the commands that
+/// change them; it names none that memcached does not, but its own mode.
 #[test]
 fn settings_match_memcached() {
     let both = Pair::start(&[]);
+    if let Some(m) = &both.memcached {
+        let names = |port: u16| -> Vec<String> {
+            Client::connect(port)
+                .stats("settings")
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect()
+        };
+        let (ours, theirs) = (names(both.server.port), names(m.1));
+        let ours: Vec<String> = ours.into_iter().filter(|k| k != "corewise_mode").collect();
+        let shared: Vec<String> = theirs
+            .iter()
+            .filter(|k| ours.contains(k))
+            .cloned()
+            .collect();
+        assert_eq!(
+            ours, shared,
+            "corewise-kv's settings, in memcached's order: {theirs:?}"
+        );
+    }
     let keys = [
         "maxbytes",
         "maxconns",
         "udpport",
+        "oldest",
         "evictions",
         "domain_socket",
         "shutdown_command",
@@ -363,11 +385,22 @@ fn settings_match_memcached() {
         "detail_enabled",
         "cas_enabled",
         "binding_protocol",
+        "reqs_per_event",
+        "tcp_backlog",
+        "auth_enabled_sasl",
+        "auth_enabled_ascii",
         "item_size_max",
+        "maxconns_fast",
         "slab_chunk_max",
         "slab_automove",
         "lru_crawler",
+        "lru_crawler_sleep",
+        "lru_crawler_tocrawl",
         "flush_enabled",
+        "dump_enabled",
+        "idle_timeout",
+        "track_sizes",
+        "ssl_enabled",
     ];
     let ports = std::iter::once(both.server.port).chain(both.memcached.as_ref().map(|m| m.1));
     for port in ports {
@@ -382,19 +415,31 @@ fn settings_match_memcached() {
         };
         assert_eq!(
             settings(&mut c),
-            "maxbytes=67108864 maxconns=1024 udpport=0 evictions=on domain_socket=NULL \
-             shutdown_command=no growth_factor=1.25 chunk_size=48 stat_key_prefix=: \
-             detail_enabled=no cas_enabled=yes binding_protocol=auto-negotiate \
-             item_size_max=1048576 slab_chunk_max=524288 slab_automove=1 lru_crawler=yes \
-             flush_enabled=yes",
+            "maxbytes=67108864 maxconns=1024 udpport=0 oldest=0 evictions=on \
+             domain_socket=NULL shutdown_command=no growth_factor=1.25 chunk_size=48 \
+             stat_key_prefix=: detail_enabled=no cas_enabled=yes \
+             binding_protocol=auto-negotiate reqs_per_event=20 tcp_backlog=1024 \
+             auth_enabled_sasl=no auth_enabled_ascii=no item_size_max=1048576 \
+             maxconns_fast=yes slab_chunk_max=524288 slab_automove=1 lru_crawler=yes \
+             lru_crawler_sleep=100 lru_crawler_tocrawl=0 flush_enabled=yes \
+             dump_enabled=yes idle_timeout=0 track_sizes=no ssl_enabled=no",
             "port {port}"
         );
         assert_eq!(c.cmd("slabs automove 2"), "OK");
         assert_eq!(c.cmd("stats detail on"), "OK");
+        assert_eq!(c.cmd("lru_crawler sleep 50"), "OK");
+        assert_eq!(c.cmd("lru_crawler tocrawl 7"), "OK");
         assert_eq!(c.cmd("lru_crawler disable"), "OK");
+        assert_eq!(c.cmd("flush_all"), "OK");
         // memcached stops its crawler thread asynchronously: its setting may
         // lag the OK a little on a loaded host.
-        let wanted = ["slab_automove=2", "detail_enabled=yes", "lru_crawler=no"];
+        let wanted = [
+            "slab_automove=2",
+            "detail_enabled=yes",
+            "lru_crawler=no",
+            "lru_crawler_sleep=50",
+            "lru_crawler_tocrawl=7",
+        ];
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let mut after = settings(&mut c);
         while !wanted.iter().all(|w| after.contains(w)) && std::time::Instant::now() < deadline {
@@ -404,5 +449,17 @@ fn settings_match_memcached() {
         for changed in wanted {
             assert!(after.contains(changed), "port {port}: {after}");
         }
+        // The flush's cut-off, in memcached's time base (its start dated
+        // 62 seconds early, the cut-off the second before the flush's).
+        let uptime = c.stat("uptime");
+        let oldest: u64 = after
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix("oldest="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            (55..=65).contains(&oldest.saturating_sub(uptime)),
+            "port {port}: oldest {oldest} at uptime {uptime}"
+        );
     }
 }

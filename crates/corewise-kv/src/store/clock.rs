@@ -112,6 +112,21 @@ impl Clock {
         self.start_unix + i64::from(self.now()) - 1
     }
 
+    /// Server second `sec` in memcached's own time base (its
+    /// `current_time`, seconds since a start it dates 62 seconds early),
+    /// for the one place memcached shows that base: `stats settings`'
+    /// `oldest`. Second 0 is the one before the server's first.
+    ///
+    /// ```
+    /// use corewise_kv::store::Clock;
+    /// let c = Clock::new();
+    /// assert_eq!(c.memcached_time(1), 62);
+    /// assert_eq!(c.memcached_time(0), 61);
+    /// ```
+    pub fn memcached_time(&self, sec: u32) -> u64 {
+        u64::from(sec) + MEMCACHED_START_LEAD as u64 - 1
+    }
+
     /// Unix time of the server start.
     ///
     /// ```

@@ -380,6 +380,8 @@ pub struct Store {
     /// Whether clients see CAS values (memcached's `-C` turns them off).
     cas_enabled: AtomicBool,
     flush_at: AtomicU64,
+    /// The last `flush_all`'s cut-off second plus one (0: none).
+    oldest_live: AtomicU32,
     limit: AtomicU64,
     /// The item size limit (`-I`), as [`item_size`] counts an item.
     item_max: AtomicU64,
@@ -441,6 +443,7 @@ impl Store {
             next_cas: AtomicU64::new(1),
             cas_floor: AtomicU64::new(0),
             cas_enabled: AtomicBool::new(true),
+            oldest_live: AtomicU32::new(0),
             flush_at: AtomicU64::new(0),
             limit: AtomicU64::new(limit as u64),
             item_max: AtomicU64::new(u64::MAX),
@@ -565,6 +568,23 @@ impl Store {
     /// ```
     pub fn set_cas_enabled(&self, on: bool) {
         self.cas_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// The last `flush_all`'s cut-off, in server seconds (items stored up
+    /// to and during it are gone once it comes): `stats settings`'
+    /// `oldest`; `None` before any flush (or after one that named a time
+    /// before the server's start).
+    ///
+    /// ```
+    /// let s = corewise_kv::store::Store::new(1 << 20, 1);
+    /// assert_eq!(s.oldest_live(), None);
+    /// s.flush(0);
+    /// assert_eq!(s.oldest_live(), Some(s.clock().now() - 1)); // 0 in the first second
+    /// s.flush(10);
+    /// assert_eq!(s.oldest_live(), Some(s.clock().now() + 9));
+    /// ```
+    pub fn oldest_live(&self) -> Option<u32> {
+        self.oldest_live.load(Ordering::Relaxed).checked_sub(1)
     }
 
     /// Whether clients see CAS values (see
@@ -1368,6 +1388,8 @@ impl Store {
                 c.saturating_add(1)
             }
         });
+        self.oldest_live
+            .store(cutoff.map_or(0, |c| c.saturating_add(1)), Ordering::Relaxed);
         match cutoff {
             Some(cutoff) if cutoff > now => {
                 self.flush_at.store(u64::from(cutoff), Ordering::Release);
