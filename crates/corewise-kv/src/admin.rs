@@ -37,15 +37,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[derive(Debug)]
 pub struct Detail {
     enabled: AtomicBool,
+    delimiter: u8,
     prefixes: corewise::sync::SpinLock<BTreeMap<Vec<u8>, [u64; 4]>>,
 }
 
 impl Default for Detail {
     fn default() -> Self {
-        Self {
-            enabled: AtomicBool::new(false),
-            prefixes: corewise::sync::SpinLock::new(BTreeMap::new()),
-        }
+        Self::new(b':', false)
     }
 }
 
@@ -72,8 +70,35 @@ pub enum DetailOp {
 }
 
 impl Detail {
+    /// Prefix statistics whose prefixes end at `delimiter` (memcached's
+    /// `-D`), on from the start when `enabled`.
+    ///
+    /// ```
+    /// use corewise_kv::admin::{Detail, DetailOp};
+    /// let d = Detail::new(b'/', true);
+    /// assert_eq!(d.delimiter(), b'/');
+    /// d.record(b"a/1", DetailOp::Set);
+    /// d.record(b"b:2", DetailOp::Set); // no prefix with this delimiter
+    /// let mut out = Vec::new();
+    /// d.dump(&mut out);
+    /// assert_eq!(out, b"PREFIX a get 0 hit 0 set 1 del 0\r\n");
+    /// ```
+    pub fn new(delimiter: u8, enabled: bool) -> Self {
+        Self {
+            enabled: AtomicBool::new(enabled),
+            delimiter,
+            prefixes: corewise::sync::SpinLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// The delimiter that ends a prefix (`stats settings`'
+    /// `stat_key_prefix`).
+    pub fn delimiter(&self) -> u8 {
+        self.delimiter
+    }
+
     /// Records `op` on `key` when `stats detail on` is in effect and the
-    /// key has a prefix (text before the first `:`).
+    /// key has a prefix (text before the first delimiter, `:` by default).
     ///
     /// ```
     /// use corewise_kv::admin::{Detail, DetailOp};
@@ -90,7 +115,7 @@ impl Detail {
         if !self.enabled.load(Ordering::Relaxed) {
             return;
         }
-        let Some(at) = key.iter().position(|&b| b == b':') else {
+        let Some(at) = key.iter().position(|&b| b == self.delimiter) else {
             return;
         };
         let mut map = self.prefixes.lock();

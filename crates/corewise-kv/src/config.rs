@@ -148,6 +148,9 @@ pub enum ConfigError {
     /// `-R` is zero.
     #[error("-R: the number of requests per event must be greater than 0")]
     ReqsPerEvent,
+    /// `-D` with an empty delimiter.
+    #[error("-D: no delimiter specified")]
+    Delimiter,
     /// `-l` given several addresses (a list, `host:port`, or `-l` twice).
     #[error("-l {0}: one address only; a list of addresses, host:port, or -l given twice is not supported")]
     Listen(String),
@@ -167,6 +170,10 @@ pub enum ConfigError {
 /// let a = Args::try_parse_from(["corewise-kv", "-d", "-u", "memcache", "-P", "/run/kv.pid"])?;
 /// assert!(a.daemon && a.user.as_deref() == Some("memcache"));
 /// // Commands turned off, and connection fairness and backlog.
+/// // Prefix statistics with another delimiter, on from the start.
+/// let c = Args::try_parse_from(["corewise-kv", "-D", "/"])?.into_config().unwrap();
+/// assert_eq!((c.prefix_delimiter, c.detail_on_start), (b'/', true));
+/// assert!(Args::try_parse_from(["corewise-kv", "-D", ""])?.into_config().is_err());
 /// let c = Args::try_parse_from(["corewise-kv", "-F", "-X", "-W", "-C", "-R", "5", "-b", "64"])?
 ///     .into_config()
 ///     .unwrap();
@@ -294,6 +301,15 @@ pub struct Args {
     /// a `cas` never matches.
     #[arg(short = 'C', long = "disable-cas")]
     pub disable_cas: bool,
+    /// The character between a key's prefix and the rest, for `stats
+    /// detail` (memcached's `-D`; its first byte counts): giving it also
+    /// turns prefix statistics on from the start.
+    #[arg(short = 'D', value_name = "CHAR")]
+    pub prefix_delimiter: Option<String>,
+    /// Raise the core file size limit as far as allowed (memcached's
+    /// `-r`); the server refuses to start if core files stay off.
+    #[arg(short = 'r', long = "enable-coredumps")]
+    pub enable_coredumps: bool,
     /// The protocols connections may speak (memcached's `-B`): `auto`
     /// (each connection's first byte decides), `ascii` or `binary`.
     #[arg(short = 'B', long = "protocol", value_enum, default_value_t = Protocol::Auto)]
@@ -382,6 +398,12 @@ pub struct Config {
     pub cas_enabled: bool,
     /// The protocols connections may speak (`-B`).
     pub protocol: Protocol,
+    /// The key prefix delimiter of `stats detail` (`-D`, `:` by default).
+    pub prefix_delimiter: u8,
+    /// Prefix statistics on from the start (`-D` given).
+    pub detail_on_start: bool,
+    /// Raise the core file size limit (`-r`).
+    pub enable_coredumps: bool,
     /// `stats cachedump` and `lru_crawler metadump` allowed (no `-X`).
     pub dump_enabled: bool,
     /// `watch` allowed (no `-W`).
@@ -424,6 +446,9 @@ impl Default for Config {
             flush_enabled: true,
             cas_enabled: true,
             protocol: Protocol::Auto,
+            prefix_delimiter: b':',
+            detail_on_start: false,
+            enable_coredumps: false,
             dump_enabled: true,
             watch_enabled: true,
             unix_socket: None,
@@ -502,6 +527,10 @@ impl Args {
         if self.reqs_per_event == 0 {
             return Err(ConfigError::ReqsPerEvent);
         }
+        let prefix_delimiter = match &self.prefix_delimiter {
+            Some(d) => *d.as_bytes().first().ok_or(ConfigError::Delimiter)?,
+            None => b':',
+        };
         let (mut idle_timeout, mut track_sizes, mut lru_crawler) = (0, false, true);
         for opt in self.extended.iter().flat_map(|o| o.split(',')) {
             match opt.split_once('=') {
@@ -572,6 +601,9 @@ impl Args {
             flush_enabled: !self.disable_flush_all,
             cas_enabled: !self.disable_cas,
             protocol: self.protocol,
+            prefix_delimiter,
+            detail_on_start: self.prefix_delimiter.is_some(),
+            enable_coredumps: self.enable_coredumps,
             dump_enabled: !self.disable_dumping,
             watch_enabled: !self.disable_watch,
             unix_socket: self.unix_socket,

@@ -410,6 +410,7 @@ impl Shared {
         store.set_cas_enabled(config.cas_enabled);
         let verbose = u64::from(config.verbose);
         let (crawler, sizes) = (config.lru_crawler, config.track_sizes);
+        let detail = Detail::new(config.prefix_delimiter, config.detail_on_start);
         Self {
             store,
             config,
@@ -419,7 +420,7 @@ impl Shared {
             slab_automove: AtomicU64::new(1),
             crawler_sleep: AtomicU64::new(100),
             crawler_tocrawl: AtomicU64::new(0),
-            detail: Detail::default(),
+            detail,
             sizes_enabled: AtomicBool::new(sizes),
             conn_table: ConnTable::default(),
             started: Instant::now(),
@@ -1474,7 +1475,11 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             // memcached prints its worker count here whether or not UDP
             // is on.
             stat(out, "num_threads_per_udp", cfg.threads);
-            stat(out, "stat_key_prefix", ":");
+            stat(
+                out,
+                "stat_key_prefix",
+                char::from(shared.detail.delimiter()),
+            );
             stat(out, "detail_enabled", yes(shared.detail.enabled()));
             stat(out, "reqs_per_event", cfg.reqs_per_event);
             stat(out, "cas_enabled", yes(cfg.cas_enabled));

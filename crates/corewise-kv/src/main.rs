@@ -18,6 +18,13 @@ fn main() -> ExitCode {
         }
     };
     server::raise_fd_limit();
+    if config.enable_coredumps {
+        if let Err(e) = process::enable_coredumps() {
+            eprintln!("corewise-kv: -r: {e}");
+            // memcached's exit status here (EX_OSERR).
+            return ExitCode::from(71);
+        }
+    }
     // Listening first, as root if started so (a low port), and while the
     // terminal still shows an error; then memcached's process set-up,
     // which must come before the runtime starts any thread.

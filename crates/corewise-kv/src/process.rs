@@ -1,6 +1,6 @@
 //! The server process's set-up as memcached does it: detaching from the
-//! terminal (`-d`), the pid file (`-P`), and running as another user
-//! (`-u`).
+//! terminal (`-d`), the pid file (`-P`), running as another user (`-u`),
+//! and core files (`-r`).
 //!
 //! Why: distributions start memcached with these (Debian's
 //! `/etc/memcached.conf` passes `-d`, `-u memcache` and `-P`), so a server
@@ -35,6 +35,9 @@ pub enum ProcessError {
     /// `-u` names no user.
     #[error("can't find the user {0} to switch to")]
     NoSuchUser(String),
+    /// `-r`, and the core file size limit is still 0.
+    #[error("failed to ensure corefile creation")]
+    NoCoreFiles,
     /// A system call failed.
     #[error("{op}: {source}")]
     Os {
@@ -95,6 +98,49 @@ pub fn detach() -> Result<(), ProcessError> {
 /// ```
 pub fn write_pid_file(path: &Path) -> Result<(), ProcessError> {
     std::fs::write(path, format!("{}\n", std::process::id())).map_err(os("write the pid file"))
+}
+
+/// Raises the core file size limit as memcached's `-r` does: to unlimited,
+/// or (when that is not allowed) to the hard limit; an error if core files
+/// stay off (a limit of 0), where memcached exits.
+///
+/// ```
+/// use corewise_kv::process::enable_coredumps;
+/// // Raising a soft limit to its hard limit is always allowed, so this
+/// // fails only when the hard limit is 0.
+/// let mut hard = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+/// // SAFETY: `hard` is a valid rlimit to write.
+/// unsafe { libc::getrlimit(libc::RLIMIT_CORE, &mut hard) };
+/// assert_eq!(enable_coredumps().is_ok(), hard.rlim_max != 0);
+/// ```
+pub fn enable_coredumps() -> Result<(), ProcessError> {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `old` is a valid rlimit for getrlimit to write.
+    if unsafe { libc::getrlimit(libc::RLIMIT_CORE, &mut old) } != 0 {
+        return Err(os("getrlimit")(io::Error::last_os_error()));
+    }
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads the rlimit given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &unlimited) } != 0 {
+        let hard = libc::rlimit {
+            rlim_cur: old.rlim_max,
+            rlim_max: old.rlim_max,
+        };
+        // SAFETY: as above. A failure shows in the check below.
+        unsafe { libc::setrlimit(libc::RLIMIT_CORE, &hard) };
+    }
+    let mut now = old;
+    // SAFETY: as the first getrlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_CORE, &mut now) } != 0 || now.rlim_cur == 0 {
+        return Err(ProcessError::NoCoreFiles);
+    }
+    Ok(())
 }
 
 /// Runs as `user` from now on (memcached's `-u`): its group, its

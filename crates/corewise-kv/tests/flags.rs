@@ -449,3 +449,68 @@ fn a_binding_protocol_reads_every_connection_in_its_protocol() {
         assert_eq!(bin_exchange(port, std::slice::from_ref(&version))[0].1, 0);
     }
 }
+
+#[test]
+fn a_prefix_delimiter_turns_prefix_statistics_on_with_it() {
+    let both = Pair::start_alike(&["-D", "/"]);
+    let check = |req: &str, want: &str| both.check(req.as_bytes(), want, raw);
+    check(
+        "set a/1 0 0 1\r\nx\r\nset b:2 0 0 1\r\nx\r\nget a/1\r\ndelete a/2\r\n",
+        "STORED\r\nSTORED\r\nVALUE a/1 0 1\r\nx\r\nEND\r\nNOT_FOUND\r\n",
+    );
+    check(
+        "stats detail dump\r\n",
+        "PREFIX a get 1 hit 1 set 1 del 1\r\nEND\r\n",
+    );
+    for port in both.ports() {
+        assert_eq!(setting(port, "stat_key_prefix"), "/", "port {port}");
+        assert_eq!(setting(port, "detail_enabled"), "yes", "port {port}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_corewise-kv"))
+        .args(["-D", ""])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        raw(&out.stderr).contains("-D: no delimiter specified"),
+        "{}",
+        raw(&out.stderr)
+    );
+}
+
+#[test]
+fn enable_coredumps_raises_the_core_limit_or_refuses_to_start() {
+    // With a hard limit of 0 nothing can raise it: memcached's message and
+    // exit status.
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -c 0 && ulimit -Hc 0 && exec \"$0\" -r -p 1",
+            env!("CARGO_BIN_EXE_corewise-kv"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(71), "{}", raw(&out.stderr));
+    assert!(
+        raw(&out.stderr).contains("-r: failed to ensure corefile creation"),
+        "{}",
+        raw(&out.stderr)
+    );
+    // Otherwise the soft limit goes as far as the hard one allows.
+    let mut srv = Server::start(&["-r"]);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", srv.pid())).unwrap();
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .unwrap()
+        .split_whitespace()
+        .skip(4)
+        .take(2)
+        .collect::<Vec<_>>();
+    assert_eq!(core.len(), 2, "{limits}");
+    assert_eq!(
+        core[0], core[1],
+        "soft limit raised to the hard one: {limits}"
+    );
+    assert!(srv.alive());
+}
