@@ -151,6 +151,12 @@ pub enum ConfigError {
     /// `-D` with an empty delimiter.
     #[error("-D: no delimiter specified")]
     Delimiter,
+    /// `-f` not above 1.
+    #[error("-f: the slab growth factor must be greater than 1")]
+    GrowthFactor,
+    /// `-n` is zero.
+    #[error("-n: the slab minimum size must be greater than 0")]
+    SlabMin,
     /// `-l` given several addresses (a list, `host:port`, or `-l` twice).
     #[error("-l {0}: one address only; a list of addresses, host:port, or -l given twice is not supported")]
     Listen(String),
@@ -170,6 +176,10 @@ pub enum ConfigError {
 /// let a = Args::try_parse_from(["corewise-kv", "-d", "-u", "memcache", "-P", "/run/kv.pid"])?;
 /// assert!(a.daemon && a.user.as_deref() == Some("memcache"));
 /// // Commands turned off, and connection fairness and backlog.
+/// // Other slab classes.
+/// let c = Args::try_parse_from(["corewise-kv", "-f", "2", "-n", "100"])?.into_config().unwrap();
+/// assert_eq!((c.growth_factor, c.slab_min), (2.0, 100));
+/// assert!(Args::try_parse_from(["corewise-kv", "-f", "1"])?.into_config().is_err());
 /// // Prefix statistics with another delimiter, on from the start.
 /// let c = Args::try_parse_from(["corewise-kv", "-D", "/"])?.into_config().unwrap();
 /// assert_eq!((c.prefix_delimiter, c.detail_on_start), (b'/', true));
@@ -301,6 +311,15 @@ pub struct Args {
     /// a `cas` never matches.
     #[arg(short = 'C', long = "disable-cas")]
     pub disable_cas: bool,
+    /// The growth factor between slab classes' chunk sizes (memcached's
+    /// `-f`; this server's items are not kept in slabs, but its `stats
+    /// slabs` and `stats items` report the classes memcached would use).
+    #[arg(short = 'f', long = "slab-growth-factor", default_value_t = 1.25)]
+    pub growth_factor: f64,
+    /// The minimum space for key, value and flags of the smallest slab
+    /// class (memcached's `-n`, in bytes).
+    #[arg(short = 'n', long = "slab-min-size", default_value_t = 48)]
+    pub slab_min: usize,
     /// The character between a key's prefix and the rest, for `stats
     /// detail` (memcached's `-D`; its first byte counts): giving it also
     /// turns prefix statistics on from the start.
@@ -352,7 +371,7 @@ fn is_one_address(s: &str) -> bool {
 /// assert_eq!((c.port, c.memory_mb, c.max_conns, c.item_max), (11211, 64, 1024, 1 << 20));
 /// assert_eq!(c.mode, Mode::Conn);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// TCP port.
     pub port: u16,
@@ -400,6 +419,10 @@ pub struct Config {
     pub protocol: Protocol,
     /// The key prefix delimiter of `stats detail` (`-D`, `:` by default).
     pub prefix_delimiter: u8,
+    /// The slab classes' growth factor (`-f`).
+    pub growth_factor: f64,
+    /// The smallest slab class's minimum for key, value and flags (`-n`).
+    pub slab_min: usize,
     /// Prefix statistics on from the start (`-D` given).
     pub detail_on_start: bool,
     /// Raise the core file size limit (`-r`).
@@ -447,6 +470,8 @@ impl Default for Config {
             cas_enabled: true,
             protocol: Protocol::Auto,
             prefix_delimiter: b':',
+            growth_factor: 1.25,
+            slab_min: 48,
             detail_on_start: false,
             enable_coredumps: false,
             dump_enabled: true,
@@ -527,6 +552,13 @@ impl Args {
         if self.reqs_per_event == 0 {
             return Err(ConfigError::ReqsPerEvent);
         }
+        // Not above 1, NaN included.
+        if self.growth_factor.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
+            return Err(ConfigError::GrowthFactor);
+        }
+        if self.slab_min == 0 {
+            return Err(ConfigError::SlabMin);
+        }
         let prefix_delimiter = match &self.prefix_delimiter {
             Some(d) => *d.as_bytes().first().ok_or(ConfigError::Delimiter)?,
             None => b':',
@@ -602,6 +634,8 @@ impl Args {
             cas_enabled: !self.disable_cas,
             protocol: self.protocol,
             prefix_delimiter,
+            growth_factor: self.growth_factor,
+            slab_min: self.slab_min,
             detail_on_start: self.prefix_delimiter.is_some(),
             enable_coredumps: self.enable_coredumps,
             dump_enabled: !self.disable_dumping,

@@ -1469,8 +1469,9 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             }
             stat(out, "umask", format!("{:o}", cfg.unix_mask));
             stat(out, "shutdown_command", yes(cfg.enable_shutdown));
-            stat(out, "growth_factor", "1.25");
-            stat(out, "chunk_size", 48);
+            let classes = slabs::layout();
+            stat(out, "growth_factor", format!("{:.2}", classes.factor));
+            stat(out, "chunk_size", classes.min);
             stat(out, "num_threads", cfg.threads);
             // memcached prints its worker count here whether or not UDP
             // is on.

@@ -17,6 +17,10 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    if !corewise_kv::store::slabs::set_layout(config.growth_factor, config.slab_min) {
+        eprintln!("corewise-kv: -f/-n: slab classes already chosen");
+        return ExitCode::FAILURE;
+    }
     server::raise_fd_limit();
     if config.enable_coredumps {
         if let Err(e) = process::enable_coredumps() {

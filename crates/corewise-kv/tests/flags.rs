@@ -514,3 +514,42 @@ fn enable_coredumps_raises_the_core_limit_or_refuses_to_start() {
     );
     assert!(srv.alive());
 }
+
+#[test]
+fn slab_classes_follow_the_growth_factor_and_minimum() {
+    let both = Pair::start_alike(&["-f", "2", "-n", "100"]);
+    let mut value = b"set k 0 0 10\r\n0123456789\r\nset k2 0 0 200\r\n".to_vec();
+    value.extend_from_slice(&[b'x'; 200]);
+    value.extend_from_slice(b"\r\n");
+    both.check(&value, "STORED\r\nSTORED\r\n", raw);
+    // The classes the two items fall in, and their chunks: 48 bytes of
+    // header plus 100, rounded to 8, then doubling.
+    let classes = |r: &[u8]| {
+        raw(r)
+            .lines()
+            .filter(|l| l.contains(":chunk_size ") || l.contains(":chunks_per_page "))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    both.check(
+        b"stats slabs\r\n",
+        "STAT 1:chunk_size 152 STAT 1:chunks_per_page 6898 \
+         STAT 2:chunk_size 304 STAT 2:chunks_per_page 3449",
+        classes,
+    );
+    for port in both.ports() {
+        assert_eq!(setting(port, "growth_factor"), "2.00", "port {port}");
+        assert_eq!(setting(port, "chunk_size"), "100", "port {port}");
+    }
+    for (flag, want) in [
+        ("-f1", "-f: the slab growth factor must be greater than 1"),
+        ("-n0", "-n: the slab minimum size must be greater than 0"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_corewise-kv"))
+            .arg(flag)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag}");
+        assert!(raw(&out.stderr).contains(want), "{}", raw(&out.stderr));
+    }
+}

@@ -6,9 +6,11 @@
 //! pages, so the classes are a view: each item is counted in the class its
 //! size (as memcached counts it, [`super::item_size`]) falls into, and a
 //! class's pages are the 1 MiB pages its items would fill. The class sizes
-//! are memcached's defaults: 96 bytes, growing by a factor of 1.25 (rounded
-//! up to 8 bytes) up to the 512 KiB chunk limit; larger items are chunked
-//! in the largest class, as in memcached.
+//! are memcached's: 48 bytes of item header plus the minimum (`-n`, 48),
+//! growing by a factor (`-f`, 1.25), each rounded up to 8 bytes, up to the
+//! 512 KiB chunk limit; larger items are chunked in the largest class, as
+//! in memcached. Like memcached's, the classes are the process's: a server
+//! sets them once ([`set_layout`]) before its store is made.
 
 use std::sync::OnceLock;
 
@@ -40,6 +42,80 @@ pub const CHUNK_MAX: usize = PAGE_SIZE / 2;
 /// ```
 pub const MAX_CLASSES: usize = 63;
 
+/// memcached's default growth factor between classes (`-f`).
+pub const DEFAULT_FACTOR: f64 = 1.25;
+/// memcached's default minimum space for key, value and flags (`-n`).
+pub const DEFAULT_MIN: usize = 48;
+
+/// The process's slab classes: how they were made and their chunk sizes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    /// The growth factor (`-f`).
+    pub factor: f64,
+    /// The minimum space for key, value and flags (`-n`).
+    pub min: usize,
+    sizes: Vec<usize>,
+}
+
+impl Layout {
+    /// memcached's classes for this factor and minimum: the first chunk
+    /// is its 48-byte item header plus `min`, each next one `factor`
+    /// times larger, every one rounded up to 8 bytes, while below
+    /// [`CHUNK_MAX`]` / factor`; the last class is [`CHUNK_MAX`].
+    ///
+    /// ```
+    /// use corewise_kv::store::slabs::Layout;
+    /// let l = Layout::new(2.0, 100);
+    /// assert_eq!(&l.chunk_sizes()[..3], &[152, 304, 608]);
+    /// assert_eq!(*l.chunk_sizes().last().unwrap(), 512 * 1024);
+    /// ```
+    pub fn new(factor: f64, min: usize) -> Self {
+        let mut sizes = Vec::new();
+        let mut size = 48usize.saturating_add(min);
+        while sizes.len() < MAX_CLASSES - 1 && (size as f64) < CHUNK_MAX as f64 / factor {
+            size = size.div_ceil(8) * 8;
+            sizes.push(size);
+            size = (size as f64 * factor) as usize;
+        }
+        sizes.push(CHUNK_MAX);
+        Self { factor, min, sizes }
+    }
+
+    /// The chunk sizes of classes 1.. (index 0 is class 1).
+    pub fn chunk_sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+}
+
+static LAYOUT: OnceLock<Layout> = OnceLock::new();
+
+/// Sets the process's classes (memcached's `-f` and `-n`); call it before
+/// the first store is made. Returns false, changing nothing, when classes
+/// other than these are already in use.
+///
+/// ```
+/// use corewise_kv::store::slabs::{layout, set_layout, DEFAULT_FACTOR, DEFAULT_MIN};
+/// // The defaults are in use once anything asked for a class.
+/// assert_eq!(layout().factor, DEFAULT_FACTOR);
+/// assert!(set_layout(DEFAULT_FACTOR, DEFAULT_MIN));
+/// assert!(!set_layout(2.0, 100));
+/// ```
+pub fn set_layout(factor: f64, min: usize) -> bool {
+    let wanted = Layout::new(factor, min);
+    *LAYOUT.get_or_init(|| wanted.clone()) == wanted
+}
+
+/// The process's classes (memcached's defaults unless [`set_layout`]
+/// chose others first).
+///
+/// ```
+/// let l = corewise_kv::store::slabs::layout();
+/// assert_eq!((l.factor, l.min), (1.25, 48));
+/// ```
+pub fn layout() -> &'static Layout {
+    LAYOUT.get_or_init(|| Layout::new(DEFAULT_FACTOR, DEFAULT_MIN))
+}
+
 /// The chunk sizes of classes 1.. (index 0 is class 1).
 ///
 /// ```
@@ -49,19 +125,7 @@ pub const MAX_CLASSES: usize = 63;
 /// assert_eq!(*c.last().unwrap(), 512 * 1024);
 /// ```
 pub fn chunk_sizes() -> &'static [usize] {
-    static SIZES: OnceLock<Vec<usize>> = OnceLock::new();
-    SIZES.get_or_init(|| {
-        let factor = 1.25f64;
-        let mut v = Vec::new();
-        let mut size = 96usize;
-        while v.len() < MAX_CLASSES - 1 && (size as f64) < CHUNK_MAX as f64 / factor {
-            size = size.div_ceil(8) * 8;
-            v.push(size);
-            size = (size as f64 * factor) as usize;
-        }
-        v.push(CHUNK_MAX);
-        v
-    })
+    layout().chunk_sizes()
 }
 
 /// The class id (1-based) of an item of `ntotal` bytes.
