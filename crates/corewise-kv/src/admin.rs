@@ -288,6 +288,13 @@ pub(crate) fn parse<T: std::str::FromStr>(t: &[u8]) -> Option<T> {
     std::str::from_utf8(t).ok()?.parse().ok()
 }
 
+/// A number as memcached's `safe_strtoul` reads one into 32 bits: any
+/// unsigned 64-bit number, cut to its low 32 bits (`4294967301` is 5); no
+/// sign, nothing past 64 bits.
+fn strtoul32(t: &[u8]) -> Option<u32> {
+    parse::<u64>(t).map(|n| n as u32)
+}
+
 /// `slabs automove <0|1|2>`, `slabs automove ratio <r>`, `slabs reassign
 /// <src> <dst>` (exactly two arguments, as memcached counts them). Pages
 /// are a view here ([`slabs`]), so nothing moves: a reassignment memcached
@@ -383,7 +390,7 @@ fn lru_crawler(shared: &Shared, t: &[&[u8]], out: &mut Vec<u8>) -> Flow {
             enabled.store(false, Ordering::Relaxed);
             b"OK"
         }
-        [b"sleep", n] => match parse::<u32>(n) {
+        [b"sleep", n] => match strtoul32(n) {
             Some(us) if us > 1_000_000 => b"CLIENT_ERROR sleep must be one second or less",
             Some(us) => {
                 shared.crawler_sleep.store(u64::from(us), Ordering::Relaxed);
@@ -391,7 +398,7 @@ fn lru_crawler(shared: &Shared, t: &[&[u8]], out: &mut Vec<u8>) -> Flow {
             }
             None => b"CLIENT_ERROR bad command line format",
         },
-        [b"tocrawl", n] => match parse::<u32>(n) {
+        [b"tocrawl", n] => match strtoul32(n) {
             Some(n) => {
                 shared
                     .crawler_tocrawl
@@ -462,4 +469,18 @@ fn metadump(shared: &Shared, ids: Option<&[usize]>, out: &mut Vec<u8>) {
         );
     });
     out.extend_from_slice(b"END\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strtoul32;
+
+    #[test]
+    fn numbers_are_read_as_memcached_reads_them_into_32_bits() {
+        assert_eq!(strtoul32(b"4294967301"), Some(5));
+        assert_eq!(strtoul32(b"18446744073709551615"), Some(u32::MAX));
+        assert_eq!(strtoul32(b"18446744073709551616"), None);
+        assert_eq!(strtoul32(b"-1"), None);
+        assert_eq!(strtoul32(b"100"), Some(100));
+    }
 }

@@ -324,7 +324,7 @@ pub struct Args {
     /// detail` (memcached's `-D`; its first byte counts): giving it also
     /// turns prefix statistics on from the start.
     #[arg(short = 'D', value_name = "CHAR")]
-    pub prefix_delimiter: Option<String>,
+    pub prefix_delimiter: Option<std::ffi::OsString>,
     /// Raise the core file size limit as far as allowed (memcached's
     /// `-r`); the server refuses to start if core files stay off.
     #[arg(short = 'r', long = "enable-coredumps")]
@@ -560,7 +560,10 @@ impl Args {
             return Err(ConfigError::SlabMin);
         }
         let prefix_delimiter = match &self.prefix_delimiter {
-            Some(d) => *d.as_bytes().first().ok_or(ConfigError::Delimiter)?,
+            Some(d) => {
+                use std::os::unix::ffi::OsStrExt;
+                *d.as_bytes().first().ok_or(ConfigError::Delimiter)?
+            }
             None => b':',
         };
         let (mut idle_timeout, mut track_sizes, mut lru_crawler) = (0, false, true);

@@ -816,7 +816,13 @@ pub fn execute_conn<O: Sink>(
                     let ttl = flags.ttl.map(|t| store.clock().deadline(t));
                     store.invalidate(k, flags.compare_cas, ttl)
                 } else {
-                    store.delete(k, flags.compare_cas)
+                    let r = store.delete(k, flags.compare_cas);
+                    if r == DeleteOutcome::Exists {
+                        // memcached counts an `md` whose compare failed as
+                        // a miss (a binary delete's, not).
+                        store.ops.delete_misses.fetch_add(1, Ordering::Relaxed);
+                    }
+                    r
                 };
                 let code: &[u8] = match r {
                     DeleteOutcome::Deleted => b"HD",
@@ -1451,13 +1457,7 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             stat(out, "inter", &cfg.listen);
             stat(out, "verbosity", ld(&shared.verbosity));
             // In memcached's time base, as it prints it.
-            stat(
-                out,
-                "oldest",
-                store
-                    .oldest_live()
-                    .map_or(0, |c| store.clock().memcached_time(c)),
-            );
+            stat(out, "oldest", store.oldest_live());
             stat(
                 out,
                 "evictions",
@@ -1476,11 +1476,10 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
             // memcached prints its worker count here whether or not UDP
             // is on.
             stat(out, "num_threads_per_udp", cfg.threads);
-            stat(
-                out,
-                "stat_key_prefix",
-                char::from(shared.detail.delimiter()),
-            );
+            // The delimiter's byte as it is (memcached prints a char).
+            out.extend_from_slice(b"STAT stat_key_prefix ");
+            out.push(shared.detail.delimiter());
+            out.extend_from_slice(b"\r\n");
             stat(out, "detail_enabled", yes(shared.detail.enabled()));
             stat(out, "reqs_per_event", cfg.reqs_per_event);
             stat(out, "cas_enabled", yes(cfg.cas_enabled));
@@ -1602,6 +1601,12 @@ pub(crate) fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) {
         }
         // memcached 1.6.18 ends these two replies without an `END` line.
         Some(b"sizes_enable") => {
+            // memcached's size histogram needs CAS values (`-C` refuses it).
+            if !cfg.cas_enabled {
+                stat(out, "sizes_status", "error");
+                stat(out, "sizes_error", "cas_support_disabled");
+                return;
+            }
             shared.sizes_enabled.store(true, Ordering::Relaxed);
             stat(out, "sizes_status", "enabled");
             return;

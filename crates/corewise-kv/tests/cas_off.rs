@@ -55,6 +55,16 @@ fn with_cas_off_every_cas_is_0_and_a_cas_never_matches() {
     );
     check("mg n E5 v\r\n", "CLIENT_ERROR invalid flag\r\n");
     check("ms n 1 E5\r\nz\r\n", "CLIENT_ERROR invalid flag\r\n");
+    // Refused where it stands, before the flags after it are read.
+    check("mg n E\r\n", "CLIENT_ERROR invalid flag\r\n");
+    check("mg n E5 v v\r\n", "CLIENT_ERROR invalid flag\r\n");
+    check("ms n 5 E5 MZ\r\nabcde\r\n", "CLIENT_ERROR invalid flag\r\n");
+    // The size histogram needs CAS values.
+    check(
+        "stats sizes_enable\r\n",
+        "STAT sizes_status error\r\nSTAT sizes_error cas_support_disabled\r\n",
+    );
+    check("stats sizes\r\n", "STAT sizes_status disabled\r\nEND\r\n");
     check("mg n v\r\n", "VA 1\r\n5\r\n");
     for port in both.ports() {
         let mut c = Client::connect(port);
@@ -77,6 +87,47 @@ fn with_cas_off_every_cas_is_0_and_a_cas_never_matches() {
         assert!(
             settings.contains(&("cas_enabled".into(), "no".into())),
             "port {port}: {settings:?}"
+        );
+    }
+}
+
+#[test]
+fn a_refused_meta_set_skips_its_data_whatever_its_length() {
+    let both = Pair::start_alike(&["-C"]);
+    // Over the item size limit, with a flag refused: the data block is
+    // still swallowed, not read as commands (nor a reason to drop the
+    // connection).
+    for head in ["ms a 2000000 E5\r\n", "ms a 2000000 T\r\n"] {
+        let mut req = head.as_bytes().to_vec();
+        req.extend(std::iter::repeat_n(b'x', 2_000_000));
+        req.extend_from_slice(b"\r\n");
+        let want = if head.contains("E5") {
+            "CLIENT_ERROR invalid flag\r\n"
+        } else {
+            "CLIENT_ERROR bad token in command line format\r\n"
+        };
+        both.check(&req, want, raw);
+    }
+}
+
+#[test]
+fn with_cas_off_a_flush_in_the_past_drops_only_what_was_stored_by_then() {
+    let both = Pair::start_alike(&["-C"]);
+    let ports = both.ports();
+    for &port in &ports {
+        common::exchange(port, b"set old 0 0 1\r\n1\r\n");
+    }
+    std::thread::sleep(Duration::from_millis(2_200));
+    for &port in &ports {
+        let now = Client::connect(port).stat("time");
+        let req = format!(
+            "set new 0 0 1\r\n2\r\nflush_all {}\r\nget old new\r\n",
+            now - 1
+        );
+        assert_eq!(
+            raw(&common::exchange(port, req.as_bytes())),
+            "STORED\r\nOK\r\nVALUE new 0 1\r\n2\r\nEND\r\n",
+            "port {port}"
         );
     }
 }
@@ -219,6 +270,15 @@ fn with_cas_on_a_meta_set_reads_its_compare_value_by_mode() {
     check("ms e 1 I C0\r\nz\r\n", "EX\r\n");
     check("set n 0 0 1\r\n5\r\n", "STORED\r\n");
     check("ma n v C0\r\n", "VA 1\r\n6\r\n");
+    // An `md` whose compare fails counts as a miss.
+    check("md n C99\r\n", "EX\r\n");
+    for port in both.ports() {
+        assert_eq!(
+            Client::connect(port).stat("delete_misses"),
+            1,
+            "port {port}"
+        );
+    }
 }
 
 /// `f` with its header's CAS set to `cas`.

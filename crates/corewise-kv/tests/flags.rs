@@ -553,3 +553,32 @@ fn slab_classes_follow_the_growth_factor_and_minimum() {
         assert!(raw(&out.stderr).contains(want), "{}", raw(&out.stderr));
     }
 }
+
+#[test]
+fn a_delimiter_byte_is_shown_as_it_is_and_crawler_numbers_are_cut_to_32_bits() {
+    let both = Pair::start_alike(&["-D", "\u{e9}"]);
+    for port in both.ports() {
+        let settings = common::exchange(port, b"stats settings\r\n");
+        let line = b"STAT stat_key_prefix \xc3\r\n";
+        assert!(
+            settings.windows(line.len()).any(|w| w == line),
+            "port {port}: {}",
+            raw(&settings)
+        );
+    }
+    let check = |req: &str, want: &str| both.check(req.as_bytes(), want, raw);
+    check("lru_crawler sleep 4294967301\r\n", "OK\r\n");
+    check("lru_crawler tocrawl 18446744073709551615\r\n", "OK\r\n");
+    check(
+        "lru_crawler tocrawl 18446744073709551616\r\n",
+        "CLIENT_ERROR bad command line format\r\n",
+    );
+    for port in both.ports() {
+        assert_eq!(setting(port, "lru_crawler_sleep"), "5", "port {port}");
+        assert_eq!(
+            setting(port, "lru_crawler_tocrawl"),
+            "4294967295",
+            "port {port}"
+        );
+    }
+}

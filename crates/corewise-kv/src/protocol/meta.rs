@@ -166,6 +166,24 @@ impl<'a> MetaFlags<'a> {
     /// assert_eq!(MetaFlags::parse_for(MetaCmd::Set, b"F4294967301").unwrap().client_flags, Some(5));
     /// ```
     pub fn parse_for(cmd: MetaCmd, raw: &'a [u8]) -> Result<Self, ProtoError> {
+        Self::parse_checked(cmd, raw, true)
+    }
+
+    /// [`parse_for`](Self::parse_for) in a server whose items carry CAS
+    /// values (`cas`) or not (`-C`): without, a flag that sets one (`E`)
+    /// is refused where it stands, as memcached refuses it (`invalid
+    /// flag`; `md` and `ma` word it `invalid or duplicate flag`).
+    ///
+    /// ```
+    /// use corewise_kv::protocol::{MetaCmd, MetaFlags, ProtoError};
+    /// assert!(MetaFlags::parse_checked(MetaCmd::Get, b"E5 v", true).is_ok());
+    /// assert_eq!(MetaFlags::parse_checked(MetaCmd::Get, b"E v v", false), Err(ProtoError::BadFlag));
+    /// assert_eq!(
+    ///     MetaFlags::parse_checked(MetaCmd::Arith, b"E5", false),
+    ///     Err(ProtoError::InvalidOrDuplicateFlag)
+    /// );
+    /// ```
+    pub fn parse_checked(cmd: MetaCmd, raw: &'a [u8], cas: bool) -> Result<Self, ProtoError> {
         let tokens = raw.split(|&b| b == b' ').filter(|t| !t.is_empty()).count();
         let max = if cmd == MetaCmd::Set {
             MAX_FLAG_TOKENS - 1
@@ -179,7 +197,7 @@ impl<'a> MetaFlags<'a> {
                 ProtoError::TooManyFlags
             });
         }
-        let f = Self::parse_tokens(cmd, raw).map_err(|e| match (cmd, e) {
+        let f = Self::parse_tokens(cmd, raw, cas).map_err(|e| match (cmd, e) {
             (MetaCmd::Delete | MetaCmd::Arith, e) if e != ProtoError::BadArithMode => {
                 ProtoError::InvalidOrDuplicateFlag
             }
@@ -192,7 +210,7 @@ impl<'a> MetaFlags<'a> {
         Ok(f)
     }
 
-    fn parse_tokens(cmd: MetaCmd, raw: &'a [u8]) -> Result<Self, ProtoError> {
+    fn parse_tokens(cmd: MetaCmd, raw: &'a [u8], cas: bool) -> Result<Self, ProtoError> {
         let mut f = MetaFlags {
             raw,
             cmd,
@@ -229,6 +247,7 @@ impl<'a> MetaFlags<'a> {
                 b'O' => f.opaque = Some(arg),
                 b'T' => f.ttl = Some(signed(arg, ProtoError::BadToken)?),
                 b'C' => f.compare_cas = Some(unsigned(arg, ProtoError::BadToken)?),
+                b'E' if !cas => return Err(ProtoError::BadFlag),
                 b'E' => f.new_cas = Some(unsigned(arg, ProtoError::BadToken)?),
                 b'x' => f.remove_value = true,
                 // Read as `set` reads its flags (memcached's `safe_strtoul`

@@ -636,19 +636,16 @@ impl Decoder {
         else {
             return (0, Decoded::Error(ProtoError::BadFormat));
         };
-        let parsed = MetaFlags::parse_for(MetaCmd::Set, toks.rest())
-            .and_then(|f| refuse_new_cas(MetaCmd::Set, f, self.limits.cas));
-        let flags = match parsed {
+        let flags = match MetaFlags::parse_checked(MetaCmd::Set, toks.rest(), self.limits.cas) {
             Ok(f) => f,
             // memcached refuses too many flags before it knows to skip
             // the data block: the block is read as commands.
             Err(e @ ProtoError::TooManyFlags) => return (0, Decoded::Error(e)),
             Err(e) => {
-                // The data block still follows: skip it (if it is not
-                // absurd) so it is not read as commands.
-                if len <= self.limits.item_max {
-                    self.skip = Skip::Bytes(len + 2);
-                }
+                // The data block still follows, whatever its length (as
+                // memcached swallows it): skip it so it is not read as
+                // commands.
+                self.skip = Skip::Bytes(len.saturating_add(2));
                 return (0, Decoded::Error(e));
             }
         };
@@ -715,19 +712,6 @@ fn meta_debug<'a>(mut toks: Tokens<'a>) -> Result<Request<'a>, ProtoError> {
     Ok(Request::MetaDebug { key, flags })
 }
 
-/// A meta request's flags, refused when they set a CAS (`E`) and items
-/// carry none (`-C`): memcached 1.6.18 answers `invalid flag` to `mg` and
-/// `ms`, `invalid or duplicate flag` to `md` and `ma`.
-fn refuse_new_cas(cmd: MetaCmd, f: MetaFlags<'_>, cas: bool) -> Result<MetaFlags<'_>, ProtoError> {
-    if cas || f.new_cas.is_none() {
-        return Ok(f);
-    }
-    Err(match cmd {
-        MetaCmd::Delete | MetaCmd::Arith => ProtoError::InvalidOrDuplicateFlag,
-        _ => ProtoError::BadFlag,
-    })
-}
-
 fn meta<'a>(cmd: &[u8], mut toks: Tokens<'a>, cas: bool) -> Result<Request<'a>, ProtoError> {
     let key = toks.next_token().ok_or(ProtoError::Unknown)?;
     let which = match cmd {
@@ -735,7 +719,7 @@ fn meta<'a>(cmd: &[u8], mut toks: Tokens<'a>, cas: bool) -> Result<Request<'a>, 
         b"ma" => MetaCmd::Arith,
         _ => MetaCmd::Get,
     };
-    let flags = refuse_new_cas(which, MetaFlags::parse_for(which, toks.rest())?, cas)?;
+    let flags = MetaFlags::parse_checked(which, toks.rest(), cas)?;
     if !meta_key_ok(key, flags.base64) {
         return Err(ProtoError::BadFormat);
     }

@@ -112,6 +112,36 @@ impl Clock {
         self.start_unix + i64::from(self.now()) - 1
     }
 
+    /// memcached's `realtime(exptime)` for a `flush_all` argument, in its
+    /// own time base (see [`memcached_time`](Self::memcached_time)): now
+    /// for 0 or less, now plus a relative delay, and an absolute unix time
+    /// as seconds since memcached's dated start (1 at or before it).
+    ///
+    /// ```
+    /// use corewise_kv::store::Clock;
+    /// let c = Clock::new();
+    /// let now = c.memcached_time(c.now());
+    /// assert_eq!(c.memcached_realtime(0), now);
+    /// assert_eq!(c.memcached_realtime(10), now + 10);
+    /// assert_eq!(c.memcached_realtime(c.start_unix() - 60), 2);
+    /// assert_eq!(c.memcached_realtime(1_000_000_000), 1);
+    /// ```
+    pub fn memcached_realtime(&self, exptime: i64) -> u64 {
+        let now = self.memcached_time(self.now());
+        if exptime <= 0 {
+            now
+        } else if exptime <= MAX_RELATIVE_EXPIRY {
+            now + exptime as u64
+        } else {
+            let started = self.start_unix - MEMCACHED_START_LEAD;
+            if exptime <= started {
+                1
+            } else {
+                (exptime - started) as u64
+            }
+        }
+    }
+
     /// Server second `sec` in memcached's own time base (its
     /// `current_time`, seconds since a start it dates 62 seconds early),
     /// for the one place memcached shows that base: `stats settings`'

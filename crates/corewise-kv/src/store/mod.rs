@@ -380,8 +380,9 @@ pub struct Store {
     /// Whether clients see CAS values (memcached's `-C` turns them off).
     cas_enabled: AtomicBool,
     flush_at: AtomicU64,
-    /// The last `flush_all`'s cut-off second plus one (0: none).
-    oldest_live: AtomicU32,
+    /// The last `flush_all`'s cut-off in memcached's time base, as its
+    /// `stats settings` shows it (0: none).
+    oldest_live: AtomicU64,
     limit: AtomicU64,
     /// The item size limit (`-I`), as [`item_size`] counts an item.
     item_max: AtomicU64,
@@ -443,7 +444,7 @@ impl Store {
             next_cas: AtomicU64::new(1),
             cas_floor: AtomicU64::new(0),
             cas_enabled: AtomicBool::new(true),
-            oldest_live: AtomicU32::new(0),
+            oldest_live: AtomicU64::new(0),
             flush_at: AtomicU64::new(0),
             limit: AtomicU64::new(limit as u64),
             item_max: AtomicU64::new(u64::MAX),
@@ -570,21 +571,18 @@ impl Store {
         self.cas_enabled.store(on, Ordering::Relaxed);
     }
 
-    /// The last `flush_all`'s cut-off, in server seconds (items stored up
-    /// to and during it are gone once it comes): `stats settings`'
-    /// `oldest`; `None` before any flush (or after one that named a time
-    /// before the server's start).
+    /// The last `flush_all`'s cut-off (items stored up to and during it
+    /// are gone once it comes) in memcached's time base, as `stats
+    /// settings`' `oldest` shows it: 0 before any flush.
     ///
     /// ```
     /// let s = corewise_kv::store::Store::new(1 << 20, 1);
-    /// assert_eq!(s.oldest_live(), None);
-    /// s.flush(0);
-    /// assert_eq!(s.oldest_live(), Some(s.clock().now() - 1)); // 0 in the first second
+    /// assert_eq!(s.oldest_live(), 0);
     /// s.flush(10);
-    /// assert_eq!(s.oldest_live(), Some(s.clock().now() + 9));
+    /// assert_eq!(s.oldest_live(), s.clock().memcached_time(s.clock().now()) + 9);
     /// ```
-    pub fn oldest_live(&self) -> Option<u32> {
-        self.oldest_live.load(Ordering::Relaxed).checked_sub(1)
+    pub fn oldest_live(&self) -> u64 {
+        self.oldest_live.load(Ordering::Relaxed)
     }
 
     /// Whether clients see CAS values (see
@@ -1388,9 +1386,20 @@ impl Store {
                 c.saturating_add(1)
             }
         });
+        // memcached's oldest_live: realtime(exptime), less one with CAS.
+        let realtime = self.clock.memcached_realtime(exptime);
         self.oldest_live
-            .store(cutoff.map_or(0, |c| c.saturating_add(1)), Ordering::Relaxed);
+            .store(realtime - u64::from(self.cas_enabled()), Ordering::Relaxed);
         match cutoff {
+            // Without CAS values a cut-off in the past drops only what was
+            // last stored or bumped by then (with them, memcached drops
+            // every item older than the flush's CAS: everything).
+            Some(cutoff) if cutoff < now && !self.cas_enabled() => {
+                self.flush_at.store(0, Ordering::Release);
+                for sh in self.shards.iter() {
+                    sh.lock().remove_accessed_by(cutoff);
+                }
+            }
             Some(cutoff) if cutoff > now => {
                 self.flush_at.store(u64::from(cutoff), Ordering::Release);
             }

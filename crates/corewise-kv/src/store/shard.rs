@@ -784,6 +784,31 @@ impl Shard {
         expired_n
     }
 
+    /// Removes every item last stored or bumped at or before server second
+    /// `cutoff` (a flush without CAS values, whose cut-off has passed);
+    /// returns how many.
+    ///
+    /// ```
+    /// use corewise_kv::store::{Item, Shard};
+    /// let mut sh = Shard::new(1 << 20);
+    /// sh.insert(Item::new(b"old", b"1".to_vec(), 0, 0, 1, 3), 3); // stored at 3
+    /// sh.insert(Item::new(b"new", b"2".to_vec(), 0, 0, 2, 7), 7);
+    /// assert_eq!(sh.remove_accessed_by(5), 1);
+    /// assert_eq!(sh.len(), 1);
+    /// ```
+    pub fn remove_accessed_by(&mut self, cutoff: u32) -> usize {
+        let mut removed = 0;
+        let mut at = self.tail;
+        while let Some(it) = self.item(at) {
+            let prev = it.prev;
+            if it.last_access <= cutoff && self.unlink(at).is_some() {
+                removed += 1;
+            }
+            at = prev;
+        }
+        removed
+    }
+
     /// Zeroes this shard's counters and its classes'.
     ///
     /// ```
