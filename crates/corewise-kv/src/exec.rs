@@ -1109,9 +1109,7 @@ fn log_store(
             Deadline::At(t) => i64::from(t) - i64::from(store.clock().now()),
             _ => 0,
         };
-        let size =
-            crate::store::item_size_for(shared.store.cas_enabled(), key.len(), item.0, item.1);
-        let cls = slabs::class_of(size);
+        let cls = slabs::class_of(shared.store.size_of_item(key.len(), item.0, item.1));
         let _ = write!(
             l,
             " status={status} cmd={cmd} ttl={ttl} clsid={cls} cfd={cfd} size={}",

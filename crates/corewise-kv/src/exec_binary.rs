@@ -477,9 +477,7 @@ fn store_value(
 ) {
     let h = &f.header;
     shared.detail.record(f.key, DetailOp::Set);
-    let cas = shared.store.cas_enabled();
-    if crate::store::item_size_for(cas, f.key.len(), flags, f.value.len()) > shared.config.item_max
-    {
+    if shared.store.size_of_item(f.key.len(), flags, f.value.len()) > shared.config.item_max {
         too_large(shared, h, f.key, out);
         return;
     }

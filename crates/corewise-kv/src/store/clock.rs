@@ -224,22 +224,14 @@ impl Clock {
     /// assert_eq!(c.flush_cutoff(2_592_001), None); // 1970: no flush at all
     /// ```
     pub fn flush_cutoff(&self, exptime: i64) -> Option<u32> {
-        let now = i64::from(self.now());
-        let cutoff = if exptime <= 0 {
-            now - 1
-        } else if exptime <= MAX_RELATIVE_EXPIRY {
-            now + exptime - 1
-        } else {
-            // memcached's realtime(): seconds since its (early) start date,
-            // 1 for any time at or before it.
-            let since_start = exptime.saturating_sub(self.start_unix - MEMCACHED_START_LEAD);
-            if since_start <= 1 {
-                return None;
-            }
-            // Its current_time at our second `now` is `now - 1 + LEAD`.
-            since_start - MEMCACHED_START_LEAD
-        };
-        Some(cutoff.clamp(0, i64::from(u32::MAX)) as u32)
+        let realtime = self.memcached_realtime(exptime);
+        if realtime <= 1 {
+            return None;
+        }
+        // `realtime - 1` in memcached's base, as a server second (that base
+        // is `memcached_time`'s: ours plus LEAD - 1), clamped.
+        let cutoff = realtime.saturating_sub(MEMCACHED_START_LEAD as u64);
+        Some(cutoff.min(u64::from(u32::MAX)) as u32)
     }
 
     /// Seconds left before `at` (for `mg t`, `me`): -1 for never.

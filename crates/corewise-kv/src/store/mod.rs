@@ -613,6 +613,20 @@ impl Store {
         }
     }
 
+    /// [`item_size`] as this server counts items (with or without the
+    /// CAS bytes, see [`set_cas_enabled`](Self::set_cas_enabled)).
+    ///
+    /// ```
+    /// use corewise_kv::store::{item_size, Store};
+    /// let s = Store::new(1 << 20, 1);
+    /// assert_eq!(s.size_of_item(1, 0, 10), item_size(1, 0, 10));
+    /// s.set_cas_enabled(false);
+    /// assert_eq!(s.size_of_item(1, 0, 10), item_size(1, 0, 10) - 8);
+    /// ```
+    pub fn size_of_item(&self, nkey: usize, flags: u32, nvalue: usize) -> usize {
+        item_size_for(self.cas_enabled(), nkey, flags, nvalue)
+    }
+
     /// A new item, counted as this server's items are (with or without
     /// the CAS bytes).
     fn item(
@@ -1018,26 +1032,21 @@ impl Store {
         compare: Option<u64>,
         meta: MetaStore,
     ) -> StoreOutcome {
-        let new_cas = meta.new_cas.filter(|_| self.cas_enabled());
+        let cas_on = self.cas_enabled();
+        let new_cas = meta.new_cas.filter(|_| cas_on);
         // As memcached's `do_store_item` reads a compare value: in set and
         // replace mode it makes the request a `cas` (which never matches
         // with CAS off); an append or prepend must match it (unless CAS is
         // off, or it is 0); an add ignores it.
         let cas_request = compare.filter(|_| matches!(mode, SetMode::Set | SetMode::Replace));
-        let append_compare = compare.filter(|&c| {
-            c != 0 && self.cas_enabled() && matches!(mode, SetMode::Append | SetMode::Prepend)
-        });
+        let append_compare = compare
+            .filter(|&c| c != 0 && cas_on && matches!(mode, SetMode::Append | SetMode::Prepend));
         let (now, floor) = self.now_floor();
         bump(&self.ops.cmd_set);
         self.sweep_tails(now);
         let mut shard = self.shard(key).lock();
         shard.class_op(
-            slabs::class_of(item_size_for(
-                self.cas_enabled(),
-                key.len(),
-                flags,
-                data.len(),
-            )),
+            slabs::class_of(self.size_of_item(key.len(), flags, data.len())),
             |c| &mut c.cmd_set,
         );
         let existing = shard.lookup(key, now, floor, false).ok();
@@ -1051,10 +1060,10 @@ impl Store {
                     bump(&self.ops.cas_misses);
                     return StoreOutcome::NotFound;
                 }
-                Some(it) if self.cas_enabled() && meta.invalidate && c != 0 && c < it.cas => {
+                Some(it) if cas_on && meta.invalidate && c != 0 && c < it.cas => {
                     keep = Some((it.exptime, it.token_sent));
                 }
-                Some(it) if !self.cas_enabled() || it.cas != c => {
+                Some(it) if !cas_on || it.cas != c => {
                     shard.class_op(old_cls, |c| &mut c.cas_badval);
                     drop(shard);
                     bump(&self.ops.cas_badval);
@@ -1080,12 +1089,7 @@ impl Store {
         let cas = new_cas.unwrap_or_else(|| self.new_cas());
         let item = match (mode, existing) {
             (SetMode::Append | SetMode::Prepend, Some(old)) => {
-                let size = item_size_for(
-                    self.cas_enabled(),
-                    key.len(),
-                    old.flags,
-                    old.value.len() + data.len(),
-                );
+                let size = self.size_of_item(key.len(), old.flags, old.value.len() + data.len());
                 if size as u64 > self.item_max.load(Ordering::Relaxed) {
                     return StoreOutcome::NotStored;
                 }
@@ -1376,25 +1380,23 @@ impl Store {
     pub fn flush(&self, exptime: i64) {
         bump(&self.ops.cmd_flush);
         let now = self.clock.now();
+        let cas_on = self.cas_enabled();
         // Without CAS values memcached takes the flush's own second as the
         // cut-off (`realtime(exptime)`, not one second less): what is
         // stored later in that second goes too.
-        let cutoff = self.clock.flush_cutoff(exptime).map(|c| {
-            if self.cas_enabled() {
-                c
-            } else {
-                c.saturating_add(1)
-            }
-        });
+        let cutoff = self
+            .clock
+            .flush_cutoff(exptime)
+            .map(|c| c.saturating_add(u32::from(!cas_on)));
         // memcached's oldest_live: realtime(exptime), less one with CAS.
         let realtime = self.clock.memcached_realtime(exptime);
         self.oldest_live
-            .store(realtime - u64::from(self.cas_enabled()), Ordering::Relaxed);
+            .store(realtime - u64::from(cas_on), Ordering::Relaxed);
         match cutoff {
             // Without CAS values a cut-off in the past drops only what was
             // last stored or bumped by then (with them, memcached drops
             // every item older than the flush's CAS: everything).
-            Some(cutoff) if cutoff < now && !self.cas_enabled() => {
+            Some(cutoff) if cutoff < now && !cas_on => {
                 self.flush_at.store(0, Ordering::Release);
                 for sh in self.shards.iter() {
                     sh.lock().remove_accessed_by(cutoff);
