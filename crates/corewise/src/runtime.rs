@@ -11,7 +11,9 @@
 use crate::arbiter::{ArbiterChoice, ArbiterKind, CoreArbiter, Local};
 use crate::budget::{BudgetWatcher, NeighbourConfig};
 use crate::error::{BuildError, JoinError, SpawnError};
-use crate::policy::{CoreLoad, CorePolicy, DefaultPolicy, PolicyConfig, ThreadClass, PRIORITIES};
+use crate::policy::{
+    CoreLoad, CorePolicy, DefaultPolicy, PolicyConfig, RuntimePolicy, ThreadClass, PRIORITIES,
+};
 use crate::sched::{Core, ThreadContext};
 use crate::shim::{AtomicBool, AtomicU64, Ordering};
 use crate::thread::{Builder as ThreadBuilder, JoinHandle};
@@ -51,7 +53,7 @@ pub(crate) struct Shared {
     pub(crate) cpus: Vec<usize>,
     pub(crate) stack_size: usize,
     pub(crate) idle_spin_ticks: u64,
-    pub(crate) policy: Box<dyn CorePolicy>,
+    pub(crate) policy: RuntimePolicy,
     pub(crate) arbiter: Box<dyn CoreArbiter>,
     /// Cores whose kernel thread runs the dispatcher now.
     pub(crate) active_mask: AtomicU64,
@@ -665,9 +667,10 @@ impl Builder {
         policy_config.min_cores = policy_config.min_cores.clamp(1, policy_config.max_cores);
         let min_cores = policy_config.min_cores as usize;
         let window = policy_config.window;
-        let policy = self
-            .policy
-            .unwrap_or_else(|| Box::new(DefaultPolicy::with_config(policy_config)));
+        let policy = match self.policy {
+            Some(p) => RuntimePolicy::Custom(p),
+            None => RuntimePolicy::Default(DefaultPolicy::with_config(policy_config)),
+        };
         let shared: &'static Shared = Box::leak(Box::new(Shared {
             cores: (0..n).map(Core::new).collect(),
             cpus: cpus.clone(),

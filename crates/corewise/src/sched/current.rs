@@ -7,6 +7,7 @@
 //! thread may resume on another kernel thread once cores are released).
 
 use super::context::ThreadContext;
+use crate::policy::CorePolicy;
 use crate::shim::Ordering;
 use std::cell::Cell;
 

@@ -44,6 +44,7 @@
 //! lets threads that stayed blocked leave their slots.
 
 use crate::clock;
+use crate::policy::CorePolicy;
 use crate::sched::context::AfterRun;
 use crate::sched::{Core, ThreadContext, BLOCKED};
 use crate::shim::Ordering;

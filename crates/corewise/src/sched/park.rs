@@ -53,6 +53,7 @@ use super::stack::GiveBack;
 use crate::clock;
 use crate::error::SpawnError;
 use crate::policy::CoreMask;
+use crate::policy::CorePolicy;
 use crate::runtime::Shared;
 use crate::sched::{Core, ThreadContext, BLOCKED};
 use crate::shim::Ordering;

@@ -4,7 +4,7 @@
 //! way, so long-lived threads rebalance on every wake-up.
 
 use super::context::ThreadContext;
-use crate::policy::{CoreMask, CoreView, ThreadClass};
+use crate::policy::{CoreMask, CorePolicy, CoreView, ThreadClass};
 use crate::runtime::Shared;
 use crate::shim::Ordering;
 use std::cell::Cell;

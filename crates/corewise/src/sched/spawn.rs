@@ -21,7 +21,7 @@
 
 use super::placement::{below, next_random};
 use crate::error::SpawnError;
-use crate::policy::{CoreMask, ThreadClass};
+use crate::policy::{CoreMask, CorePolicy, ThreadClass};
 use crate::runtime::Shared;
 use crate::sched::{Core, ThreadContext};
 use crate::shim::Ordering;
