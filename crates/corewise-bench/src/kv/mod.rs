@@ -13,7 +13,11 @@
 //! differences the peak is meant to show. The result is
 //! throughput and p50/p99/p99.9 per point, the peak throughput at which
 //! p99 stays within 1 ms, and with `--neighbour` the growth of p99 when a
-//! CPU-bound process shares the server's CPU.
+//! CPU-bound process shares the server's CPU. `--neighbour-control` runs
+//! the same alone/beside schedule with no neighbour started: the growth it
+//! prints is the statistic's noise on this machine (a host whose vCPUs
+//! stall for milliseconds moves a 1 s run's p99 by several times), the
+//! yardstick for the real run's figure.
 
 mod load;
 mod servers;
@@ -70,6 +74,12 @@ pub struct Args {
     /// daemon keeping the neighbour on the unmanaged core (needs root).
     #[arg(long)]
     pub neighbour: bool,
+    /// With `--neighbour`: start no neighbour on the "beside" side, so that
+    /// each server is compared with itself alone twice, on the same
+    /// schedule. The growth it prints is what this machine's noise alone
+    /// gives the statistic (the control for the real run).
+    #[arg(long, requires = "neighbour")]
+    pub neighbour_control: bool,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -166,6 +176,9 @@ pub struct NeighbourResult {
     pub alone_run_p99_us: Vec<f64>,
     /// Each run's p99 beside the neighbour, in run order (µs).
     pub beside_run_p99_us: Vec<f64>,
+    /// A control run (`--neighbour-control`): no neighbour was started on
+    /// the "beside" side.
+    pub control: bool,
 }
 
 impl NeighbourResult {
@@ -294,7 +307,11 @@ fn colocation(
     client_cpu: usize,
 ) -> Result<(NeighbourResult, NeighbourResult), BenchError> {
     use corewise_arbiter::daemon::{self, Options};
-    println!("neighbour: {rate:.0}/s, each server alone, then beside a CPU-bound process");
+    if args.neighbour_control {
+        println!("neighbour control: {rate:.0}/s, each server alone, then alone again (no neighbour started)");
+    } else {
+        println!("neighbour: {rate:.0}/s, each server alone, then beside a CPU-bound process");
+    }
     let measure = |name: &str, port: u16| -> Result<Outcome, BenchError> {
         let o = setup.measure_with(port, Pace::Open(rate), true)?;
         show(name, &Point::of(&o));
@@ -312,21 +329,30 @@ fn colocation(
     // other three, alone 116-138; pooled growth 3.13x). corewise-kv's
     // stats meanwhile showed no change of cores, threads or grants.
     let repeats = args.repeats.unwrap_or(10).max(1);
+    let beside_tag = if args.neighbour_control {
+        "+control"
+    } else {
+        "+nb"
+    };
     type Side = (Point, Vec<f64>);
     let pair = |name: &str, port: u16, nb_cpu: usize| -> Result<(Side, Side), BenchError> {
         let (mut alone, mut beside) = (Vec::new(), Vec::new());
         for _ in 0..repeats {
             alone.push(measure(name, port)?);
-            let nb = Spinner::start(nb_cpu)?;
+            let nb = if args.neighbour_control {
+                None
+            } else {
+                Some(Spinner::start(nb_cpu)?)
+            };
             std::thread::sleep(Duration::from_millis(200));
-            beside.push(measure(&format!("{name}+nb"), port)?);
+            beside.push(measure(&format!("{name}{beside_tag}"), port)?);
             drop(nb);
         }
         let p99s = |v: &[Outcome]| v.iter().map(|o| o.quantile_us(0.99)).collect::<Vec<_>>();
         let (alone_runs, beside_runs) = (p99s(&alone), p99s(&beside));
         let (alone, beside) = (pooled(&alone)?, pooled(&beside)?);
         show(&format!("{name} (all {repeats})"), &alone);
-        show(&format!("{name}+nb (all {repeats})"), &beside);
+        show(&format!("{name}{beside_tag} (all {repeats})"), &beside);
         Ok(((alone, alone_runs), (beside, beside_runs)))
     };
 
@@ -342,6 +368,7 @@ fn colocation(
             setup: "pinned",
             alone_run_p99_us,
             beside_run_p99_us,
+            control: args.neighbour_control,
         }
     };
 
@@ -391,6 +418,7 @@ fn colocation(
             setup: "arbiter daemon",
             alone_run_p99_us,
             beside_run_p99_us,
+            control: args.neighbour_control,
         })
     })();
     let stopped = d.stop();
@@ -781,8 +809,14 @@ fn report(r: &[ServerResult; 2], rates: &[f64]) {
         "max sustained throughput (>= 95 % of offered): corewise-kv {sk:.0}/s, memcached {sm:.0}/s, ratio {:.2}",
         sk / sm.max(1e-9)
     );
+    let control = r[0].neighbour.as_ref().is_some_and(|n| n.control);
     if let (Some(a), Some(b)) = (r[0].p99_growth, r[1].p99_growth) {
-        println!("p99 growth beside a neighbour: corewise-kv {a:.2}x, memcached {b:.2}x");
+        let what = if control {
+            "p99 growth, control (no neighbour started)"
+        } else {
+            "p99 growth beside a neighbour"
+        };
+        println!("{what}: corewise-kv {a:.2}x, memcached {b:.2}x");
     }
     if let (Some(a), Some(b)) = (&r[0].neighbour, &r[1].neighbour) {
         println!(
@@ -929,6 +963,7 @@ mod tests {
             setup: "pinned",
             alone_run_p99_us: vec![100.0, 120.0, 110.0, 500.0],
             beside_run_p99_us: vec![105.0, 3000.0, 115.0, 125.0],
+            control: false,
         };
         // Medians 115 and 120.
         assert!((r.median_run_growth() - 120.0 / 115.0).abs() < 1e-9);
