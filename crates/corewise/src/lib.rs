@@ -55,6 +55,7 @@
 mod deadline;
 mod error;
 pub mod policy;
+mod prefetch;
 mod sched;
 mod shim;
 pub mod sync;

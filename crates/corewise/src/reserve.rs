@@ -8,7 +8,9 @@
 //! spawns of a run claim up to [`RESERVE`] free slots of the chosen core at
 //! once (one locked `or` of their bits) and keep the ones they do not use
 //! yet; the next spawns onto that core fill them without touching its
-//! word, each starting the transfer of the next one's first line.
+//! word. The claim starts the transfer of every reserved slot's first
+//! line, and on most CPUs each spawn from the reservation that of the next
+//! one's (`sched::spawn::prefetch_reserved`).
 //!
 //! A reservation lives only while the thread that made it runs: when the
 //! thread switches out (yields, blocks or exits), its dispatcher gives every

@@ -245,23 +245,30 @@ impl ThreadContext {
     /// misses overlap instead of following one another).
     #[inline]
     pub(crate) fn prefetch(&self) {
-        prefetch(std::ptr::from_ref(&self.invocation).cast());
-        prefetch(std::ptr::from_ref(&self.core).cast());
-        prefetch(std::ptr::from_ref(&*self.local).cast());
-        prefetch(std::ptr::from_ref(&self.context).cast());
+        use crate::prefetch::read;
+        read(std::ptr::from_ref(&self.invocation).cast());
+        read(std::ptr::from_ref(&self.core).cast());
+        read(std::ptr::from_ref(&*self.local).cast());
+        read(std::ptr::from_ref(&self.context).cast());
         // The switch's line: yielder, stack pointer, kernel thread.
-        prefetch(std::ptr::from_ref(&self.stack_pointer).cast());
+        read(std::ptr::from_ref(&self.stack_pointer).cast());
     }
 
-    /// Starts fetching the slot's first line (a hint, as
-    /// [`prefetch`](Self::prefetch)): a spawner that holds the slot
-    /// reserved writes it next, and a dispatcher about to run the slot
-    /// before it in scan order reads it next. A read prefetch:
-    /// `prefetchw`, which asks for the line to own, measured no better in
-    /// cross-core creation.
+    /// Starts fetching the slot's first line, shared (a hint, as
+    /// [`prefetch`](Self::prefetch)): a dispatcher about to run the slot
+    /// before it in scan order reads it next, and on most CPUs a spawner
+    /// that holds the slot reserved (`sched::spawn::prefetch_reserved`).
     #[inline]
     pub(crate) fn prefetch_first_line(&self) {
-        prefetch(std::ptr::from_ref(&self.invocation).cast());
+        crate::prefetch::read(std::ptr::from_ref(&self.invocation).cast());
+    }
+
+    /// Starts fetching the slot's first line to own (a hint; see
+    /// `sched::spawn::prefetch_reserved`): a spawner that holds the slot
+    /// reserved writes it next.
+    #[inline]
+    pub(crate) fn prefetch_first_line_to_own(&self) {
+        crate::prefetch::to_own(std::ptr::from_ref(&self.invocation).cast());
     }
 
     /// Starts loading the top of the suspended thread's stack, where its
@@ -271,8 +278,8 @@ impl ThreadContext {
     pub(crate) fn prefetch_stack(&self) {
         let sp = self.stack_pointer.get();
         if sp != 0 {
-            prefetch(sp as *const u8);
-            prefetch(sp.wrapping_add(64) as *const u8);
+            crate::prefetch::read(sp as *const u8);
+            crate::prefetch::read(sp.wrapping_add(64) as *const u8);
         }
     }
 
@@ -375,17 +382,4 @@ impl ThreadContext {
         // are that thread or the crash handler.
         Some(unsafe { std::str::from_utf8_unchecked(std::slice::from_raw_parts(ptr, len)) })
     }
-}
-
-/// A prefetch hint for the line at `p`.
-#[inline(always)]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint: it never faults and changes no
-    // state the program can see, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }

@@ -238,8 +238,9 @@ fn claim(
     let cores = &shared.cores;
     if let Some((c, s, next)) = from.and_then(|a| a.reserved.take(candidates.0)) {
         // The next spawn writes the next reserved slot's first line:
-        // fetching it now overlaps that transfer with this spawn.
-        if let Some(n) = next.filter(|_| prefetch_reserved()) {
+        // fetching it again now overlaps that transfer with this spawn
+        // (where the claim's fetch was a read; see `prefetch_reserved`).
+        if let Some(n) = next.filter(|_| !reserved_to_own()) {
             cores[c].slot(n).prefetch_first_line();
         }
         return Some((&cores[c], s));
@@ -315,11 +316,9 @@ fn claim_on(
             let (s, more) = target.mask.claim_ahead(ahead)?;
             // The slots' first lines, which the next spawns write, start
             // moving here now, all at once.
-            let mut m = if prefetch_reserved() { more } else { 0 };
+            let mut m = more;
             while m != 0 {
-                target
-                    .slot(m.trailing_zeros() as usize)
-                    .prefetch_first_line();
+                prefetch_reserved(target.slot(m.trailing_zeros() as usize));
                 m &= m - 1;
             }
             a.reserved.keep(target.index, more, candidates);
@@ -329,29 +328,46 @@ fn claim_on(
     }
 }
 
-/// Whether a spawner fetches the first lines of the slots it has reserved
-/// ahead (see [`claim`]) before it writes them: yes, except on AMD's (and
-/// Hygon's) CPUs, where it slows cross-core creation down, and in the loom
-/// models (a prefetch is no event there). Asked of CPUID once.
+/// Starts fetching the first line of `slot`, which this spawner has just
+/// reserved and writes at a later spawn (see [`claim_on`]): to own
+/// (`prefetchw`) on AMD's (and Hygon's) CPUs, shared elsewhere. Asked of
+/// CPUID once.
 ///
-/// The prefetch is a read (`prefetcht0`): it brings each line over
-/// shared, and the spawner's write must then take it for its own; the
-/// receiving core meanwhile reads the same lines, because reserved slots
-/// count as occupied and its scan looks at every occupied slot. On an
-/// Intel Xeon host (2026-11-29, round trip ~125 ns) creation throughput
-/// from one spawner was 8.4-9.0 M/s without it and 10.1-11.8 M/s with it;
-/// on an AMD EPYC (Zen 4) host (2026-12-01, round trip ~65 ns) it was
-/// 21.4-28.4 M/s without and 15.9-18.3 M/s with, four alternating pairs
-/// of three rounds (`docs/benchmarks.md`). The receiving core's own
-/// prefetch of the next slot it will run (`dispatch::prefetch_next`)
-/// stays on everywhere.
+/// On an Intel Xeon host (2026-11-29, round trip ~125 ns) creation
+/// throughput from one spawner was 8.4-9.0 M/s with no prefetch,
+/// 10.1-11.8 M/s with a read prefetch (`prefetcht0`) and 8.3-9.9 M/s with
+/// `prefetchw`, so Intel keeps the read. On an AMD EPYC (Zen 4) host the
+/// read prefetch cost a third of it (2026-12-01: 15.9-18.3 M/s with it,
+/// 21.4-28.4 without, at a round trip of ~65 ns): the line comes over
+/// shared and the spawner's write must then take it for its own, while
+/// the receiving core's scan reads the same lines (reserved slots count as
+/// occupied). Fetched to own at the claim, creation there with the vCPUs
+/// far apart (a round trip of ~310-330 ns) went from 4.6-5.0 M/s without
+/// a prefetch to 9.8-11.0 M/s in one spell, and from 5.7-8.8 to 8.7-9.6
+/// M/s in another, and stayed within its noise close by (~65-90 ns), in
+/// alternating runs of `examples/creation_rate.rs` and `primitives
+/// --quick`. A second `prefetchw` of the next reserved slot at
+/// each spawn from the reservation, as the read scheme does, added
+/// nothing, so on AMD only the claim fetches. The receiving core's own prefetch of the next slot it will
+/// run (`dispatch::prefetch_next`) is a read everywhere.
 #[inline]
-fn prefetch_reserved() -> bool {
+fn prefetch_reserved(slot: &ThreadContext) {
+    if reserved_to_own() {
+        slot.prefetch_first_line_to_own();
+    } else {
+        slot.prefetch_first_line();
+    }
+}
+
+/// Whether [`prefetch_reserved`] fetches to own (AMD, Hygon) rather than
+/// shared; shared in the loom models (a prefetch is no event there).
+#[inline]
+fn reserved_to_own() -> bool {
     #[cfg(all(target_arch = "x86_64", not(loom)))]
     {
-        // 0: not asked yet, 1: no, 2: yes.
-        match PREFETCH_RESERVED.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => ask_prefetch_reserved(),
+        // 0: not asked yet, 1: shared, 2: to own.
+        match RESERVED_TO_OWN.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => ask_reserved_to_own(),
             v => v == 2,
         }
     }
@@ -359,16 +375,16 @@ fn prefetch_reserved() -> bool {
     false
 }
 
-/// [`prefetch_reserved`]'s answer once asked: 0 not yet, 1 no, 2 yes.
+/// [`reserved_to_own`]'s answer once asked: 0 not yet, 1 no, 2 yes.
 #[cfg(all(target_arch = "x86_64", not(loom)))]
-static PREFETCH_RESERVED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static RESERVED_TO_OWN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Asks CPUID for the vendor and records [`prefetch_reserved`]'s answer
+/// Asks CPUID for the vendor and records [`reserved_to_own`]'s answer
 /// (two threads asking at once both store the same one).
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 #[cold]
 #[inline(never)]
-fn ask_prefetch_reserved() -> bool {
+fn ask_reserved_to_own() -> bool {
     // SAFETY: `cpuid` exists on every x86_64 CPU and only reads
     // identification registers (a safe function since Rust 1.94; the
     // block keeps older compilers, down to the workspace's 1.85,
@@ -376,11 +392,11 @@ fn ask_prefetch_reserved() -> bool {
     #[allow(unused_unsafe)]
     let leaf = unsafe { std::arch::x86_64::__cpuid(0) };
     let amd = is_amd_vendor(leaf.ebx, leaf.edx, leaf.ecx);
-    PREFETCH_RESERVED.store(
-        if amd { 1 } else { 2 },
+    RESERVED_TO_OWN.store(
+        if amd { 2 } else { 1 },
         std::sync::atomic::Ordering::Relaxed,
     );
-    !amd
+    amd
 }
 
 /// Whether CPUID leaf 0's vendor string (in `ebx`, `edx`, `ecx` order)

@@ -49,57 +49,8 @@ impl NotifyHint {
         let q = self.0.load(Ordering::Relaxed);
         if q != 0 {
             self.0.store(0, Ordering::Relaxed);
-            prefetch_to_own(q as *const u8);
+            crate::prefetch::to_own(q as *const u8);
         }
-    }
-}
-
-/// Starts fetching the line at `p` in the exclusive state (`prefetchw`,
-/// where the CPU has it): the notify that follows writes it, and a line
-/// fetched shared would have to be fetched again to be written.
-#[inline]
-fn prefetch_to_own(p: *const u8) {
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
-    if has_prefetchw() {
-        // SAFETY: `prefetchw` is a hint: it never faults, whatever the
-        // address, and changes no state the program can see; it touches
-        // no stack and no flags.
-        unsafe {
-            std::arch::asm!(
-                "prefetchw [{p}]",
-                p = in(reg) p,
-                options(nostack, preserves_flags, readonly)
-            );
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
-    let _ = p;
-}
-
-/// Whether the CPU has `prefetchw` (CPUID 8000_0001h, ECX bit 8, which
-/// std's feature detection does not name), asked once.
-#[cfg(all(target_arch = "x86_64", not(loom)))]
-#[inline]
-fn has_prefetchw() -> bool {
-    use std::sync::atomic::AtomicU8;
-    // 0: not asked yet, 1: no, 2: yes.
-    static HAS: AtomicU8 = AtomicU8::new(0);
-    match HAS.load(Ordering::Relaxed) {
-        0 => {
-            // Leaf 8000_0000h says whether the extended leaf exists.
-            use std::arch::x86_64::__cpuid;
-            // SAFETY: `cpuid` exists on every x86_64 CPU and only reads
-            // identification registers (a safe function since Rust 1.94;
-            // the block keeps older compilers, down to the workspace's
-            // 1.85, building).
-            #[allow(unused_unsafe)]
-            let has = unsafe {
-                __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
-            };
-            HAS.store(if has { 2 } else { 1 }, Ordering::Relaxed);
-            has
-        }
-        v => v == 2,
     }
 }
 
