@@ -67,3 +67,65 @@ pub fn new_threads_since(before: &HashSet<i32>) -> Vec<i32> {
     v.sort_unstable();
     v
 }
+
+/// Time the hypervisor has taken from each CPU of this machine so far (the
+/// `steal` column of `/proc/stat`), in ns, indexed by CPU number; empty
+/// where the kernel does not report it. On a virtual machine a vCPU the
+/// host deschedules stalls whatever runs on it, so a latency measured while
+/// the host took a large share of the CPU measures the host.
+pub fn steal_ns() -> Vec<u64> {
+    let Ok(s) = std::fs::read_to_string("/proc/stat") else {
+        return Vec::new();
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let tick_ns = 1_000_000_000 / if hz > 0 { hz as u64 } else { 100 };
+    let mut out = Vec::new();
+    for line in s.lines() {
+        let mut f = line.split_whitespace();
+        let Some(cpu) = f
+            .next()
+            .and_then(|c| c.strip_prefix("cpu"))
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        // user nice system idle iowait irq softirq steal
+        let Some(steal) = f.nth(7).and_then(|v| v.parse::<u64>().ok()) else {
+            continue;
+        };
+        if out.len() <= cpu {
+            out.resize(cpu + 1, 0);
+        }
+        out[cpu] = steal * tick_ns;
+    }
+    out
+}
+
+/// The share of `wall` (ns) that the host took from `cpu` between two
+/// [`steal_ns`] readings, in percent (`None` when either lacks the CPU).
+pub fn steal_percent(before: &[u64], after: &[u64], cpu: usize, wall: u64) -> Option<f64> {
+    let (a, b) = (before.get(cpu)?, after.get(cpu)?);
+    Some(100.0 * b.saturating_sub(*a) as f64 / wall.max(1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steal_is_read_for_every_cpu_and_only_grows() {
+        let a = steal_ns();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(a.len() >= cpus, "{a:?} for {cpus} CPUs");
+        let b = steal_ns();
+        assert!(a.iter().zip(&b).all(|(x, y)| y >= x), "{a:?} then {b:?}");
+    }
+
+    #[test]
+    fn steal_percent_is_the_share_of_the_wall_time() {
+        assert_eq!(steal_percent(&[0, 10], &[0, 30], 1, 1_000), Some(2.0));
+        assert_eq!(steal_percent(&[0, 30], &[0, 10], 1, 1_000), Some(0.0));
+        assert_eq!(steal_percent(&[], &[0, 30], 1, 1_000), None);
+    }
+}

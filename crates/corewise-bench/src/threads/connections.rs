@@ -5,7 +5,8 @@
 //! connections open and some of them active at a fixed total rate.
 //!
 //! The load generator runs in another child process (`--load`), so the
-//! server and the generator never share a process. It opens every
+//! server and the generator never share a process, pinned to the first CPU
+//! while every server is held to the last one, whole. It opens every
 //! connection, then sends 64-byte requests round-robin over the first
 //! `active` ones on an open-loop schedule, through one epoll set: at most
 //! `--in-flight` requests out per connection (pipelined), a due request
@@ -215,11 +216,25 @@ pub fn server_cpu() -> usize {
         .unwrap_or(0)
 }
 
+/// The CPU the load generator runs on: the first one this process may use,
+/// as in the `echo` benchmark, when that is not the server's (`None` on a
+/// single CPU: the two then share it).
+pub fn load_cpu() -> Option<usize> {
+    let first = crate::affinity::allowed_cpus().ok()?.first().copied()?;
+    (first != server_cpu()).then_some(first)
+}
+
 /// The command that starts this program's echo server `server` on `cpu`.
+///
+/// A corewise server runs its dispatcher on `cpu` and is confined there
+/// as a whole, as the other servers pin themselves: its helper threads
+/// (the blocking-handoff monitor, the budget watcher) otherwise ran on the
+/// generator's CPU, and every server must be held to the same one CPU.
 pub fn server_command(exe: &Path, server: &str, cpu: usize, conns: usize) -> Command {
     let mut c = Command::new(exe);
     if server.starts_with("corewise") {
         c.args(["threads", "--serve-tpc", &format!("{server}:{cpu}")]);
+        pin_child(&mut c, cpu);
     } else {
         c.args(["echo", "--serve", &format!("{server}:{cpu}:{conns}")]);
     }
@@ -265,16 +280,24 @@ pub fn measure(
     if let Some(o) = child.stdout.take() {
         let _ = BufReader::new(o).read_line(&mut line);
     }
+    let mut steal = [None, None];
     let mut out = match line.trim().parse::<u16>() {
         Ok(port) => {
-            let res = Command::new(&exe)
-                .args([
-                    "threads",
-                    "--load",
-                    &format!("{port}:{conns}:{active}:{rate}:{millis}:{in_flight}"),
-                ])
-                .stdin(Stdio::null())
-                .output();
+            let mut load = Command::new(&exe);
+            load.args([
+                "threads",
+                "--load",
+                &format!("{port}:{conns}:{active}:{rate}:{millis}:{in_flight}"),
+            ])
+            .stdin(Stdio::null());
+            if let Some(cpu) = load_cpu() {
+                pin_child(&mut load, cpu);
+            }
+            let (steal0, t0) = (crate::procstat::steal_ns(), Instant::now());
+            let res = load.output();
+            let (steal1, wall) = (crate::procstat::steal_ns(), t0.elapsed().as_nanos() as u64);
+            steal = [Some(server_cpu()), load_cpu()]
+                .map(|c| c.and_then(|c| crate::procstat::steal_percent(&steal0, &steal1, c, wall)));
             match res {
                 Ok(o) => String::from_utf8_lossy(&o.stdout)
                     .lines()
@@ -287,6 +310,7 @@ pub fn measure(
         Err(_) => fail("failed: server printed no port".into()),
     };
     out.n = conns;
+    [out.server_steal_pct, out.load_steal_pct] = steal;
     out.peak_rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|t| {
