@@ -1805,26 +1805,57 @@ impl Drop for CgroupDir {
     }
 }
 
+/// A cgroup v2 root that does not have the cpuset controller is refused
+/// with that reason, and left as it was. On a hybrid host the v2 hierarchy
+/// beside v1's cpuset (`/sys/fs/cgroup/unified`) lacks it as mounted; on a
+/// v2-only machine (the guest) the root is a group made here whose parent
+/// does not delegate cpuset to it.
 #[test]
 fn cgroup_v2_without_cpuset_fails_cleanly() {
-    const V2: &str = "/sys/fs/cgroup/unified";
-    if !can_run() || !Path::new(V2).join("cgroup.controllers").exists() {
+    const HYBRID: &str = "/sys/fs/cgroup/unified";
+    if !can_run() {
         return;
     }
-    let dir = CgroupDir(Path::new(V2).join(format!("corewise-test-v2-{}", std::process::id())));
-    std::fs::create_dir(&dir.0).unwrap();
-    let controllers = std::fs::read_to_string(dir.0.join("cgroup.controllers")).unwrap();
+    let name = format!("corewise-test-v2-{}", std::process::id());
+    let (dir, root) = if Path::new(HYBRID).join("cgroup.controllers").exists() {
+        let dir = CgroupDir(Path::new(HYBRID).join(name));
+        std::fs::create_dir(&dir.0).unwrap();
+        let root = dir.0.clone();
+        (dir, root)
+    } else if is_v2() {
+        // The parent delegates nothing: its child has no cpuset.
+        let dir = CgroupDir(Path::new(V2_ROOT).join(name));
+        std::fs::create_dir(&dir.0).unwrap();
+        let root = dir.0.join("inner");
+        std::fs::create_dir(&root).unwrap();
+        (dir, root)
+    } else {
+        eprintln!("skipping: no cgroup v2 hierarchy");
+        return;
+    };
+    let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap();
     if controllers.split_whitespace().any(|c| c == "cpuset") {
+        assert!(
+            !is_v2(),
+            "{}: cpuset delegated to a group made without it",
+            root.display()
+        );
         eprintln!("skipping: cpuset is available in cgroup v2 here");
         return;
     }
-    assert_daemon_refuses(&dir.0, "cgroup-v2", "cpuset controller is not available");
+    let delegated = std::fs::read_to_string(dir.0.join("cgroup.subtree_control")).unwrap();
+    assert_daemon_refuses(&root, "cgroup-v2", "cpuset controller is not available");
     assert_eq!(
-        std::fs::read_to_string(dir.0.join("cgroup.type"))
+        std::fs::read_to_string(root.join("cgroup.type"))
             .unwrap()
             .trim(),
         "domain",
         "the root is left as it was"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.0.join("cgroup.subtree_control")).unwrap(),
+        delegated,
+        "the daemon enabled nothing on the way"
     );
 }
 
@@ -2225,7 +2256,7 @@ fn a_reused_thread_id_never_moves_another_process() {
     a.cmd("block-leaked");
     let outcome = a.expect("leaked-block");
     assert_eq!(cpuset_of(tid), home, "the victim's cpuset must not change");
-    assert!(!sb.core_tasks(1).contains(&tid));
+    assert!(!sb.core_tasks(m()).contains(&tid));
     assert_eq!(outcome[0], "refused", "{outcome:?}");
     assert_eq!(status_of(&sb, a.pid()).unwrap().granted, Vec::<u32>::new());
 
