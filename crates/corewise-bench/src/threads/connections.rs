@@ -290,13 +290,14 @@ pub fn measure(
                 &format!("{port}:{conns}:{active}:{rate}:{millis}:{in_flight}"),
             ])
             .stdin(Stdio::null());
-            if let Some(cpu) = load_cpu() {
+            let load_cpu = load_cpu();
+            if let Some(cpu) = load_cpu {
                 pin_child(&mut load, cpu);
             }
             let (steal0, t0) = (crate::procstat::steal_ns(), Instant::now());
             let res = load.output();
             let (steal1, wall) = (crate::procstat::steal_ns(), t0.elapsed().as_nanos() as u64);
-            steal = [Some(server_cpu()), load_cpu()]
+            steal = [Some(server_cpu()), load_cpu]
                 .map(|c| c.and_then(|c| crate::procstat::steal_percent(&steal0, &steal1, c, wall)));
             match res {
                 Ok(o) => String::from_utf8_lossy(&o.stdout)

@@ -31,7 +31,7 @@
 //!   more than `--max-steal` (2 %) of either is run again, up to
 //!   `--steal-retries` (2) times; the notes list every round's steal, and
 //!   p50 and p99 over the rounds within the limit beside those over all
-//!   (on 2026-12-02 the host took 5-54 % of the server's CPU in some ten
+//!   (on 2026-12-02 the host took 3-66 % of the server's CPU in some ten
 //!   second rounds, and those rounds' medians were in milliseconds).
 //!
 //! The Go column (when `go` exists) comes from bench/go-threads, built and
@@ -309,74 +309,45 @@ pub fn run(args: &Args) -> Result<(), BenchError> {
             notes.push(format!(
                 "connections: steal, the share of each round the host took from the server's / the generator's CPU (%), and runs made again above --max-steal {}: {}",
                 args.max_steal,
-                servers
-                    .iter()
-                    .zip(&runs)
-                    .map(|(r, o)| {
-                        let rounds: Vec<String> = o
-                            .iter()
-                            .map(|x| {
-                                format!("{}/{}", pct(x.server_steal_pct), pct(x.load_steal_pct))
-                            })
-                            .collect();
-                        let again: u32 = o.iter().map(|x| x.steal_retries).sum();
-                        format!("{r} [{}] again {again}", rounds.join(", "))
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                per_server(&servers, &runs, |o| {
+                    let rounds: Vec<String> = o
+                        .iter()
+                        .map(|x| format!("{}/{}", pct(x.server_steal_pct), pct(x.load_steal_pct)))
+                        .collect();
+                    let again: u32 = o.iter().map(|x| x.steal_retries).sum();
+                    format!("[{}] again {again}", rounds.join(", "))
+                })
             ));
             if rounds > 1 {
-                let per_round = servers
-                    .iter()
-                    .zip(&runs)
-                    .map(|(r, o)| {
-                        let p99: Vec<String> = o
-                            .iter()
-                            .map(|x| x.p99_us.map_or("-".into(), |v| format!("{v:.0}")))
-                            .collect();
-                        format!("{r} [{}]", p99.join(", "))
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ");
+                let per_round = per_server(&servers, &runs, |o| {
+                    let p99: Vec<String> = o
+                        .iter()
+                        .map(|x| x.p99_us.map_or("-".into(), |v| format!("{v:.0}")))
+                        .collect();
+                    format!("[{}]", p99.join(", "))
+                });
                 notes.push(format!(
                     "connections: {rounds} rounds, servers taking turns; the table's p50 and p99 are over every request of every round (one host stall of tens of ms decides a round's p99); p99 (µs) per round: {per_round}"
                 ));
-                let tails = servers
-                    .iter()
-                    .zip(&runs)
-                    .map(|(r, o)| {
-                        let all = pooled(o);
-                        match (percentile_sorted(&all, 99.9), all.len()) {
-                            (Some(q), n) => format!("{r} {q:.0} ({n} requests)"),
-                            (None, _) => format!("{r} -"),
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ");
+                let tails = per_server(&servers, &runs, |o| {
+                    let all = pooled(o);
+                    match percentile_sorted(&all, 99.9) {
+                        Some(q) => format!("{q:.0} ({} requests)", all.len()),
+                        None => "-".into(),
+                    }
+                });
                 notes.push(format!("connections: p99.9 (µs) over every round: {tails}"));
-                let calm = servers
-                    .iter()
-                    .zip(&runs)
-                    .map(|(r, o)| {
-                        let kept: Vec<Outcome> = o
-                            .iter()
-                            .filter(|x| !stolen(x, args.max_steal))
-                            .cloned()
-                            .collect();
-                        let all = pooled(&kept);
-                        match (percentile_sorted(&all, 50.0), percentile_sorted(&all, 99.0)) {
-                            (Some(m), Some(q)) => {
-                                format!(
-                                    "{r} {m:.1} / {q:.1} ({} of {} rounds)",
-                                    kept.len(),
-                                    o.len()
-                                )
-                            }
-                            _ => format!("{r} - (no round)"),
+                let calm = per_server(&servers, &runs, |o| {
+                    let kept: Vec<&Outcome> =
+                        o.iter().filter(|x| !stolen(x, args.max_steal)).collect();
+                    let all = pooled(kept.iter().copied());
+                    match (percentile_sorted(&all, 50.0), percentile_sorted(&all, 99.0)) {
+                        (Some(m), Some(q)) => {
+                            format!("{m:.1} / {q:.1} ({} of {} rounds)", kept.len(), o.len())
                         }
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ");
+                        _ => "- (no round)".into(),
+                    }
+                });
                 notes.push(format!(
                     "connections: p50 / p99 (µs) over the rounds within --max-steal only: {calm}"
                 ));
@@ -491,14 +462,30 @@ fn pct(v: Option<f64>) -> String {
     v.map_or("?".into(), |v| format!("{v:.1}"))
 }
 
+/// Whether a count is zero (a field left out of the JSON then).
 fn is_zero(v: &u32) -> bool {
     *v == 0
 }
 
-/// Every request's latency of `runs`, sorted.
-fn pooled(runs: &[Outcome]) -> Vec<f32> {
-    let mut all: Vec<f32> = runs
+/// One note's figure for every server, each after its name: `figure` of
+/// the server's rounds.
+fn per_server(
+    servers: &[&str],
+    runs: &[Vec<Outcome>],
+    figure: impl Fn(&[Outcome]) -> String,
+) -> String {
+    servers
         .iter()
+        .zip(runs)
+        .map(|(r, o)| format!("{r} {}", figure(o)))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Every request's latency of `runs`, sorted.
+fn pooled<'a>(runs: impl IntoIterator<Item = &'a Outcome>) -> Vec<f32> {
+    let mut all: Vec<f32> = runs
+        .into_iter()
         .flat_map(|o| o.latencies_us.iter().copied())
         .collect();
     all.sort_by(f32::total_cmp);
